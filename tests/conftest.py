@@ -1,0 +1,56 @@
+"""Fixtures shared by the end-to-end tests: one simulated lab per test session."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.simlab import lab as simlab
+from tests.simlab.paths import REPO, STATE
+
+PYINFRA = str(Path(REPO) / ".venv/bin/pyinfra")
+
+
+def lab_unavailable() -> str | None:
+    if os.environ.get("SIMLAB") == "0":
+        return "SIMLAB=0: end-to-end tests on the simulated lab are switched off"
+    if os.geteuid() != 0:
+        return "the simulated lab needs root (namespaces, mounts, systemd-nspawn)"
+    return None
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    reason = lab_unavailable()
+    if reason:
+        for item in items:
+            if "lab" in item.keywords:
+                item.add_marker(pytest.mark.skip(reason=reason))
+
+
+@pytest.fixture(scope="session")
+def lab() -> Iterator[simlab.Lab]:
+    """Two bare Sparks, booted once per session and torn down at its end, failure or not."""
+    try:
+        yield simlab.up(2)
+    finally:
+        simlab.down()
+
+
+def run_on(host: simlab.Host, command: str, check: bool = True) -> str:
+    """A command's stdout on a lab host, as its admin user (prefix sudo yourself)."""
+    return simlab.ssh(host, command, check=check)
+
+
+def pyinfra(*args: str, check: bool = True, timeout: float = 900) -> subprocess.CompletedProcess:
+    """The real pyinfra CLI, as a user runs it from the repository root."""
+    result = subprocess.run(
+        [PYINFRA, "-y", *args], cwd=REPO, capture_output=True, text=True,
+        stdin=subprocess.DEVNULL, timeout=timeout, env=dict(os.environ, SIMLAB_STATE=str(STATE)),
+    )  # fmt: skip
+    if check and result.returncode != 0:
+        raise AssertionError(f"pyinfra {' '.join(args)} failed:\n{result.stdout}\n{result.stderr}")
+    return result

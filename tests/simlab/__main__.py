@@ -1,0 +1,65 @@
+"""python -m tests.simlab up|down|status|reimage HOST|ssh HOST [COMMAND]"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+from tests.simlab import lab
+from tests.simlab.paths import STATE
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m tests.simlab", description=__doc__)
+    commands = parser.add_subparsers(dest="command", required=True)
+    up = commands.add_parser("up", help="boot a fresh lab of bare Sparks")
+    up.add_argument("--hosts", type=int, default=2, help="how many (default 2; >2 adds a switch)")
+    up.add_argument(
+        "--gid-index",
+        action="append",
+        default=[],
+        metavar="HOST=N",
+        help="put HOST's IPv4 RoCE v2 GID at index N (a field failure), e.g. spark-2=4",
+    )
+    commands.add_parser("down", help="stop every host and remove all the lab made")
+    commands.add_parser("status", help="the hosts and how to reach them")
+    reimage = commands.add_parser("reimage", help="return a host to the bare image (new host keys)")
+    reimage.add_argument("host")
+    ssh = commands.add_parser("ssh", help="an SSH session (or one command) on a host")
+    ssh.add_argument("host")
+    ssh.add_argument("cmd", nargs=argparse.REMAINDER)
+    args = parser.parse_args(argv)
+
+    if os.geteuid() != 0:
+        parser.error("the lab needs root (network namespaces, mounts, systemd-nspawn)")
+    if args.command == "up":
+        overrides = dict(item.split("=", 1) for item in args.gid_index)
+        booted = lab.up(args.hosts, {name: int(n) for name, n in overrides.items()})
+        print(
+            f"{len(booted.hosts)} hosts up. Deploy: .venv/bin/pyinfra inventories/sim.py deploy.py"
+        )
+        print("Tear down: python -m tests.simlab down")
+    elif args.command == "down":
+        lab.down()
+    elif args.command == "status":
+        current = lab.Lab.load()
+        if not current.hosts:
+            print("no lab is up")
+            return 1
+        for host in current.hosts:
+            alive = host.pid is not None and os.path.exists(f"/proc/{host.pid}")
+            print(f"{host.name:10} {host.mgmt_ip:12} {'up' if alive else 'DOWN'}")
+        print(f"ssh -F {STATE / 'ssh_config'} spark-1")
+    elif args.command == "reimage":
+        host = lab.reimage(args.host)
+        print(f"{host.name} reimaged; its new host key:")
+        print((host.dir / "upper/etc/ssh/ssh_host_ed25519_key.pub").read_text().strip())
+    elif args.command == "ssh":
+        target = lab.Lab.load().host(args.host)
+        os.execvp("ssh", ["ssh", "-F", str(STATE / "ssh_config"), target.name, *args.cmd])
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,113 @@
+#!/usr/bin/python3
+"""Simulated ConnectX-7 RoCE devices: a GID table per HCA that follows its netdev's addresses.
+
+The kernel (ib_core) keeps /sys/class/infiniband/<hca>/ports/1/gids/N in step with the IP
+addresses of the HCA's netdev: link-local at 0/1 (RoCE v1/v2), the IPv4-mapped address at 2/3.
+This lab kernel has no RDMA, so this service overlays /sys/class and rewrites the table whenever
+an address changes. The layout comes from the lab's hardware file (bound in read-only), where
+`ipv4_roce_v2_index: 4` reproduces a field failure: the IPv4 RoCE v2 entry away from index 3.
+"""
+
+import ipaddress
+import json
+import os
+import stat
+import subprocess
+import time
+from pathlib import Path
+
+HARDWARE = Path("/usr/local/lib/simlab/hardware.json")
+STATE = Path("/run/simlab-rdma")
+IB = Path("/sys/class/infiniband")
+TABLE_SIZE = 16  # real mlx5 tables have 255; the unused tail is all zeros
+ZERO = "0000:0000:0000:0000:0000:0000:0000:0000"
+
+
+def gid_text(address: ipaddress.IPv6Address) -> str:
+    packed = address.packed.hex()
+    return ":".join(packed[i : i + 4] for i in range(0, 32, 4))
+
+
+def link_local(mac: str) -> ipaddress.IPv6Address:
+    octets = [int(part, 16) for part in mac.split(":")]
+    octets[0] ^= 0x02
+    eui = [*octets[:3], 255, 254, *octets[3:]]
+    return ipaddress.IPv6Address(bytes([0xFE, 0x80] + [0] * 6 + eui))
+
+
+def mount_overlay() -> None:
+    if IB.exists():
+        return
+    for sub in ("upper", "work"):
+        (STATE / sub).mkdir(parents=True, exist_ok=True)
+    options = f"lowerdir=/sys/class,upperdir={STATE}/upper,workdir={STATE}/work"
+    subprocess.run(["mount", "-t", "overlay", "overlay", "-o", options, "/sys/class"], check=True)
+    IB.mkdir(exist_ok=True)
+
+
+def entries(netdev: str, v2_index: int) -> list[tuple[str, str]]:
+    """The (gid, type) rows the kernel would hold for this netdev, index by index."""
+    link = json.loads(
+        subprocess.run(
+            ["ip", "-j", "addr", "show", "dev", netdev], capture_output=True, text=True
+        ).stdout
+        or "[]"
+    )
+    if not link:
+        return []
+    rows = [(gid_text(link_local(link[0]["address"])), "IB/RoCE v1")]
+    rows.append((rows[0][0], "RoCE v2"))
+    for info in link[0].get("addr_info", []):
+        if info["family"] != "inet":
+            continue
+        mapped = gid_text(ipaddress.IPv6Address(f"::ffff:{info['local']}"))
+        rows.append((mapped, "IB/RoCE v1"))
+        # A stray RoCE v2 entry (a second, unrelated GID) pushes the IPv4 one off index 3.
+        while len(rows) < v2_index:
+            rows.append((gid_text(ipaddress.IPv6Address("fd00:5a17::1")), "RoCE v2"))
+        rows.append((mapped, "RoCE v2"))
+    return rows
+
+
+def write_table(hca: str, netdev: str, rows: list[tuple[str, str]]) -> None:
+    port = IB / hca / "ports" / "1"
+    for sub in ("gids", "gid_attrs/types", "gid_attrs/ndevs"):
+        (port / sub).mkdir(parents=True, exist_ok=True)
+    for index in range(TABLE_SIZE):
+        gid, kind = rows[index] if index < len(rows) else (ZERO, None)
+        (port / "gids" / str(index)).write_text(gid + "\n")
+        for sub, value in (("types", kind), ("ndevs", netdev)):
+            path = port / "gid_attrs" / sub / str(index)
+            if kind is None:
+                path.unlink(missing_ok=True)  # unused entries cannot be read on real kernels
+            else:
+                path.write_text(value + "\n")
+
+
+def make_device_nodes(hcas: list[str]) -> None:
+    """/dev/infiniband as containers are handed it; the nodes are /dev/null's (1:3) here."""
+    devices = Path("/dev/infiniband")
+    devices.mkdir(exist_ok=True)
+    for name in ["rdma_cm"] + [f"uverbs{i}" for i in range(len(hcas))]:
+        if not (devices / name).exists():
+            os.mknod(devices / name, 0o666 | stat.S_IFCHR, os.makedev(1, 3))
+
+
+def main() -> None:
+    hardware = json.loads(HARDWARE.read_text()) if HARDWARE.exists() else {}
+    hcas = hardware.get("hcas", {"rocep1s0f1": "enp1s0f1np1", "roceP2p1s0f1": "enP2p1s0f1np1"})
+    v2_index = int(hardware.get("ipv4_roce_v2_index", 3))
+    mount_overlay()
+    make_device_nodes(list(hcas))
+    last: dict[str, list] = {}
+    while True:
+        for hca, netdev in hcas.items():
+            rows = entries(netdev, v2_index)
+            if rows != last.get(hca):
+                write_table(hca, netdev, rows)
+                last[hca] = rows
+        time.sleep(0.3)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,375 @@
+"""Boot, wire, reimage and tear down the lab's hosts.
+
+Each host is a systemd-nspawn container booting the cached bare-Spark image through a per-host
+overlay, in a network namespace of its own. This machine reaches the hosts over a management
+bridge (their `enP7s7`); the hosts reach each other over the fabric: two veth links named as a
+Spark's QSFP-DD twins, cabled directly between two hosts or through a simulated switch (two
+bridges in a namespace of their own) for more.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import time
+import uuid
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from tests.simlab.paths import CACHE, STATE, log
+from tests.simlab.rootfs import ADMIN_USER, ensure_host_tools, spark_base
+
+MGMT_BRIDGE = "simlab0"
+MGMT_PREFIX = "10.77.0"  # this machine's side is .1; hosts are .11, .12, ...
+FABRIC_TWINS = [("enp1s0f1np1", "rocep1s0f1"), ("enP2p1s0f1np1", "roceP2p1s0f1")]
+SWITCH_NS = "simlab-switch"
+REPOS_MOUNT = "/srv/simlab-repos"
+HARDWARE_FILE = "/usr/local/lib/simlab/hardware.json"
+BOOT_TIMEOUT = 90
+
+
+@dataclass
+class Host:
+    name: str
+    index: int
+    ipv4_roce_v2_index: int = 3
+    pid: int | None = None
+
+    @property
+    def netns(self) -> str:
+        return f"simlab-{self.name}"
+
+    @property
+    def mgmt_ip(self) -> str:
+        return f"{MGMT_PREFIX}.{10 + self.index}"
+
+    @property
+    def fabric_ips(self) -> dict[str, str]:
+        """The addresses the inventory gives the twins (NVIDIA's two-Spark plan)."""
+        return {twin: f"192.168.{100 + n}.{10 + self.index - 1}/24"
+                for n, (twin, _hca) in enumerate(FABRIC_TWINS)}  # fmt: skip
+
+    @property
+    def dir(self) -> Path:
+        return STATE / "hosts" / self.name
+
+
+@dataclass
+class Lab:
+    hosts: list[Host] = field(default_factory=list)
+
+    @classmethod
+    def load(cls) -> Lab:
+        path = STATE / "lab.json"
+        if not path.exists():
+            return cls()
+        data = json.loads(path.read_text())
+        return cls([Host(**host) for host in data["hosts"]])
+
+    def save(self) -> None:
+        STATE.mkdir(parents=True, exist_ok=True)
+        (STATE / "lab.json").write_text(
+            json.dumps({"hosts": [asdict(h) for h in self.hosts]}, indent=2)
+        )
+        write_ssh_files(self)
+
+    def host(self, name: str) -> Host:
+        for host in self.hosts:
+            if host.name == name:
+                return host
+        raise SystemExit(f"no lab host named {name!r} (hosts: {[h.name for h in self.hosts]})")
+
+
+def run(*args: str, check: bool = True, **kwargs) -> subprocess.CompletedProcess:
+    return subprocess.run(args, check=check, stdin=subprocess.DEVNULL, **kwargs)
+
+
+def in_ns(netns: str, *args: str, check: bool = True) -> subprocess.CompletedProcess:
+    return run("ip", "netns", "exec", netns, *args, check=check)
+
+
+# --- SSH: the key, known_hosts and ssh_config pyinfra and testinfra use -----------------------
+
+
+def ensure_client_key() -> Path:
+    key = STATE / "id_ed25519"
+    if not key.exists():
+        STATE.mkdir(parents=True, exist_ok=True)
+        run("ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", "simlab-admin", "-f", str(key))
+    return key
+
+
+def write_ssh_files(lab: Lab) -> None:
+    known, config = [], []
+    for host in lab.hosts:
+        pub = (host.dir / "upper/etc/ssh/ssh_host_ed25519_key.pub").read_text().split()
+        known.append(f"{host.mgmt_ip} {pub[0]} {pub[1]}")
+        config.append(
+            f"Host {host.name}\n  HostName {host.mgmt_ip}\n  User {ADMIN_USER}\n"
+            f"  IdentityFile {STATE / 'id_ed25519'}\n  IdentitiesOnly yes\n"
+            f"  UserKnownHostsFile {STATE / 'known_hosts'}\n  StrictHostKeyChecking yes\n"
+            "  ConnectTimeout 5\n"
+        )
+    (STATE / "known_hosts").write_text("".join(line + "\n" for line in known))
+    (STATE / "ssh_config").write_text("\n".join(config))
+
+
+def ssh(host: Host, command: str, check: bool = True, timeout: float = 120) -> str:
+    result = subprocess.run(
+        ["ssh", "-F", str(STATE / "ssh_config"), "-o", "BatchMode=yes", host.name, command],
+        capture_output=True, text=True, stdin=subprocess.DEVNULL, timeout=timeout,
+    )  # fmt: skip
+    if check and result.returncode != 0:
+        raise RuntimeError(f"{host.name}: {command!r} exited {result.returncode}: {result.stderr}")
+    return result.stdout
+
+
+# --- one host's disk: overlay upper holding what differs from the bare image -----------------
+
+
+def _admin_ids(base: Path) -> tuple[int, int]:
+    for line in (base / "etc/passwd").read_text().splitlines():
+        fields = line.split(":")
+        if fields[0] == ADMIN_USER:
+            return int(fields[2]), int(fields[3])
+    raise RuntimeError(f"no {ADMIN_USER} user in the base image")
+
+
+def _write(path: Path, text: str, mode: int = 0o644, owner: tuple[int, int] = (0, 0)) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+    path.chmod(mode)
+    os.chown(path, *owner)
+
+
+def prepare_disk(host: Host, lab: Lab, base: Path) -> None:
+    """A freshly imaged disk: new machine id and SSH host keys, the admin's key, management IP."""
+    shutil.rmtree(host.dir / "upper", ignore_errors=True)
+    shutil.rmtree(host.dir / "work", ignore_errors=True)
+    shutil.rmtree(host.dir / "docker", ignore_errors=True)
+    for sub in ("upper", "work", "root", "docker"):
+        (host.dir / sub).mkdir(parents=True, exist_ok=True)
+    upper = host.dir / "upper"
+    _write(upper / "etc/hostname", host.name + "\n")
+    _write(upper / "etc/machine-id", uuid.uuid4().hex + "\n", 0o444)
+    hosts = "127.0.0.1 localhost\n" + "".join(f"{h.mgmt_ip} {h.name}\n" for h in lab.hosts)
+    _write(upper / "etc/hosts", hosts)
+    (upper / "etc/ssh").mkdir(parents=True, exist_ok=True)
+    run("ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", f"root@{host.name}",
+        "-f", str(upper / "etc/ssh/ssh_host_ed25519_key"))  # fmt: skip
+    uid_gid = _admin_ids(base)
+    home = upper / "home" / ADMIN_USER
+    home.mkdir(parents=True, exist_ok=True)
+    os.chown(home, *uid_gid)
+    (home / ".ssh").mkdir(mode=0o700, exist_ok=True)
+    os.chown(home / ".ssh", *uid_gid)
+    pub = (ensure_client_key().with_suffix(".pub")).read_text()
+    _write(home / ".ssh/authorized_keys", pub, 0o600, uid_gid)
+    _write(
+        upper / "etc/NetworkManager/system-connections/management.nmconnection",
+        "[connection]\nid=management\ntype=ethernet\ninterface-name=enP7s7\n\n"
+        f"[ipv4]\nmethod=manual\naddress1={host.mgmt_ip}/24\nnever-default=true\n\n"
+        "[ipv6]\nmethod=disabled\n",
+        0o600,
+    )
+    # DGX OS ships with NVIDIA's archive configured; the lab's stand-in of it is bound in.
+    keyring = CACHE / "repos/dgx/archive-keyring.gpg"
+    (upper / "usr/share/keyrings").mkdir(parents=True, exist_ok=True)
+    shutil.copy(keyring, upper / "usr/share/keyrings/dgx-os-archive-keyring.gpg")
+    _write(
+        upper / "etc/apt/sources.list.d/dgx-os.list",
+        "deb [signed-by=/usr/share/keyrings/dgx-os-archive-keyring.gpg] "
+        f"file:{REPOS_MOUNT}/dgx /\n",
+    )
+    _write(host.dir / "hardware.json", json.dumps({
+        "hcas": {hca: twin for twin, hca in FABRIC_TWINS},
+        "ipv4_roce_v2_index": host.ipv4_roce_v2_index,
+    }))  # fmt: skip
+
+
+# --- networks -----------------------------------------------------------------------------------
+
+
+def _link_exists(name: str, netns: str | None = None) -> bool:
+    cmd = ["ip", "link", "show", name]
+    if netns:
+        cmd = ["ip", "netns", "exec", netns, *cmd]
+    return subprocess.run(cmd, capture_output=True, stdin=subprocess.DEVNULL).returncode == 0
+
+
+def ensure_mgmt_bridge() -> None:
+    if _link_exists(MGMT_BRIDGE):
+        return
+    run("ip", "link", "add", MGMT_BRIDGE, "type", "bridge")
+    run("ip", "addr", "add", f"{MGMT_PREFIX}.1/24", "dev", MGMT_BRIDGE)
+    run("ip", "link", "set", MGMT_BRIDGE, "up")
+
+
+def wire_host(host: Host) -> None:
+    """Its namespace and management link (the host end is named as a Spark's: enP7s7)."""
+    run("ip", "netns", "add", host.netns)
+    in_ns(host.netns, "ip", "link", "set", "lo", "up")
+    outside = f"slm{host.index}"
+    run("ip", "link", "add", outside, "type", "veth", "peer", "name", "enP7s7",
+        "netns", host.netns)  # fmt: skip
+    run("ip", "link", "set", outside, "master", MGMT_BRIDGE, "up")
+
+
+def wire_fabric(hosts: list[Host]) -> None:
+    """Two hosts: a DAC per twin, end to end. More: each twin into a switch (bridge) port."""
+    if len(hosts) == 2:
+        a, b = hosts
+        for twin, _hca in FABRIC_TWINS:
+            run("ip", "link", "add", "sltmp", "netns", a.netns, "type", "veth",
+                "peer", "name", "sltmp", "netns", b.netns)  # fmt: skip
+            for host in hosts:
+                in_ns(host.netns, "ip", "link", "set", "sltmp", "name", twin)
+        return
+    run("ip", "netns", "add", SWITCH_NS)
+    for n, (twin, _hca) in enumerate(FABRIC_TWINS):
+        bridge = f"fabric{n}"
+        in_ns(SWITCH_NS, "ip", "link", "add", bridge, "mtu", "9000", "type", "bridge")
+        in_ns(SWITCH_NS, "ip", "link", "set", bridge, "up")
+        for host in hosts:
+            port = f"p{n}h{host.index}"
+            run("ip", "link", "add", "sltmp", "netns", host.netns, "type", "veth",
+                "peer", "name", port, "netns", SWITCH_NS)  # fmt: skip
+            in_ns(host.netns, "ip", "link", "set", "sltmp", "name", twin)
+            in_ns(SWITCH_NS, "ip", "link", "set", port, "mtu", "9000", "master", bridge, "up")
+
+
+# --- booting and stopping -----------------------------------------------------------------------
+
+
+def boot(host: Host, base: Path) -> None:
+    merged = host.dir / "root"
+    options = f"lowerdir={base},upperdir={host.dir / 'upper'},workdir={host.dir / 'work'}"
+    run("mount", "-t", "overlay", "overlay", "-o", options, str(merged))
+    env = dict(os.environ, SYSTEMD_NSPAWN_UNIFIED_HIERARCHY="1",
+               SYSTEMD_NSPAWN_API_VFS_WRITABLE="network")  # fmt: skip
+    logfile = open(host.dir / "console.log", "ab")  # noqa: SIM115 - handed to the child
+    process = subprocess.Popen(
+        ["systemd-nspawn", "-D", str(merged), "--boot", "--register=no", "--keep-unit",
+         f"--network-namespace-path=/run/netns/{host.netns}", "--capability=all",
+         "--system-call-filter=@system-service @mount @privileged keyctl bpf",
+         f"--machine={host.name}", f"--bind-ro={CACHE / 'repos'}:{REPOS_MOUNT}",
+         f"--bind={host.dir / 'docker'}:/var/lib/docker",
+         f"--bind-ro={host.dir / 'hardware.json'}:{HARDWARE_FILE}"],
+        stdin=subprocess.DEVNULL, stdout=logfile, stderr=subprocess.STDOUT, env=env,
+        start_new_session=True,
+    )  # fmt: skip
+    host.pid = process.pid
+
+
+def wait_ready(host: Host, deadline: float) -> None:
+    """Until sshd answers for the admin and systemd has finished starting up."""
+    while True:
+        try:
+            state = ssh(host, "systemctl is-system-running --wait", check=False, timeout=60)
+            if state.strip() in ("running", "degraded"):
+                return
+        except subprocess.TimeoutExpired:
+            pass
+        if time.monotonic() > deadline:
+            tail = (host.dir / "console.log").read_text(errors="replace")[-2000:]
+            raise RuntimeError(f"{host.name} did not come up in {BOOT_TIMEOUT}s; console:\n{tail}")
+        time.sleep(0.5)
+
+
+def _children(pid: int) -> list[int]:
+    path = Path(f"/proc/{pid}/task/{pid}/children")
+    return [int(p) for p in path.read_text().split()] if path.exists() else []
+
+
+def stop(host: Host) -> None:
+    """Pull the plug: SIGKILL the container's init, so every process of the host ends at once."""
+    if host.pid and Path(f"/proc/{host.pid}").exists():
+        for child in _children(host.pid):
+            os.kill(child, signal.SIGKILL)
+        for _ in range(100):
+            if not Path(f"/proc/{host.pid}").exists():
+                break
+            try:
+                if os.waitpid(host.pid, os.WNOHANG) != (0, 0):
+                    break
+            except ChildProcessError:
+                pass
+            time.sleep(0.1)
+        else:
+            os.kill(host.pid, signal.SIGKILL)
+    host.pid = None
+    merged = host.dir / "root"
+    if os.path.ismount(merged):
+        run("umount", "-R", str(merged))
+
+
+# --- the commands --------------------------------------------------------------------------------
+
+
+def up(count: int = 2, gid_index: dict[str, int] | None = None) -> Lab:
+    """Boot `count` bare hosts (tearing down any lab that is already up)."""
+    ensure_host_tools()
+    down()
+    from tests.simlab.standins import build_repositories
+
+    build_repositories(CACHE / "repos")
+    base = spark_base()
+    gid_index = gid_index or {}
+    lab = Lab([Host(f"spark-{i}", i, gid_index.get(f"spark-{i}", 3)) for i in range(1, count + 1)])
+    ensure_client_key()
+    ensure_mgmt_bridge()
+    for host in lab.hosts:
+        prepare_disk(host, lab, base)
+        wire_host(host)
+    wire_fabric(lab.hosts)
+    log(f"booting {count} hosts")
+    for host in lab.hosts:
+        boot(host, base)
+    lab.save()
+    deadline = time.monotonic() + BOOT_TIMEOUT
+    for host in lab.hosts:
+        wait_ready(host, deadline)
+        log(f"{host.name} is up at {host.mgmt_ip}")
+    return lab
+
+
+def reimage(name: str) -> Host:
+    """Back to the bare image with new SSH host keys; the lab's known_hosts keeps the old key,
+    as an admin's would."""
+    lab = Lab.load()
+    host = lab.host(name)
+    known = (STATE / "known_hosts").read_text()
+    stop(host)
+    base = spark_base()
+    prepare_disk(host, lab, base)
+    boot(host, base)
+    lab.save()
+    (STATE / "known_hosts").write_text(known)
+    return host
+
+
+def down() -> None:
+    """Remove every process, mount, namespace and link the lab made (also after a crash)."""
+    lab = Lab.load()
+    for host in lab.hosts:
+        stop(host)
+    # Leftovers of a lab whose state file was lost: our namespaces and mounts, by name.
+    for line in run("ip", "netns", "list", capture_output=True, text=True).stdout.splitlines():
+        netns = line.split()[0]
+        if netns.startswith("simlab-"):
+            pids = run("ip", "netns", "pids", netns, capture_output=True, text=True, check=False)
+            for pid in pids.stdout.split():
+                os.kill(int(pid), signal.SIGKILL)
+            run("ip", "netns", "del", netns)
+    for root in sorted((STATE / "hosts").glob("*/root")) if (STATE / "hosts").exists() else []:
+        if os.path.ismount(root):
+            run("umount", "-R", str(root))
+    for link in run("ip", "-o", "link", "show", capture_output=True, text=True).stdout.splitlines():
+        name = link.split(":")[1].strip().split("@")[0]
+        if name.startswith("slm") or name == MGMT_BRIDGE:
+            run("ip", "link", "del", name, check=False, stderr=subprocess.DEVNULL)
+    if (STATE / "lab.json").exists():
+        (STATE / "lab.json").unlink()

@@ -1,0 +1,180 @@
+"""Build and cache the lab's root filesystems: a freshly imaged Spark, and the serving image.
+
+Both are Debian 12 (bookworm) trees made by debootstrap from the mirror this machine's own apt
+uses. They are built once into the cache directory and reused; a change to what goes into
+them (the package list or the files baked in) changes their key and builds them anew.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import inspect
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+from tests.simlab.paths import CACHE, HARDWARE_DIR, log
+
+SUITE = "bookworm"
+# What a fresh DGX OS install has that the deploy relies on (DGX OS is Ubuntu 24.04; the lab
+# uses bookworm because its NetworkManager manages veths inside a container: see the README).
+SPARK_PACKAGES = [
+    "systemd", "systemd-sysv", "libpam-systemd", "dbus", "network-manager", "openssh-server",
+    "iproute2", "sudo", "ca-certificates", "gnupg", "python3", "docker.io", "curl",
+    "iputils-ping", "procps", "less",
+]  # fmt: skip
+SERVING_PACKAGES = ["python3", "iproute2", "procps", "ca-certificates"]
+HOST_TOOLS = {
+    "debootstrap": "debootstrap",
+    "systemd-nspawn": "systemd-container",
+    "ip": "iproute2",
+    "gpg": "gnupg",
+    "apt-ftparchive": "apt-utils",
+    "dpkg-deb": "dpkg",
+    "ssh": "openssh-client",
+    "ssh-keygen": "openssh-client",
+    "nft": "nftables",
+}
+ADMIN_USER = "spark"
+
+
+def ensure_host_tools() -> None:
+    """Install the Debian packages the lab needs on this machine, once."""
+    missing = sorted({pkg for tool, pkg in HOST_TOOLS.items() if shutil.which(tool) is None})
+    if not missing:
+        return
+    log(f"installing host packages: {' '.join(missing)}")
+    subprocess.run(["apt-get", "update", "-qq"], check=True, stdin=subprocess.DEVNULL)
+    subprocess.run(
+        ["apt-get", "install", "-y", "-qq", *missing],
+        check=True,
+        stdin=subprocess.DEVNULL,
+        env={"DEBIAN_FRONTEND": "noninteractive", "PATH": "/usr/sbin:/usr/bin:/sbin:/bin"},
+    )
+
+
+def debian_mirror() -> str:
+    """The Debian mirror this machine's apt already uses (deb822 or one-line sources)."""
+    sources = sorted(Path("/etc/apt/sources.list.d").glob("*.sources"))
+    for path in sources:
+        text = path.read_text()
+        for stanza in text.split("\n\n"):
+            uris = re.search(r"^URIs:\s*(\S+)", stanza, re.M)
+            suites = re.search(r"^Suites:\s*(.+)$", stanza, re.M)
+            if uris and suites and SUITE in suites.group(1).split():
+                return uris.group(1)
+    for path in [Path("/etc/apt/sources.list"), *Path("/etc/apt/sources.list.d").glob("*.list")]:
+        if path.exists():
+            match = re.search(rf"^deb\s+(?:\[[^]]*\]\s+)?(\S+)\s+{SUITE}\s", path.read_text(), re.M)
+            if match:
+                return match.group(1)
+    raise RuntimeError(f"no apt source for Debian {SUITE} on this machine to debootstrap from")
+
+
+def _key(*parts: bytes) -> str:
+    digest = hashlib.sha256()
+    for part in parts:
+        digest.update(part)
+        digest.update(b"\0")
+    return digest.hexdigest()[:12]
+
+
+def _debootstrap(target: Path, packages: list[str]) -> None:
+    tmp = target.with_name(target.name + ".partial")
+    shutil.rmtree(tmp, ignore_errors=True)
+    log(f"debootstrap {SUITE} into {tmp.name} (about a minute)")
+    subprocess.run(
+        ["debootstrap", "--variant=minbase", f"--include={','.join(packages)}", SUITE, str(tmp),
+         debian_mirror()],
+        check=True, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+    )  # fmt: skip
+    (tmp / "var/cache/apt/archives").mkdir(parents=True, exist_ok=True)
+    for deb in (tmp / "var/cache/apt/archives").glob("*.deb"):
+        deb.unlink()
+    tmp.rename(target)
+
+
+def _chroot(root: Path, script: str) -> None:
+    subprocess.run(["chroot", str(root), "/bin/sh", "-euc", script], check=True,
+                   stdin=subprocess.DEVNULL)  # fmt: skip
+
+
+def _customize_spark(root: Path) -> None:
+    """Turn the bootstrap into a bare Spark: admin user, key-only SSH, a quiet apt."""
+    hardware = root / "usr/local/lib/simlab"
+    hardware.mkdir(parents=True, exist_ok=True)
+    shutil.copy(HARDWARE_DIR / "simlab-rdma.py", hardware / "simlab-rdma.py")
+    shutil.copy(HARDWARE_DIR / "simlab-rdma.service", root / "etc/systemd/system/")
+    (root / "etc/ssh/sshd_config.d").mkdir(parents=True, exist_ok=True)
+    (root / "etc/ssh/sshd_config.d/10-lab.conf").write_text(
+        "PermitRootLogin no\nPasswordAuthentication no\nKbdInteractiveAuthentication no\n"
+    )
+    (root / "etc/sudoers.d/90-admin").write_text(f"{ADMIN_USER} ALL=(ALL) NOPASSWD:ALL\n")
+    (root / "etc/sudoers.d/90-admin").chmod(0o440)
+    # The Debian mirror cannot be reached from the lab; the hosts' only apt source is the lab's
+    # stand-in of the DGX OS archive, written at boot.
+    (root / "etc/apt/sources.list").write_text("")
+    for path in (root / "etc/apt/sources.list.d").glob("*"):
+        path.unlink()
+    _chroot(
+        root,
+        f"""
+        useradd --create-home --shell /bin/bash --groups sudo,docker {ADMIN_USER}
+        passwd --lock {ADMIN_USER}
+        rm -f /etc/ssh/ssh_host_*
+        systemctl enable simlab-rdma.service
+        # Timers that would take apt's lock in the middle of a deploy at random moments.
+        systemctl mask apt-daily.timer apt-daily-upgrade.timer e2scrub_all.timer fstrim.timer
+        systemctl mask systemd-timesyncd.service getty@tty1.service console-getty.service
+        # With fabric cables in but not configured, NM's DHCP on them holds boot for 60 s.
+        systemctl disable NetworkManager-wait-online.service
+        echo spark > /etc/hostname
+        rm -f /etc/machine-id && touch /etc/machine-id
+        """,
+    )
+
+
+def spark_base() -> Path:
+    """The cached root filesystem of a bare Spark (built on first use)."""
+    parts = [" ".join(SPARK_PACKAGES).encode(), inspect.getsource(_customize_spark).encode()]
+    parts += [path.read_bytes() for path in sorted(HARDWARE_DIR.iterdir())]
+    target = CACHE / f"spark-base-{_key(*parts)}"
+    if target.exists():
+        return target
+    ensure_host_tools()
+    for stale in CACHE.glob("spark-base-*"):
+        shutil.rmtree(stale, ignore_errors=True)
+    staging = CACHE / "spark-base.staging"
+    shutil.rmtree(staging, ignore_errors=True)
+    _debootstrap(staging, SPARK_PACKAGES)
+    log("customizing the bare Spark image")
+    _customize_spark(staging)
+    staging.rename(target)
+    return target
+
+
+def serving_image_tar() -> Path:
+    """The stand-in NGC vLLM image as a tarball for `docker import` (built on first use)."""
+    from tests.simlab import serving
+
+    source = Path(serving.__file__).parent
+    parts = [" ".join(SERVING_PACKAGES).encode()]
+    parts += [path.read_bytes() for path in sorted(source.rglob("*.py"))]
+    tar = CACHE / f"serving-image-{_key(*parts)}.tar"
+    if tar.exists():
+        return tar
+    ensure_host_tools()
+    for stale in CACHE.glob("serving-image-*.tar"):
+        stale.unlink()
+    root = CACHE / "serving-rootfs"
+    shutil.rmtree(root, ignore_errors=True)
+    _debootstrap(root, SERVING_PACKAGES)
+    log("adding Ray and the vllm stand-in to the serving image")
+    serving.assemble_serving_rootfs(root)
+    partial = tar.with_suffix(".partial")
+    subprocess.run(["tar", "-C", str(root), "--numeric-owner", "-cf", str(partial), "."],
+                   check=True)  # fmt: skip
+    partial.rename(tar)
+    shutil.rmtree(root, ignore_errors=True)
+    return tar

@@ -1,0 +1,137 @@
+"""The lab itself: what it promises the end-to-end tests, checked on booted hosts."""
+
+from __future__ import annotations
+
+import subprocess
+import time
+
+import pytest
+
+from tests.conftest import run_on
+from tests.simlab import lab as simlab
+
+pytestmark = pytest.mark.lab
+
+
+def configure_twin(host: simlab.Host, twin: str, address: str, mtu: int = 9000) -> None:
+    run_on(host, f"sudo nmcli connection add type ethernet ifname {twin} con-name lab-{twin} "
+                 f"ipv4.method manual ipv4.addresses {address} 802-3-ethernet.mtu {mtu} "
+                 f"ipv6.method disabled && sudo nmcli connection up lab-{twin}")  # fmt: skip
+
+
+def remove_twin(host: simlab.Host, twin: str) -> None:
+    run_on(host, f"sudo nmcli connection delete lab-{twin}", check=False)
+
+
+def gid(host: simlab.Host, hca: str, index: int) -> tuple[str, str]:
+    port = f"/sys/class/infiniband/{hca}/ports/1"
+    out = run_on(host, f"cat {port}/gids/{index} {port}/gid_attrs/types/{index} 2>/dev/null",
+                 check=False)  # fmt: skip
+    lines = [*out.splitlines(), ""]
+    return lines[0], lines[1]
+
+
+def wait_for(predicate, timeout: float = 10.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(0.3)
+    return predicate()
+
+
+def test_hosts_are_bare_sparks(lab: simlab.Lab) -> None:
+    for host in lab.hosts:
+        assert run_on(host, "hostname").strip() == host.name
+        assert (
+            run_on(host, "systemctl is-active NetworkManager docker ssh").split() == ["active"] * 3
+        )
+        assert run_on(host, "dpkg-query -W 'nvidia*' 2>/dev/null || true").strip() == ""
+        assert run_on(host, "apt-mark showhold").strip() == ""
+        # Root cannot log in over SSH; the admin can, with the lab's key only.
+        root = subprocess.run(
+            ["ssh", "-F", str(simlab.STATE / "ssh_config"), "-o", "BatchMode=yes",
+             "-l", "root", host.name, "true"], capture_output=True, stdin=subprocess.DEVNULL,
+        )  # fmt: skip
+        assert root.returncode != 0
+
+
+def test_jumbo_frames_cross_a_fabric_link_at_mtu_9000(lab: simlab.Lab) -> None:
+    a, b = lab.hosts
+    twin = simlab.FABRIC_TWINS[0][0]
+    try:
+        configure_twin(a, twin, "192.168.100.10/24")
+        configure_twin(b, twin, "192.168.100.11/24")
+        assert run_on(a, f"cat /sys/class/net/{twin}/mtu").strip() == "9000"
+        ping = run_on(a, "ping -c 1 -W 3 -M do -s 8972 192.168.100.11", check=False)
+        assert "1 received" in ping, ping
+        # A frame larger than the MTU is refused, so the test above measured the real path.
+        too_big = run_on(a, "ping -c 1 -W 1 -M do -s 8973 192.168.100.11 2>&1", check=False)
+        assert "1 received" not in too_big
+    finally:
+        remove_twin(a, twin)
+        remove_twin(b, twin)
+
+
+def test_gid_table_follows_the_interface_address(lab: simlab.Lab) -> None:
+    host = lab.hosts[0]
+    twin, hca = simlab.FABRIC_TWINS[1]
+    try:
+        configure_twin(host, twin, "192.168.101.10/24")
+        mapped = "0000:0000:0000:0000:0000:ffff:c0a8:650a"  # ::ffff:192.168.101.10
+        assert wait_for(lambda: gid(host, hca, 3) == (mapped, "RoCE v2"))
+        assert gid(host, hca, 2) == (mapped, "IB/RoCE v1")
+        assert gid(host, hca, 1)[1] == "RoCE v2" and gid(host, hca, 1)[0].startswith("fe80:")
+        run_on(host, f"sudo nmcli connection modify lab-{twin} ipv4.addresses 192.168.101.20/24 "
+                     f"&& sudo nmcli connection up lab-{twin}")  # fmt: skip
+        moved = "0000:0000:0000:0000:0000:ffff:c0a8:6514"  # ::ffff:192.168.101.20
+        assert wait_for(lambda: gid(host, hca, 3) == (moved, "RoCE v2"))
+    finally:
+        remove_twin(host, twin)
+    assert wait_for(lambda: gid(host, hca, 3)[0] == "0000:0000:0000:0000:0000:0000:0000:0000")
+
+
+def test_stand_in_driver_installs_and_the_metapackage_would_move_the_branch(lab) -> None:
+    host = lab.hosts[1]
+    run_on(host, "sudo apt-get update -qq")
+    plan = run_on(host, "apt-get install -s nvidia-driver-open")
+    assert "Inst nvidia-driver-590-open" in plan
+    apt = "sudo DEBIAN_FRONTEND=noninteractive apt-get -y -qq"
+    run_on(host, f"{apt} install nvidia-driver-580-open")
+    smi = run_on(
+        host, "nvidia-smi --query-gpu=name,driver_version,compute_cap --format=csv,noheader"
+    )
+    assert smi.strip() == "NVIDIA GB10, 580.142, 12.1"
+    run_on(host, f"{apt} purge nvidia-driver-580-open")
+
+
+def test_reimage_gives_a_bare_disk_and_new_host_keys(lab: simlab.Lab) -> None:
+    host = lab.hosts[1]
+    run_on(host, "sudo touch /etc/left-by-a-deploy")
+    before = (host.dir / "upper/etc/ssh/ssh_host_ed25519_key.pub").read_text()
+    simlab.reimage(host.name)
+    after = (host.dir / "upper/etc/ssh/ssh_host_ed25519_key.pub").read_text()
+    assert before != after
+    # The admin's known_hosts still holds the old key, so SSH refuses: as after a real reimage.
+    stale = subprocess.run(
+        ["ssh", "-F", str(simlab.STATE / "ssh_config"), "-o", "BatchMode=yes", host.name, "true"],
+        capture_output=True, text=True, stdin=subprocess.DEVNULL,
+    )  # fmt: skip
+    assert stale.returncode != 0 and "HOST IDENTIFICATION HAS CHANGED" in stale.stderr
+    simlab.write_ssh_files(lab)  # trust the new key, as the README's re-provisioning says
+    simlab.wait_ready(host, time.monotonic() + simlab.BOOT_TIMEOUT)
+    assert run_on(host, "test -e /etc/left-by-a-deploy && echo left || echo gone").strip() == "gone"
+
+
+def test_down_leaves_nothing_behind(lab: simlab.Lab) -> None:
+    simlab.down()
+    netns = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+    assert "simlab-" not in netns
+    links = subprocess.run(["ip", "-o", "link"], capture_output=True, text=True).stdout
+    assert " slm" not in links and simlab.MGMT_BRIDGE not in links
+    with open("/proc/mounts") as mounts:
+        assert str(simlab.STATE) not in mounts.read()
+    nspawn = subprocess.run(["pgrep", "-f", "systemd-nspawn"], capture_output=True, text=True)
+    assert nspawn.stdout.strip() == ""
+    # Later tests share the session's lab: boot it again, bare.
+    lab.hosts[:] = simlab.up(2).hosts
