@@ -47,12 +47,6 @@ class Host:
         return f"{MGMT_PREFIX}.{10 + self.index}"
 
     @property
-    def fabric_ips(self) -> dict[str, str]:
-        """The addresses the inventory gives the twins (NVIDIA's two-Spark plan)."""
-        return {twin: f"192.168.{100 + n}.{10 + self.index - 1}/24"
-                for n, (twin, _hca) in enumerate(FABRIC_TWINS)}  # fmt: skip
-
-    @property
     def dir(self) -> Path:
         return STATE / "hosts" / self.name
 

@@ -1,0 +1,36 @@
+# The two commands of the README: `make demo` and `make test`. Both run as root on a fresh
+# Debian/Ubuntu machine and install what they need (host packages, a pinned virtualenv).
+SHELL := /bin/bash
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed-$(shell sha256sum requirements.txt | cut -c1-12)
+
+.PHONY: demo test lint unit e2e bench lab-up lab-down
+
+$(STAMP): requirements.txt
+	@command -v python3 >/dev/null && python3 -c 'import venv, ensurepip' 2>/dev/null \
+	  || (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq python3 python3-venv)
+	python3 -m venv $(VENV)
+	$(VENV)/bin/pip install -q --disable-pip-version-check -r requirements.txt
+	rm -f $(VENV)/.installed-* && touch $@
+
+# Boot the simulated lab, deploy to it, check it, and show an endpoint answering.
+demo: $(STAMP)
+	$(PY) -m tests.simlab demo
+
+# Lint, unit tests, then end-to-end tests on the simulated lab (SIMLAB=0 skips those).
+test: $(STAMP)
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+	$(PY) -m pytest -p no:cacheprovider tests; rc=$$?; \
+	  if [ $$rc -eq 5 ]; then echo "pytest collected no tests: that is a broken suite, not a pass"; exit 1; fi; \
+	  exit $$rc
+
+unit: $(STAMP)
+	$(PY) -m pytest -m "not lab" tests
+
+lab-up: $(STAMP)
+	$(PY) -m tests.simlab up
+
+lab-down: $(STAMP)
+	$(PY) -m tests.simlab down

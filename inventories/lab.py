@@ -1,0 +1,40 @@
+"""Your Sparks. Edit the names, the SSH user and the fabric addresses, then:
+
+    pyinfra inventories/lab.py deploy.py --dry     # the plan, nothing changed
+    pyinfra inventories/lab.py deploy.py           # apply
+
+Defaults for every box (driver branch, MTU, GID index, toolkit version...) are in
+group_data/all.py; anything set here for one box overrides them for that box.
+"""
+
+_ssh = {
+    "ssh_user": "nvidia",  # the admin user created at first boot
+    # "ssh_key": "~/.ssh/id_ed25519",
+    "_sudo": True,  # add --use-sudo-password if sudo asks for one
+}
+
+spark = [
+    (
+        "spark-1.local",  # a name or address your machine reaches over the management LAN
+        {
+            **_ssh,
+            "spark_role": "head",
+            # Same physical QSFP-DD port on both boxes; one subnet per twin.
+            "fabric_addresses": {
+                "enp1s0f1np1": "192.168.100.10/24",
+                "enP2p1s0f1np1": "192.168.101.10/24",
+            },
+        },
+    ),
+    (
+        "spark-2.local",
+        {
+            **_ssh,
+            "spark_role": "worker",
+            "fabric_addresses": {
+                "enp1s0f1np1": "192.168.100.11/24",
+                "enP2p1s0f1np1": "192.168.101.11/24",
+            },
+        },
+    ),
+]

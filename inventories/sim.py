@@ -1,0 +1,38 @@
+"""The simulated lab as an inventory: `pyinfra inventories/sim.py deploy.py`.
+
+It mirrors inventories/lab.py; only the addresses, the SSH files and the package repository
+(the lab's local stand-in of NVIDIA's) differ. `python -m tests.simlab up` must have run.
+"""
+
+import json
+from pathlib import Path
+
+_state = Path(__file__).resolve().parent.parent / ".simlab"
+if not (_state / "lab.json").exists():
+    raise SystemExit("no simulated lab is up: run `python -m tests.simlab up` first (as root)")
+
+_lab_hosts = json.loads((_state / "lab.json").read_text())["hosts"]
+
+spark = [
+    (
+        host["name"],
+        {
+            "ssh_hostname": f"10.77.0.{10 + host['index']}",
+            "ssh_user": "spark",
+            "ssh_key": str(_state / "id_ed25519"),
+            "ssh_known_hosts_file": str(_state / "known_hosts"),
+            "ssh_strict_host_key_checking": "yes",
+            "_sudo": True,
+            "spark_role": "head" if host["index"] == 1 else "worker",
+            # NVIDIA's two-Spark plan: one subnet per twin, .10 for the first box, .11 next...
+            "fabric_addresses": {
+                "enp1s0f1np1": f"192.168.100.{9 + host['index']}/24",
+                "enP2p1s0f1np1": f"192.168.101.{9 + host['index']}/24",
+            },
+            # The lab's hosts reach no registry: NVIDIA's repository is a local stand-in.
+            "toolkit_repo_url": "file:/srv/simlab-repos/nvidia-container-toolkit",
+            "toolkit_repo_key_url": "file:///srv/simlab-repos/nvidia-container-toolkit/gpgkey",
+        },
+    )
+    for host in _lab_hosts
+]
