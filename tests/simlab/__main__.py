@@ -4,10 +4,42 @@ from __future__ import annotations
 
 import argparse
 import os
+import subprocess
 import sys
 
 from tests.simlab import lab
-from tests.simlab.paths import STATE
+from tests.simlab.paths import REPO, STATE, log
+
+
+def demo() -> int:
+    """What a newcomer runs first: the real deploy against the lab, then what it did."""
+    current = lab.Lab.load()
+    if not current.hosts:
+        current = lab.up(2)
+    log("deploying: pyinfra inventories/sim.py deploy.py")
+    pyinfra = str(REPO / ".venv/bin/pyinfra")
+    deploy = subprocess.run([pyinfra, "-y", "inventories/sim.py", "deploy.py"], cwd=REPO,
+                            stdin=subprocess.DEVNULL)  # fmt: skip
+    if deploy.returncode != 0:
+        return deploy.returncode
+    log("what the hosts look like now")
+    for host in current.hosts:
+        print(f"--- {host.name} ({host.mgmt_ip})")
+        print(lab.ssh(host, DEMO_SHOW, check=False), end="")
+    print("\nLab left running: `python -m tests.simlab ssh spark-1` to look around,")
+    print("`make lab-down` (or `python -m tests.simlab down`) to remove it.")
+    return 0
+
+
+DEMO_SHOW = (
+    "nvidia-smi --query-gpu=name,driver_version,compute_cap --format=csv,noheader; "
+    "echo held: $(apt-mark showhold); "
+    "for i in enp1s0f1np1 enP2p1s0f1np1; do echo $i mtu $(cat /sys/class/net/$i/mtu) "
+    "$(ip -4 -br addr show $i | awk '{print $3}'); done; "
+    "grep -E '^(VLLM_HOST_IP|MASTER_ADDR|NCCL_IB_HCA|NCCL_IB_GID_INDEX|RAY_memory)' "
+    "/etc/spark/cluster.env; "
+    "sudo docker info --format 'docker runtimes: {{range $k, $v := .Runtimes}}{{$k}} {{end}}'"
+)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -23,6 +55,7 @@ def main(argv: list[str] | None = None) -> int:
         help="put HOST's IPv4 RoCE v2 GID at index N (a field failure), e.g. spark-2=4",
     )
     commands.add_parser("down", help="stop every host and remove all the lab made")
+    commands.add_parser("demo", help="boot a lab (unless one is up), deploy to it, show the result")
     commands.add_parser("status", help="the hosts and how to reach them")
     reimage = commands.add_parser("reimage", help="return a host to the bare image (new host keys)")
     reimage.add_argument("host")
@@ -42,6 +75,8 @@ def main(argv: list[str] | None = None) -> int:
         print("Tear down: python -m tests.simlab down")
     elif args.command == "down":
         lab.down()
+    elif args.command == "demo":
+        return demo()
     elif args.command == "status":
         current = lab.Lab.load()
         if not current.hosts:

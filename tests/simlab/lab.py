@@ -300,6 +300,15 @@ def stop(host: Host) -> None:
         run("umount", "-R", str(merged))
 
 
+def set_gid_index(host: Host, index: int) -> None:
+    """Move the IPv4 RoCE v2 GID entry on a running host, as some units show it in the field."""
+    host.ipv4_roce_v2_index = index
+    hardware = json.loads((host.dir / "hardware.json").read_text())
+    hardware["ipv4_roce_v2_index"] = index
+    (host.dir / "hardware.json").write_text(json.dumps(hardware))
+    ssh(host, "sudo systemctl restart simlab-rdma")
+
+
 # --- the commands --------------------------------------------------------------------------------
 
 

@@ -1,0 +1,140 @@
+"""The host layer on the simulated lab: bare hosts, deploy, look at the hosts, deploy again.
+
+Tests in this module run in order on the session's lab; each later one stands on the deploy
+made by `test_first_deploy_converges`.
+"""
+
+from __future__ import annotations
+
+import re
+import subprocess
+
+import pytest
+
+from tests.conftest import pyinfra, run_on
+from tests.simlab import lab as simlab
+
+pytestmark = pytest.mark.lab
+
+TWINS = [twin for twin, _hca in simlab.FABRIC_TWINS]
+INVENTORY = "inventories/sim.py"
+
+
+def changes(result: subprocess.CompletedProcess) -> int:
+    """The number of host-operations pyinfra reports as changed (its results table)."""
+    text = re.sub(r"\x1b\[[0-9;]*m", "", result.stdout + result.stderr)
+    total = re.search(r"Grand total\s+(\S+)\s+(\S+)\s+(\S+)\s+(\S+)", text)
+    assert total, f"no results table in pyinfra's output:\n{text}"
+    _hosts, changed, errors, _unchanged = total.groups()
+    assert errors == "-", f"pyinfra reported errors:\n{text}"
+    return 0 if changed == "-" else int(changed)
+
+
+def host_snapshot(host: simlab.Host) -> str:
+    """What the deploy changes, read straight from the host."""
+    return run_on(host, "dpkg-query -W 'nvidia*' 2>/dev/null; apt-mark showhold; "
+                        "nmcli -t -f NAME,DEVICE connection show; ls /etc/apt/preferences.d "
+                        "/etc/apt/sources.list.d /etc/spark 2>&1; cat /etc/docker/daemon.json "
+                        "2>&1", check=False)  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def bare(lab: simlab.Lab) -> simlab.Lab:
+    for host in lab.hosts:
+        simlab.reimage(host.name)
+    simlab.write_ssh_files(lab)
+    for host in lab.hosts:
+        simlab.wait_ready(host, simlab.time.monotonic() + simlab.BOOT_TIMEOUT)
+    return lab
+
+
+def test_dry_run_changes_nothing(bare: simlab.Lab) -> None:
+    before = [host_snapshot(host) for host in bare.hosts]
+    result = pyinfra(INVENTORY, "deploy.py", "--dry")
+    assert "spark-1" in result.stdout + result.stderr
+    assert [host_snapshot(host) for host in bare.hosts] == before
+
+
+def test_first_deploy_converges(bare: simlab.Lab) -> None:
+    result = pyinfra(INVENTORY, "deploy.py")
+    assert changes(result) > 0
+
+
+def test_driver_580_is_installed_held_and_running(bare: simlab.Lab) -> None:
+    for host in bare.hosts:
+        assert "nvidia-driver-580-open" in run_on(host, "apt-mark showhold").split()
+        smi = run_on(host, "nvidia-smi --query-gpu=driver_version --format=csv,noheader")
+        assert smi.strip() == "580.142"
+
+
+def test_apt_refuses_the_590_branch_even_through_the_metapackage(bare: simlab.Lab) -> None:
+    host = bare.hosts[0]
+    plan = run_on(host, "apt-get install -s nvidia-driver-open 2>&1", check=False)
+    assert "Inst nvidia-driver-590-open" not in plan
+    policy = run_on(host, "apt-cache policy nvidia-driver-590-open")
+    assert re.search(r"Candidate: \(none\)", policy), policy
+    upgrade = run_on(host, "apt-get -s dist-upgrade 2>&1")
+    assert "590" not in upgrade
+
+
+def test_fabric_twins_carry_jumbo_frames(bare: simlab.Lab) -> None:
+    a, b = bare.hosts
+    for n, twin in enumerate(TWINS):
+        for host in bare.hosts:
+            assert run_on(host, f"cat /sys/class/net/{twin}/mtu").strip() == "9000"
+        peer = f"192.168.{100 + n}.11"
+        ping = run_on(a, f"ping -c 1 -W 3 -M do -s 8972 -I {twin} {peer}", check=False)
+        assert "1 received" in ping, f"{twin}: {ping}"
+    profiles = run_on(b, "nmcli -t -f NAME,DEVICE connection show --active")
+    # NetworkManager's automatic "Wired connection N" profiles are gone from the twins.
+    assert "Wired connection" not in profiles
+
+
+def test_gid_index_3_is_roce_v2_ipv4_on_both_hcas(bare: simlab.Lab) -> None:
+    for host in bare.hosts:
+        for n, (_twin, hca) in enumerate(simlab.FABRIC_TWINS):
+            port = f"/sys/class/infiniband/{hca}/ports/1"
+            gid = run_on(host, f"cat {port}/gids/3 {port}/gid_attrs/types/3").split("\n")
+            last_octet = 10 + host.index - 1
+            assert gid[0].endswith(f":ffff:c0a8:{100 + n:02x}{last_octet:02x}"), gid
+            assert gid[1] == "RoCE v2"
+
+
+def test_cluster_environment_file(bare: simlab.Lab) -> None:
+    for host in bare.hosts:
+        env = run_on(host, "cat /etc/spark/cluster.env")
+        own = f"192.168.100.{9 + host.index}"
+        assert re.search(rf"^VLLM_HOST_IP=\"?{re.escape(own)}\"?$", env, re.M), env
+        assert re.search(r"^MASTER_ADDR=\"?192\.168\.100\.10\"?$", env, re.M), env
+        assert re.search(r"^RAY_memory_monitor_refresh_ms=\"?0\"?$", env, re.M), env
+        assert re.search(r"^NCCL_IB_HCA=\"?rocep1s0f1,roceP2p1s0f1\"?$", env, re.M), env
+        assert re.search(r"^NCCL_IB_GID_INDEX=\"?3\"?$", env, re.M), env
+        assert run_on(host, "stat -c '%U %a' /etc/spark/cluster.env").strip() == "root 644"
+        # Login shells see it too.
+        login = run_on(host, "bash -lc 'echo $RAY_memory_monitor_refresh_ms $VLLM_HOST_IP'")
+        assert login.split() == ["0", own]
+
+
+def test_container_toolkit_and_docker_runtime(bare: simlab.Lab) -> None:
+    for host in bare.hosts:
+        version = run_on(host, "dpkg-query -W -f '${Version}' nvidia-container-toolkit")
+        assert version == "1.19.0-1"
+        runtimes = run_on(host, "sudo docker info --format '{{json .Runtimes}}'")
+        assert '"nvidia"' in runtimes
+
+
+def test_host_hygiene(bare: simlab.Lab) -> None:
+    for host in bare.hosts:
+        logind = run_on(host, "systemd-analyze cat-config systemd/logind.conf")
+        assert re.search(r"^RemoveIPC=no", logind, re.M)
+        pid = run_on(host, "systemctl show -p MainPID --value ssh").strip()
+        assert run_on(host, f"cat /proc/{pid}/oom_score_adj").strip() == "-1000"
+        unit = run_on(host, "systemctl show -p OOMScoreAdjust --value ssh").strip()
+        assert unit == "-1000"
+
+
+def test_second_deploy_changes_nothing(bare: simlab.Lab) -> None:
+    before = [host_snapshot(host) for host in bare.hosts]
+    result = pyinfra(INVENTORY, "deploy.py")
+    assert changes(result) == 0, result.stdout
+    assert [host_snapshot(host) for host in bare.hosts] == before
