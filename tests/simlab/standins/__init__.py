@@ -1,0 +1,302 @@
+"""Stand-ins for NVIDIA's apt packages, served to the lab's hosts from local signed repositories.
+
+The lab's hosts reach no registry, so two flat apt repositories take the place of NVIDIA's:
+`dgx/` of the DGX OS archive (driver branches 580 and 590 and the metapackage that follows the
+newest branch) and `nvidia-container-toolkit/` of NVIDIA's container-toolkit repository (two
+releases, so that pinning one means something). The packages carry the real names, versions and
+relationships; their programs (files/) answer like the real ones where the deploy looks. Each
+repository is signed with its own throwaway key, made on the first build and kept beside it.
+"""
+
+from __future__ import annotations
+
+import gzip
+import os
+import shutil
+import subprocess
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from tests.simlab.paths import log
+
+FILES = Path(__file__).parent / "files"
+DGX = "dgx"
+TOOLKIT = "nvidia-container-toolkit"
+# Driver branch -> (package version, CUDA version its nvidia-smi reports).
+DRIVER_BRANCHES = {"580": ("580.142-0ubuntu1", "13.0"), "590": ("590.48-0ubuntu1", "13.1")}
+TOOLKIT_VERSIONS = ["1.19.0-1", "1.18.0-1"]
+HOST_TOOLS = {
+    "dpkg-deb": "dpkg",
+    "apt-ftparchive": "apt-utils",
+    "gpg": "gpg",
+    "gpg-agent": "gpg-agent",
+    "gpgconf": "gpgconf",
+    "gpgv": "gpgv",
+}
+# Fixed timestamps make the .debs byte-identical from build to build, so a rebuild never
+# changes a package behind a host's cached package lists.
+SOURCE_DATE_EPOCH = 1767225600  # 2026-01-01
+MAINTAINER = "Spark simulated lab <simlab@example.invalid>"
+
+
+@dataclass(frozen=True)
+class Package:
+    name: str
+    version: str
+    summary: str
+    section: str
+    relations: dict[str, str] = field(default_factory=dict)
+    # Path on the host -> stand-in program in files/.
+    programs: dict[str, str] = field(default_factory=dict)
+    # @TOKEN@ -> value, filled into the programs.
+    tokens: dict[str, str] = field(default_factory=dict)
+
+
+def ensure_host_tools() -> None:
+    """Install the Debian packages the build (and its tests: gpgv) needs on this machine."""
+    missing = sorted({pkg for tool, pkg in HOST_TOOLS.items() if shutil.which(tool) is None})
+    if not missing:
+        return
+    log(f"standins: installing host packages: {' '.join(missing)}")
+    env = {"DEBIAN_FRONTEND": "noninteractive", "PATH": "/usr/sbin:/usr/bin:/sbin:/bin"}
+    subprocess.run(["apt-get", "update", "-qq"], check=True, stdin=subprocess.DEVNULL, env=env)
+    subprocess.run(
+        ["apt-get", "install", "-y", "-qq", "--no-install-recommends", *missing],
+        check=True,
+        stdin=subprocess.DEVNULL,
+        env=env,
+    )
+
+
+def dgx_packages() -> list[Package]:
+    """The DGX OS archive's driver packages: one per branch, and the newest-branch metapackage."""
+    packages = []
+    for branch, (version, cuda) in DRIVER_BRANCHES.items():
+        packages.append(
+            Package(f"libnvidia-compute-{branch}", version, "NVIDIA libcompute package", "libs")
+        )
+        packages.append(
+            Package(
+                f"nvidia-driver-{branch}-open",
+                version,
+                f"NVIDIA driver (open kernel) metapackage, branch {branch}",
+                "x11",
+                # One branch at a time: every driver provides and conflicts with the same name.
+                relations={
+                    "Depends": f"libnvidia-compute-{branch} (= {version})",
+                    "Provides": "nvidia-driver-binary",
+                    "Conflicts": "nvidia-driver-binary",
+                    "Replaces": "nvidia-driver-binary",
+                },
+                programs={"/usr/bin/nvidia-smi": "nvidia-smi"},
+                tokens={"@DRIVER_VERSION@": version.split("-")[0], "@CUDA_VERSION@": cuda},
+            )
+        )
+    newest = max(DRIVER_BRANCHES, key=int)
+    packages.append(
+        Package(
+            "nvidia-driver-open",
+            DRIVER_BRANCHES[newest][0],
+            "NVIDIA driver (open kernel) metapackage, newest branch",
+            "metapackages",
+            relations={"Depends": f"nvidia-driver-{newest}-open"},
+        )
+    )
+    return packages
+
+
+def toolkit_packages() -> list[Package]:
+    """NVIDIA's container-toolkit packages, related as in their debian/control files."""
+    packages = []
+    for version in TOOLKIT_VERSIONS:
+        upstream = {"@VERSION@": version.split("-")[0]}
+        packages += [
+            Package("libnvidia-container1", version, "NVIDIA container runtime library", "libs"),
+            Package(
+                "libnvidia-container-tools",
+                version,
+                "NVIDIA container runtime library (command-line tools)",
+                "utils",
+                relations={"Depends": f"libnvidia-container1 (>= {version})"},
+                programs={"/usr/bin/nvidia-container-cli": "nvidia-container-cli"},
+                tokens=upstream,
+            ),
+            Package(
+                "nvidia-container-toolkit-base",
+                version,
+                "NVIDIA Container Toolkit Base",
+                "utils",
+                # The stand-in nvidia-ctk is a Python program (the real one is a Go binary).
+                relations={"Depends": "python3"},
+                programs={
+                    "/usr/bin/nvidia-ctk": "nvidia-ctk",
+                    "/usr/bin/nvidia-container-runtime": "nvidia-container-runtime",
+                },
+                tokens=upstream,
+            ),
+            Package(
+                "nvidia-container-toolkit",
+                version,
+                "NVIDIA Container toolkit",
+                "utils",
+                relations={
+                    "Depends": f"nvidia-container-toolkit-base (= {version}), "
+                    f"libnvidia-container-tools (= {version}), "
+                    "libnvidia-container-tools (<< 2.0.0)"
+                },
+                programs={
+                    "/usr/bin/nvidia-container-runtime-hook": "nvidia-container-runtime-hook"
+                },
+            ),
+        ]
+    return packages
+
+
+def build_repositories(dest: Path) -> None:
+    """(Re)build both signed flat repositories into dest/dgx and dest/nvidia-container-toolkit.
+
+    Keys are made once (dest/.gnupg-<repo>) and kept, so hosts that trust them keep trusting
+    them; the repository directories are emptied and refilled in place (not replaced), so the
+    bind mounts of running hosts keep seeing them.
+    """
+    ensure_host_tools()
+    dest.mkdir(parents=True, exist_ok=True)
+    for repo, packages, origin in [
+        (DGX, dgx_packages(), "DGX OS (simulated-lab stand-in)"),
+        (TOOLKIT, toolkit_packages(), "NVIDIA container toolkit (simulated-lab stand-in)"),
+    ]:
+        repo_dir = dest / repo
+        repo_dir.mkdir(exist_ok=True)
+        for child in repo_dir.iterdir():
+            child.unlink()
+        log(f"standins: building {len(packages)} packages into {repo_dir}")
+        for package in packages:
+            _build_deb(package, repo_dir)
+        with _gnupg_home(dest / f".gnupg-{repo}") as home:
+            fingerprint = _signing_key(home, f"{origin} signing key")
+            _write_indexes(repo_dir, origin)
+            _sign(home, fingerprint, repo_dir)
+            if repo == DGX:
+                # The base image's sources name it in signed-by: a binary keyring.
+                _export(home, fingerprint, repo_dir / "archive-keyring.gpg")
+            else:
+                # Like NVIDIA's gpgkey URL: ASCII-armored, dearmored by whoever installs it.
+                _export(home, fingerprint, repo_dir / "gpgkey", "--armor")
+        log(f"standins: {repo} signed with key {fingerprint}")
+
+
+def _build_deb(package: Package, repo_dir: Path) -> None:
+    with tempfile.TemporaryDirectory() as tmp:
+        stage = Path(tmp)
+        files = {
+            f"/usr/share/doc/{package.name}/README.simlab": (
+                f"{package.name} {package.version}: a stand-in built for the simulated lab,"
+                " not NVIDIA software.\n",
+                0o644,
+            )
+        }
+        for target, source in package.programs.items():
+            text = (FILES / source).read_text()
+            for token, value in package.tokens.items():
+                text = text.replace(token, value)
+            files[target] = (text, 0o755)
+        for target, (text, mode) in files.items():
+            path = stage / target.lstrip("/")
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(text)
+            path.chmod(mode)
+        control = {
+            "Package": package.name,
+            "Version": package.version,
+            "Architecture": "all",
+            "Maintainer": MAINTAINER,
+            "Section": package.section,
+            "Priority": "optional",
+            **package.relations,
+            "Description": f"{package.summary} (simulated-lab stand-in)\n"
+            " Stands in for the package of this name in a lab without NVIDIA hardware.",
+        }
+        (stage / "DEBIAN").mkdir()
+        (stage / "DEBIAN/control").write_text("".join(f"{k}: {v}\n" for k, v in control.items()))
+        for path in [stage, *stage.rglob("*")]:
+            if path.is_dir():
+                path.chmod(0o755)
+            os.utime(path, (SOURCE_DATE_EPOCH, SOURCE_DATE_EPOCH))
+        deb = repo_dir / f"{package.name}_{package.version}_all.deb"
+        subprocess.run(
+            ["dpkg-deb", "--root-owner-group", "-Zxz", "--build", str(stage), str(deb)],
+            check=True,
+            stdout=subprocess.DEVNULL,
+            env={**os.environ, "SOURCE_DATE_EPOCH": str(SOURCE_DATE_EPOCH)},
+        )
+
+
+def _gpg(home: Path, *args: str) -> str:
+    result = subprocess.run(
+        ["gpg", "--homedir", str(home), "--batch", "--yes", "--quiet", *args],
+        check=True,
+        capture_output=True,
+        text=True,
+        stdin=subprocess.DEVNULL,
+    )
+    return result.stdout
+
+
+@contextmanager
+def _gnupg_home(home: Path) -> Iterator[Path]:
+    """home, reached through a short symlink, with gpg-agent stopped afterwards.
+
+    gpg-agent's sockets live in the home directory when there is no /run/user/<uid>, and a
+    socket path may not exceed 107 bytes: deep build directories (pytest's) would go over.
+    """
+    home.mkdir(mode=0o700, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix="gpg-") as tmp:
+        link = Path(tmp) / "home"
+        link.symlink_to(home.resolve())
+        try:
+            yield link
+        finally:
+            subprocess.run(["gpgconf", "--homedir", str(link), "--kill", "gpg-agent"], check=False)
+
+
+def _signing_key(home: Path, uid: str) -> str:
+    """The fingerprint of the key in home, made there first if there is none."""
+    if "\nfpr:" not in "\n" + _gpg(home, "--with-colons", "--list-secret-keys"):
+        log(f"standins: generating signing key in {home}")
+        _gpg(home, "--passphrase", "", "--quick-gen-key", uid, "ed25519", "sign", "never")
+    listing = _gpg(home, "--with-colons", "--list-secret-keys")
+    return next(line.split(":")[9] for line in listing.splitlines() if line.startswith("fpr:"))
+
+
+def _write_indexes(repo_dir: Path, origin: str) -> None:
+    packages = subprocess.run(
+        ["apt-ftparchive", "packages", "."], cwd=repo_dir, check=True, capture_output=True
+    ).stdout
+    (repo_dir / "Packages").write_bytes(packages)
+    (repo_dir / "Packages.gz").write_bytes(gzip.compress(packages, mtime=0))
+    fields = []
+    for name in ("Origin", "Label"):
+        fields += ["-o", f"APT::FTPArchive::Release::{name}={origin}"]
+    release = subprocess.run(
+        ["apt-ftparchive", *fields, "release", "."],
+        cwd=repo_dir,
+        check=True,
+        capture_output=True,
+    ).stdout
+    (repo_dir / "Release").write_bytes(release)
+
+
+def _sign(home: Path, fingerprint: str, repo_dir: Path) -> None:
+    release = str(repo_dir / "Release")
+    signer = ["--local-user", fingerprint, "--digest-algo", "SHA512"]
+    _gpg(home, *signer, "--clearsign", "--output", str(repo_dir / "InRelease"), release)
+    _gpg(home, *signer, "--armor", "--detach-sign", "--output", str(repo_dir / "Release.gpg"),
+         release)  # fmt: skip
+
+
+def _export(home: Path, fingerprint: str, path: Path, *options: str) -> None:
+    _gpg(home, *options, "--output", str(path), "--export", fingerprint)
+    path.chmod(0o644)
