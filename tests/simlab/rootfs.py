@@ -30,6 +30,9 @@ HOST_TOOLS = {
     "systemd-nspawn": "systemd-container",
     "ip": "iproute2",
     "gpg": "gnupg",
+    "gpg-agent": "gpg-agent",
+    "gpgconf": "gpgconf",
+    "gpgv": "gpgv",
     "apt-ftparchive": "apt-utils",
     "dpkg-deb": "dpkg",
     "ssh": "openssh-client",
@@ -40,14 +43,14 @@ ADMIN_USER = "spark"
 
 
 def ensure_host_tools() -> None:
-    """Install the Debian packages the lab needs on this machine, once."""
+    """Install the Debian packages the lab (and its stand-in builds) need on this machine."""
     missing = sorted({pkg for tool, pkg in HOST_TOOLS.items() if shutil.which(tool) is None})
     if not missing:
         return
     log(f"installing host packages: {' '.join(missing)}")
     subprocess.run(["apt-get", "update", "-qq"], check=True, stdin=subprocess.DEVNULL)
     subprocess.run(
-        ["apt-get", "install", "-y", "-qq", *missing],
+        ["apt-get", "install", "-y", "-qq", "--no-install-recommends", *missing],
         check=True,
         stdin=subprocess.DEVNULL,
         env={"DEBIAN_FRONTEND": "noninteractive", "PATH": "/usr/sbin:/usr/bin:/sbin:/bin"},

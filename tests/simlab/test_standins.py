@@ -137,26 +137,6 @@ def test_rebuild_keeps_keys_and_packages_byte_identical(tmp_path: Path) -> None:
     assert (tmp_path / TOOLKIT_DIR / "gpgkey").read_text() == first_key
 
 
-def test_ensure_host_tools_installs_only_what_is_missing(monkeypatch: pytest.MonkeyPatch) -> None:
-    calls: list[list[str]] = []
-    monkeypatch.setattr(standins.shutil, "which", lambda tool: None if tool == "gpgv" else tool)
-    monkeypatch.setattr(standins.subprocess, "run", lambda cmd, **kw: calls.append(cmd))
-    standins.ensure_host_tools()
-    assert calls[0][:2] == ["apt-get", "update"]
-    assert calls[1][:2] == ["apt-get", "install"] and calls[1][-1] == "gpgv"
-    assert "apt-utils" not in calls[1]
-
-
-def test_ensure_host_tools_does_nothing_when_all_are_present(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    calls: list[list[str]] = []
-    monkeypatch.setattr(standins.shutil, "which", lambda tool: f"/usr/bin/{tool}")
-    monkeypatch.setattr(standins.subprocess, "run", lambda cmd, **kw: calls.append(cmd))
-    standins.ensure_host_tools()
-    assert calls == []
-
-
 # --- apt against the repositories, with a private configuration -----------------------------------
 
 

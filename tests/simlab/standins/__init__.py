@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import gzip
 import os
-import shutil
 import subprocess
 import tempfile
 from collections.abc import Iterator
@@ -21,6 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from tests.simlab.paths import log
+from tests.simlab.rootfs import ensure_host_tools
 
 FILES = Path(__file__).parent / "files"
 DGX = "dgx"
@@ -28,14 +28,6 @@ TOOLKIT = "nvidia-container-toolkit"
 # Driver branch -> (package version, CUDA version its nvidia-smi reports).
 DRIVER_BRANCHES = {"580": ("580.142-0ubuntu1", "13.0"), "590": ("590.48-0ubuntu1", "13.1")}
 TOOLKIT_VERSIONS = ["1.19.0-1", "1.18.0-1"]
-HOST_TOOLS = {
-    "dpkg-deb": "dpkg",
-    "apt-ftparchive": "apt-utils",
-    "gpg": "gpg",
-    "gpg-agent": "gpg-agent",
-    "gpgconf": "gpgconf",
-    "gpgv": "gpgv",
-}
 # Fixed timestamps make the .debs byte-identical from build to build, so a rebuild never
 # changes a package behind a host's cached package lists.
 SOURCE_DATE_EPOCH = 1767225600  # 2026-01-01
@@ -53,22 +45,6 @@ class Package:
     programs: dict[str, str] = field(default_factory=dict)
     # @TOKEN@ -> value, filled into the programs.
     tokens: dict[str, str] = field(default_factory=dict)
-
-
-def ensure_host_tools() -> None:
-    """Install the Debian packages the build (and its tests: gpgv) needs on this machine."""
-    missing = sorted({pkg for tool, pkg in HOST_TOOLS.items() if shutil.which(tool) is None})
-    if not missing:
-        return
-    log(f"standins: installing host packages: {' '.join(missing)}")
-    env = {"DEBIAN_FRONTEND": "noninteractive", "PATH": "/usr/sbin:/usr/bin:/sbin:/bin"}
-    subprocess.run(["apt-get", "update", "-qq"], check=True, stdin=subprocess.DEVNULL, env=env)
-    subprocess.run(
-        ["apt-get", "install", "-y", "-qq", "--no-install-recommends", *missing],
-        check=True,
-        stdin=subprocess.DEVNULL,
-        env=env,
-    )
 
 
 def dgx_packages() -> list[Package]:
