@@ -1,0 +1,187 @@
+"""Keep the GB10 on NVIDIA driver branch 580."""
+
+from __future__ import annotations
+
+import re
+import shlex
+from pathlib import Path
+
+from pyinfra import host
+from pyinfra.api import FactBase, operation
+from pyinfra.api.exceptions import OperationError
+from pyinfra.operations import files
+
+from operations.debpkg import PackageStates, apt_install, query
+
+# Packages whose version is the driver's version, in Ubuntu's and NVIDIA's naming (branch
+# suffixed, like libnvidia-compute-580, and the unsuffixed names used from 590 on, like
+# nvidia-driver-open). Metapackages not listed (cuda-drivers, nvidia-open...) cannot bring another
+# branch either: what they depend on is listed. Never add a pattern that also matches the
+# container toolkit (nvidia-container-toolkit*, libnvidia-container*), whose versions are 1.x.
+DRIVER_FAMILY = (
+    "nvidia-driver-[0-9]*",
+    "nvidia-driver-open*",
+    "nvidia-dkms*",
+    "nvidia-kernel-common*",
+    "nvidia-kernel-source*",
+    "nvidia-utils*",
+    "nvidia-compute-utils*",
+    "nvidia-firmware*",
+    "xserver-xorg-video-nvidia*",
+    "libnvidia-cfg1*",
+    "libnvidia-common*",
+    "libnvidia-compute*",
+    "libnvidia-decode*",
+    "libnvidia-encode*",
+    "libnvidia-extra*",
+    "libnvidia-fbc1*",
+    "libnvidia-gl*",
+)
+PIN_TEMPLATE = Path(__file__).parents[1] / "templates" / "apt-preferences-nvidia-driver.j2"
+BRANCH_IN_NAME = re.compile(r"-(\d{3})(?=-|$)")  # nvidia-driver-590-open, libnvidia-gl-590
+SMI_QUERY = "nvidia-smi --query-gpu=name,driver_version,compute_cap --format=csv,noheader"
+
+
+class DriverPackages(PackageStates):
+    """Installed NVIDIA driver packages (DRIVER_FAMILY), with version and hold.
+
+    .. code:: python
+
+        {"nvidia-driver-580-open": {"version": "580.142-0ubuntu0.24.04.1", "held": True}}
+    """
+
+    patterns = DRIVER_FAMILY
+
+
+class NvidiaSmi(FactBase):
+    """What nvidia-smi reports of the first GPU, or None when it is absent or cannot reach a
+    driver (it then prints its complaint on stdout, which does not parse as the CSV).
+
+    .. code:: python
+
+        {"name": "NVIDIA GB10", "driver_version": "580.142", "compute_cap": "12.1"}
+    """
+
+    def command(self) -> str:
+        return f"{SMI_QUERY} 2>/dev/null || true"
+
+    def process(self, output: list[str]) -> dict[str, str] | None:
+        fields = [field.strip() for field in output[0].split(",")] if output else []
+        if len(fields) != 3 or not re.fullmatch(r"\d+\.[\d.]+", fields[1]):
+            return None
+        return dict(zip(("name", "driver_version", "compute_cap"), fields, strict=True))
+
+
+def _on_branch(version: str, branch: int) -> bool:
+    return version.startswith(f"{branch}.")
+
+
+def _names_other_branch(name: str, branch: int) -> bool:
+    named = BRANCH_IN_NAME.search(name)
+    return named is not None and named[1] != str(branch)
+
+
+def _refuse_other_smi_version(branch: int) -> dict[str, str] | None:
+    smi = host.get_fact(NvidiaSmi)
+    if smi and not _on_branch(smi["driver_version"], branch):
+        raise OperationError(
+            f"{host.name}: nvidia-smi reports driver {smi['driver_version']} loaded, not branch"
+            f" {branch}. If the {branch} packages were just installed, reboot; otherwise another"
+            f" driver is loaded: remove it, install the {branch} package and reboot."
+        )
+    return smi
+
+
+@operation()
+def branch_held(
+    branch: int,
+    package: str,
+    pin_path: str = "/etc/apt/preferences.d/nvidia-driver-branch.pref",
+):
+    """
+    Install and hold the driver of one branch; pin apt so nothing brings another branch.
+
+    + branch: the driver branch, e.g. 580
+    + package: the driver package to install when no driver of the branch is, e.g.
+      nvidia-driver-580-open (DGX OS 7 ships the -open flavour; an installed one is kept)
+    + pin_path: the apt preferences file: DRIVER_FAMILY at version <branch>.* gets 990, at any
+      other version -1, so `apt upgrade` and metapackages such as nvidia-driver-open (590)
+      cannot move the box to another branch
+
+    Refuses (never downgrades) when a driver package or the loaded driver is of another branch.
+
+    **Example:**
+
+    .. code:: python
+
+        driver.branch_held(name="Hold driver branch 580", branch=580,
+                           package="nvidia-driver-580-open")
+    """
+    if _names_other_branch(package, branch):
+        raise OperationError(f"{package} is not a package of driver branch {branch}")
+    installed = host.get_fact(DriverPackages)
+    others = {
+        name: state["version"]
+        for name, state in installed.items()
+        if not _on_branch(str(state["version"]), branch) or _names_other_branch(name, branch)
+    }
+    if others:
+        listed = ", ".join(f"{name} {version}" for name, version in sorted(others.items()))
+        raise OperationError(
+            f"{host.name}: driver packages not on branch {branch} are installed: {listed}."
+            f" Branch {branch} is required (590 deadlocks CUDA graphs on GB10); this deploy"
+            " will not downgrade a driver by itself. To go back: apt-get purge"
+            f" {' '.join(sorted(others))}; apt-get install {package}; reboot; run the deploy"
+            " again."
+        )
+    _refuse_other_smi_version(branch)
+
+    # The pin first, so that the install below cannot pull another branch.
+    yield from files.template._inner(
+        src=str(PIN_TEMPLATE),
+        dest=pin_path,
+        user="root",
+        group="root",
+        mode="644",
+        branch=branch,
+        patterns=" ".join(DRIVER_FAMILY),
+    )
+    install = not any(
+        name == package or name.startswith(f"nvidia-driver-{branch}") for name in installed
+    )
+    if install:
+        yield apt_install(package)
+    if install or not all(state["held"] for state in installed.values()):
+        # The packages the install brought are not known before it runs: ask dpkg afterwards.
+        yield (
+            f"{query(DRIVER_FAMILY)} 2>/dev/null"
+            f" | awk -F'\\t' '$1 ~ /^.i/ && $3 ~ /^{branch}\\./ {{print $2}}'"
+            " | xargs -r apt-mark hold"
+        )
+    else:
+        host.noop(f"driver packages of branch {branch} are installed and held")
+
+
+@operation()
+def running(branch: int):
+    """
+    Check that the loaded driver is of the branch (nvidia-smi answers with its version).
+
+    + branch: the driver branch, e.g. 580
+
+    Refuses another branch. When nvidia-smi does not answer (before the driver is installed,
+    in a dry run) it yields a check that runs after the install: it passes when the driver
+    answers then and fails otherwise, asking for the reboot a fresh install needs on real boxes.
+    """
+    smi = _refuse_other_smi_version(branch)
+    if smi:
+        host.noop(f"{smi['name']} runs driver {smi['driver_version']}")
+        return
+    message = shlex.quote(
+        f"driver {branch} does not answer nvidia-smi: reboot to load it (a fresh install needs"
+        " one on a real box), then run the deploy again"
+    )
+    yield (
+        f"nvidia-smi --query-gpu=driver_version --format=csv,noheader | grep -q '^{branch}\\.'"
+        f" || {{ echo {message} >&2; false; }}"
+    )

@@ -1,0 +1,337 @@
+"""Driver branch: facts, the hold/pin operation, the running check, and the pin under real apt.
+
+Captures:
+- dpkg-query-driver-*.txt: real dpkg-query 1.21 output of DriverPackages' command (run with
+  --admindir) over private dpkg status databases whose stanzas we wrote: a DGX OS 7 box with
+  nvidia-driver-580-open held, its libraries not, and a removed 590 package's conffiles left
+  ("rc"); and a box where `apt install nvidia-driver-open` brought branch 590.
+- nvidia-smi-*.sample.txt: written by hand from NVIDIA's documented CSV output of
+  `--query-gpu=... --format=csv,noheader` and its well-known "failed to communicate" message.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+from pyinfra.api.exceptions import OperationError
+
+from operations import driver
+from tests.unit.harness import FakeHost, captured, file_facts, process, run_op
+
+PIN = "/etc/apt/preferences.d/nvidia-driver-branch.pref"
+HOLD = "xargs -r apt-mark hold"
+
+
+def held_580() -> str:
+    """The 580 capture with every package held."""
+    return captured("dpkg-query-driver-580-partly-held.txt").replace("ii \t", "hi \t")
+
+
+def pin_text() -> str:
+    """What branch_held writes to the pin file, read off a fresh run."""
+    host = FakeHost({driver.DriverPackages: "", driver.NvidiaSmi: "", **file_facts({PIN: None})})
+    run_op(driver.branch_held, 580, "nvidia-driver-580-open", host=host)
+    return host.uploads[PIN]
+
+
+def test_driver_packages_reads_version_and_hold_and_skips_leftover_conffiles() -> None:
+    packages = process(driver.DriverPackages, captured("dpkg-query-driver-580-partly-held.txt"))
+    assert packages == {
+        "libnvidia-compute-580": {"version": "580.142-0ubuntu0.24.04.1", "held": False},
+        "nvidia-dkms-580-open": {"version": "580.142-0ubuntu0.24.04.1", "held": False},
+        "nvidia-driver-580-open": {"version": "580.142-0ubuntu0.24.04.1", "held": True},
+    }
+
+
+def test_driver_packages_none_installed() -> None:
+    assert process(driver.DriverPackages, "") == {}
+
+
+def test_driver_packages_command_answers_absence_without_failing() -> None:
+    command = driver.DriverPackages().command()
+    assert command.startswith("dpkg-query -W ")
+    assert command.endswith("2>/dev/null || true")
+    assert "'libnvidia-compute*'" in command
+
+
+def test_nvidia_smi_reads_gb10() -> None:
+    assert process(driver.NvidiaSmi, captured("nvidia-smi-gb10.sample.txt")) == {
+        "name": "NVIDIA GB10",
+        "driver_version": "580.142",
+        "compute_cap": "12.1",
+    }
+
+
+@pytest.mark.parametrize("output", ["", captured("nvidia-smi-no-driver.sample.txt")])
+def test_nvidia_smi_absent_or_without_driver_is_none(output: str) -> None:
+    assert process(driver.NvidiaSmi, output) is None
+
+
+def test_family_patterns_spare_the_container_toolkit() -> None:
+    toolkit = [
+        "nvidia-container-toolkit",
+        "nvidia-container-toolkit-base",
+        "libnvidia-container-tools",
+        "libnvidia-container1",
+        "nvidia-driver-assistant",
+    ]
+    for name in toolkit:
+        assert not any(fnmatch.fnmatchcase(name, p) for p in driver.DRIVER_FAMILY), name
+    for name in [
+        "nvidia-driver-580-open",
+        "nvidia-driver-open",
+        "libnvidia-compute",
+        "libnvidia-gl-590",
+    ]:
+        assert any(fnmatch.fnmatchcase(name, p) for p in driver.DRIVER_FAMILY), name
+
+
+def test_fresh_host_gets_pin_then_install_then_hold() -> None:
+    host = FakeHost({driver.DriverPackages: "", driver.NvidiaSmi: "", **file_facts({PIN: None})})
+    commands = run_op(driver.branch_held, 580, "nvidia-driver-580-open", host=host)
+    assert commands[0].startswith("FileUploadCommand(") and PIN in commands[0]
+    install = next(i for i, c in enumerate(commands) if "apt-get install" in c)
+    assert commands[install] == (
+        "DEBIAN_FRONTEND=noninteractive apt-get install -y -o Dpkg::Options::=--force-confdef"
+        " -o Dpkg::Options::=--force-confold nvidia-driver-580-open"
+    )
+    assert HOLD in commands[install + 1] and "$3 ~ /^580\\./" in commands[install + 1]
+    assert len(commands) == install + 2
+    pin = host.uploads[PIN]
+    assert "Pin: version 580.*\nPin-Priority: 990" in pin
+    assert "Pin: version *\nPin-Priority: -1" in pin
+
+
+def test_held_and_pinned_host_yields_nothing() -> None:
+    host = FakeHost(
+        {
+            driver.DriverPackages: held_580(),
+            driver.NvidiaSmi: captured("nvidia-smi-gb10.sample.txt"),
+            **file_facts({PIN: pin_text()}),
+        }
+    )
+    assert run_op(driver.branch_held, 580, "nvidia-driver-580-open", host=host) == []
+    assert "driver packages of branch 580 are installed and held" in host.noops
+
+
+def test_installed_but_partly_held_only_holds() -> None:
+    host = FakeHost(
+        {
+            driver.DriverPackages: captured("dpkg-query-driver-580-partly-held.txt"),
+            driver.NvidiaSmi: "",
+            **file_facts({PIN: pin_text()}),
+        }
+    )
+    commands = run_op(driver.branch_held, 580, "nvidia-driver-580-open", host=host)
+    assert len(commands) == 1 and HOLD in commands[0]
+
+
+def test_an_installed_580_flavour_is_kept() -> None:
+    # The closed-module flavour is installed: no -open package is forced on top of it.
+    output = held_580().replace("nvidia-driver-580-open", "nvidia-driver-580")
+    host = FakeHost(
+        {driver.DriverPackages: output, driver.NvidiaSmi: "", **file_facts({PIN: pin_text()})}
+    )
+    assert run_op(driver.branch_held, 580, "nvidia-driver-580-open", host=host) == []
+
+
+def test_590_packages_are_refused_with_the_way_back() -> None:
+    host = FakeHost(
+        {driver.DriverPackages: captured("dpkg-query-driver-590.txt"), driver.NvidiaSmi: ""}
+    )
+    with pytest.raises(OperationError) as refused:
+        run_op(driver.branch_held, 580, "nvidia-driver-580-open", host=host)
+    message = str(refused.value)
+    assert message.startswith("spark-test: ")
+    assert "nvidia-driver-open 590.48.01-0ubuntu0.24.04.1" in message
+    assert (
+        "apt-get purge libnvidia-compute-590 nvidia-driver-590-open nvidia-driver-open" in message
+    )
+    assert "apt-get install nvidia-driver-580-open; reboot" in message
+
+
+def test_a_branch_name_other_than_ours_is_refused_whatever_its_version() -> None:
+    output = "ii \tlibnvidia-gl-590\t580.142-0ubuntu0.24.04.1\n"
+    host = FakeHost({driver.DriverPackages: output, driver.NvidiaSmi: ""})
+    with pytest.raises(OperationError, match="libnvidia-gl-590"):
+        run_op(driver.branch_held, 580, "nvidia-driver-580-open", host=host)
+
+
+def test_a_package_argument_of_another_branch_is_refused() -> None:
+    with pytest.raises(OperationError, match="nvidia-driver-590-open is not a package of"):
+        run_op(driver.branch_held, 580, "nvidia-driver-590-open", host=FakeHost({}))
+
+
+def test_a_loaded_driver_of_another_branch_is_refused() -> None:
+    smi = captured("nvidia-smi-gb10.sample.txt").replace("580.142", "590.48.01")
+    host = FakeHost({driver.DriverPackages: held_580(), driver.NvidiaSmi: smi})
+    with pytest.raises(OperationError, match=r"reports driver 590\.48\.01 loaded, not branch 580"):
+        run_op(driver.branch_held, 580, "nvidia-driver-580-open", host=host)
+
+
+def test_running_driver_of_the_branch_yields_nothing() -> None:
+    host = FakeHost({driver.NvidiaSmi: captured("nvidia-smi-gb10.sample.txt")})
+    assert run_op(driver.running, 580, host=host) == []
+    assert host.noops == ["NVIDIA GB10 runs driver 580.142"]
+
+
+def test_running_without_an_answer_yields_a_check_that_asks_for_a_reboot() -> None:
+    host = FakeHost({driver.NvidiaSmi: captured("nvidia-smi-no-driver.sample.txt")})
+    (check,) = run_op(driver.running, 580, host=host)
+    assert "grep -q '^580\\.'" in check
+    assert "reboot" in check and check.endswith(">&2; false; }")
+
+
+def test_running_another_branch_is_refused() -> None:
+    smi = captured("nvidia-smi-gb10.sample.txt").replace("580.142", "590.48.01")
+    with pytest.raises(OperationError, match=r"590\.48\.01"):
+        run_op(driver.running, 580, host=FakeHost({driver.NvidiaSmi: smi}))
+
+
+# The pin under real apt: dummy packages named and versioned as Ubuntu's and NVIDIA's, a flat
+# file: repository (its URI uses $(ARCH), as NVIDIA's toolkit list does), and apt run with a
+# private configuration, so nothing of this machine's apt is read or changed.
+
+APT_TOOLS = ("apt-get", "apt-cache", "apt-ftparchive", "dpkg-deb")
+PACKAGES = [
+    ("nvidia-driver-580-open", "580.142-0ubuntu1", "libnvidia-compute-580 (= 580.142-0ubuntu1)"),
+    ("nvidia-driver-580-open", "580.150-0ubuntu1", "libnvidia-compute-580 (= 580.150-0ubuntu1)"),
+    ("libnvidia-compute-580", "580.142-0ubuntu1", ""),
+    ("libnvidia-compute-580", "580.150-0ubuntu1", ""),
+    ("nvidia-driver-590-open", "590.48.01-0ubuntu1", "libnvidia-compute-590"),
+    ("libnvidia-compute-590", "590.48.01-0ubuntu1", ""),
+    ("nvidia-driver-open", "590.48.01-0ubuntu1", "nvidia-driver-590-open"),
+    (
+        "nvidia-container-toolkit",
+        "1.19.0-1",
+        "nvidia-container-toolkit-base (= 1.19.0-1), libnvidia-container-tools (>= 1.19.0-1)",
+    ),
+    ("nvidia-container-toolkit-base", "1.19.0-1", ""),
+    ("libnvidia-container-tools", "1.19.0-1", "libnvidia-container1 (>= 1.19.0-1)"),
+    ("libnvidia-container1", "1.19.0-1", ""),
+]
+INSTALLED_580 = """\
+Package: nvidia-driver-580-open
+Status: install ok installed
+Architecture: all
+Version: 580.142-0ubuntu1
+Depends: libnvidia-compute-580 (= 580.142-0ubuntu1)
+
+Package: libnvidia-compute-580
+Status: install ok installed
+Architecture: all
+Version: 580.142-0ubuntu1
+"""
+
+
+class PrivateApt:
+    """apt-get/apt-cache over a repository and state of their own under ``root``."""
+
+    def __init__(self, root: Path, preferences: str, status: str = "") -> None:
+        self.root = root
+        etc = root / "etc"
+        for sub in ("apt.conf.d", "sources.list.d", "preferences.d"):
+            (etc / sub).mkdir(parents=True)
+        for sub in ("lists/partial", "cache/archives/partial"):
+            (root / sub).mkdir(parents=True)
+        (etc / "preferences").write_text(preferences)
+        (etc / "sources.list").write_text(f"deb [trusted=yes] file:{root.parent}/repo/$(ARCH) /\n")
+        (root / "status").write_text(status)
+        # Read first (APT_CONFIG), it points every other configuration file into root.
+        (root / "apt.conf").write_text(
+            f'Dir::Etc "{etc}"; Dir::Etc::Parts "apt.conf.d"; Dir::Etc::Main "none";'
+            f' Dir::State "{root}"; Dir::State::Lists "lists"; Dir::State::status "{root}/status";'
+            f' Dir::Cache "{root}/cache"; APT::Architecture "amd64"; APT::Architectures "amd64";'
+            ' Debug::NoLocking "true"; APT::Sandbox::User "root";'
+        )
+        self.run("apt-get", "update")
+
+    def run(self, *argv: str, check: bool = True) -> str:
+        result = subprocess.run(
+            argv,
+            env={
+                "APT_CONFIG": str(self.root / "apt.conf"),
+                "PATH": "/usr/sbin:/usr/bin:/sbin:/bin",
+                "LC_ALL": "C",
+            },
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+        assert result.returncode == 0 or not check, result.stdout + result.stderr
+        return result.stdout + result.stderr
+
+
+@pytest.fixture(scope="module")
+def repo(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    if not all(shutil.which(tool) for tool in APT_TOOLS):
+        pytest.skip(f"needs {', '.join(APT_TOOLS)} (apt-utils, dpkg)")
+    base = tmp_path_factory.mktemp("apt")
+    pool = base / "repo" / "amd64"
+    pool.mkdir(parents=True)
+    for name, version, depends in PACKAGES:
+        control = base / "build" / f"{name}_{version}" / "DEBIAN" / "control"
+        control.parent.mkdir(parents=True)
+        control.write_text(
+            f"Package: {name}\nVersion: {version}\nArchitecture: all\nMaintainer: t <t@t>\n"
+            f"Description: stand-in\n" + (f"Depends: {depends}\n" if depends else "")
+        )
+        subprocess.run(
+            [
+                "dpkg-deb",
+                "--root-owner-group",
+                "-Zgzip",
+                "--build",
+                str(control.parent.parent),
+                str(pool / f"{name}_{version}_all.deb"),
+            ],
+            check=True,
+            capture_output=True,
+        )
+    for index in ("packages", "release"):
+        text = subprocess.run(
+            ["apt-ftparchive", index, "."], cwd=pool, check=True, capture_output=True, text=True
+        ).stdout
+        (pool / index.capitalize()).write_text(text)
+    return base
+
+
+def test_without_the_pin_the_metapackage_would_bring_590(repo: Path) -> None:
+    # The control: proves the repository would move the box, so the pinned tests mean something.
+    apt = PrivateApt(repo / "unpinned", "")
+    assert "Inst nvidia-driver-590-open" in apt.run(
+        "apt-get", "install", "-s", "nvidia-driver-open"
+    )
+
+
+def test_the_pin_refuses_590_and_allows_580_and_the_toolkit(repo: Path) -> None:
+    apt = PrivateApt(repo / "fresh", pin_text())
+    metapackage = apt.run("apt-get", "install", "-s", "nvidia-driver-open", check=False)
+    assert "Inst nvidia-driver-590-open" not in metapackage
+    assert "has no installation candidate" in metapackage
+    policy = apt.run("apt-cache", "policy", "nvidia-driver-590-open", "libnvidia-container1")
+    assert "nvidia-driver-590-open:\n  Installed: (none)\n  Candidate: (none)" in policy
+    assert "libnvidia-container1:\n  Installed: (none)\n  Candidate: 1.19.0-1" in policy
+    plan = apt.run(
+        "apt-get", "install", "-s", "nvidia-driver-580-open", "nvidia-container-toolkit=1.19.0-1"
+    )
+    for package in (
+        "nvidia-driver-580-open (580.150",
+        "libnvidia-compute-580 (580.150",
+        "nvidia-container-toolkit (1.19.0-1",
+        "nvidia-container-toolkit-base (1.19.0-1",
+        "libnvidia-container-tools (1.19.0-1",
+        "libnvidia-container1 (1.19.0-1",
+    ):
+        assert f"Inst {package}" in plan, plan
+
+
+def test_the_pin_lets_an_installed_580_upgrade_within_its_branch_only(repo: Path) -> None:
+    apt = PrivateApt(repo / "installed", pin_text(), INSTALLED_580)
+    upgrade = apt.run("apt-get", "-s", "dist-upgrade")
+    assert "Inst nvidia-driver-580-open [580.142-0ubuntu1] (580.150-0ubuntu1" in upgrade
+    assert "590" not in upgrade
