@@ -1,0 +1,560 @@
+"""Validate the inventory's host data before any host is contacted."""
+
+from __future__ import annotations
+
+import difflib
+import re
+import weakref
+from collections import defaultdict
+from collections.abc import Iterable
+from ipaddress import AddressValueError, IPv4Interface, NetmaskValueError
+from typing import Any, Literal
+from urllib.parse import urlsplit
+
+import gevent
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
+from pyinfra.api.arguments import all_argument_meta
+from pyinfra.api.connectors import get_all_connectors
+from pyinfra.api.exceptions import PyinfraError
+from pyinfra.api.host import Host
+from pyinfra.api.inventory import Inventory
+from pyinfra.api.state import BaseStateCallback, State
+
+# host.data keys that pyinfra and its connectors read themselves: they pass unchecked and
+# are never echoed (`_sudo_password`, `ssh_password` are secrets).
+PYINFRA_KEY_PREFIXES = ("ssh_", "_", "docker_", "local_", "winrm_", "chroot_")
+
+IFNAME = re.compile(r"[A-Za-z0-9_.-]{1,15}")  # the kernel's IFNAMSIZ less the NUL
+HCA = re.compile(r"[A-Za-z0-9_.-]{1,63}")  # the kernel's IB_DEVICE_NAME_MAX less the NUL
+DRIVER_PACKAGE = re.compile(r"nvidia-driver-(\d+)(-open)?")
+DEBIAN_VERSION = re.compile(r"(\d+:)?\d[A-Za-z0-9.+~]*(-[A-Za-z0-9.+~]+)*")
+ABSOLUTE_PATH = re.compile(r"(/[A-Za-z0-9_.-]+)+")
+SUPPORTED_BRANCH = 580
+
+
+class ConfigError(PyinfraError):
+    """Every problem found in the host data, one per line: "<host>: <key>: <what>; <do>"."""
+
+    def __init__(self, problems: list[str]):
+        self.problems = problems
+        super().__init__(
+            f"the inventory data has {len(problems)} problem(s); fix them in the inventory"
+            " or in group_data/all.py:\n" + "\n".join(problems)
+        )
+
+
+class HostSettings(BaseModel):
+    """What one host's data may hold (inventory host data over group_data/all.py).
+
+    Field names are the data keys, so every message names the key the user edits; a
+    description says what is allowed and ends the messages pydantic itself writes.
+    Defaults live in group_data/all.py, not here, except for the per-host keys.
+    """
+
+    model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
+
+    spark_role: Literal["head", "worker"] | None = Field(
+        None,
+        description="'head' on exactly one host, 'worker' on the others"
+        " (a lone host may leave it out: it is the head)",
+    )
+    fabric_addresses: dict[str, str] = Field(
+        default_factory=dict,
+        description='{ifname: "A.B.C.D/prefix"}, one subnet per twin interface,'
+        ' e.g. {"enp1s0f1np1": "192.168.100.10/24", "enP2p1s0f1np1": "192.168.101.10/24"}',
+    )
+    fabric_hcas: dict[str, str] = Field(
+        description='{ifname: RDMA device}, e.g. {"enp1s0f1np1": "rocep1s0f1"};'
+        " one distinct device for each fabric interface",
+    )
+    fabric_mtu: int = Field(
+        ge=1500, le=9216, description="an integer 1500..9216, the same on every host (9000)"
+    )
+    roce_gid_index: int = Field(ge=0, le=255, description="an integer 0..255 (3: RoCE v2 + IPv4)")
+    driver_branch: int = Field(description=f"the integer {SUPPORTED_BRANCH}")
+    driver_package: str = Field(
+        description=f"nvidia-driver-{SUPPORTED_BRANCH}-open or nvidia-driver-{SUPPORTED_BRANCH}"
+    )
+    toolkit_version: str = Field(
+        description="a Debian version of nvidia-container-toolkit, e.g. 1.19.0-1"
+    )
+    toolkit_repo_url: str = Field(description="an https:// or file:/// URL of the apt repository")
+    toolkit_repo_key_url: str = Field(description="an https:// or file:/// URL of the signing key")
+    env_file: str = Field(description="an absolute path, e.g. /etc/spark/cluster.env")
+    nccl_debug: bool = Field(description="True or False")
+
+    @field_validator("fabric_addresses")
+    @classmethod
+    def _fabric_addresses(cls, addresses: dict[str, str]) -> dict[str, str]:
+        problems = []
+        for ifname, text in addresses.items():
+            problems += _ifname_problems(ifname)
+            try:
+                interface = _interface(text)
+            except ValueError as error:
+                problems.append(f"{ifname}: {error}")
+                continue
+            problems += [f"{ifname}: {problem}" for problem in _address_problems(interface)]
+        problems += _twin_problems(addresses) if not problems else []
+        if problems:
+            raise ValueError("\n".join(problems))
+        return addresses
+
+    @field_validator("fabric_hcas")
+    @classmethod
+    def _fabric_hcas(cls, hcas: dict[str, str], info: ValidationInfo) -> dict[str, str]:
+        problems = [
+            f"{ifname}: {hca!r} is not an RDMA device name; use the name under"
+            " /sys/class/infiniband/"
+            for ifname, hca in hcas.items()
+            if not HCA.fullmatch(hca)
+        ]
+        fabric = info.data.get("fabric_addresses", {})  # absent when it was refused itself
+        problems += [
+            f"no RDMA device for fabric interface {ifname}; add {ifname!r} to fabric_hcas"
+            for ifname in fabric
+            if ifname not in hcas
+        ]
+        by_hca = defaultdict(list)
+        for ifname in fabric:
+            if ifname in hcas:
+                by_hca[hcas[ifname]].append(ifname)
+        problems += [
+            f"{' and '.join(ifnames)} share the RDMA device {hca}; each twin has its own"
+            " (rocep1s0f1 and roceP2p1s0f1 on a Spark)"
+            for hca, ifnames in by_hca.items()
+            if len(ifnames) > 1
+        ]
+        if problems:
+            raise ValueError("\n".join(problems))
+        return hcas
+
+    @field_validator("driver_branch")
+    @classmethod
+    def _driver_branch(cls, branch: int) -> int:
+        if branch == 590:
+            raise ValueError(
+                "branch 590 is refused: it has a confirmed CUDA-graph deadlock on GB10;"
+                f" set driver_branch = {SUPPORTED_BRANCH}"
+            )
+        if branch != SUPPORTED_BRANCH:
+            raise ValueError(
+                f"branch {branch} is not supported on GB10; set driver_branch = {SUPPORTED_BRANCH}"
+            )
+        return branch
+
+    @field_validator("driver_package")
+    @classmethod
+    def _driver_package(cls, package: str) -> str:
+        match = DRIVER_PACKAGE.fullmatch(package)
+        if not match:
+            raise ValueError(
+                f"{package!r} is not a driver package of a branch;"
+                f" use nvidia-driver-{SUPPORTED_BRANCH}-open or nvidia-driver-{SUPPORTED_BRANCH}"
+            )
+        if int(match[1]) != SUPPORTED_BRANCH:
+            raise ValueError(
+                f"{package} is of branch {match[1]}, not of driver_branch {SUPPORTED_BRANCH};"
+                f" use nvidia-driver-{SUPPORTED_BRANCH}-open or nvidia-driver-{SUPPORTED_BRANCH}"
+            )
+        return package
+
+    @field_validator("toolkit_version")
+    @classmethod
+    def _toolkit_version(cls, version: str) -> str:
+        if not DEBIAN_VERSION.fullmatch(version):
+            raise ValueError(
+                f"{version!r} is not a Debian version; use one that"
+                " `apt-cache madison nvidia-container-toolkit` lists, e.g. 1.19.0-1"
+            )
+        return version
+
+    @field_validator("toolkit_repo_url", "toolkit_repo_key_url")
+    @classmethod
+    def _url(cls, url: str) -> str:
+        parts = urlsplit(url)
+        usable = (parts.scheme == "https" and parts.netloc) or (
+            parts.scheme == "file" and not parts.netloc and parts.path.startswith("/")
+        )
+        if not usable or re.search(r"[\s\"'\\]", url):
+            raise ValueError(
+                f"{url!r} is not an https:// or file:/// URL (without spaces or quotes);"
+                " use one: over plain http anyone on the path could swap packages or key"
+            )
+        return url
+
+    @field_validator("env_file")
+    @classmethod
+    def _env_file(cls, path: str) -> str:
+        parts = path.split("/")[1:]
+        if not ABSOLUTE_PATH.fullmatch(path) or "." in parts or ".." in parts:
+            raise ValueError(
+                f"{path!r} is not a plain absolute file path (letters, digits, '._-',"
+                " no '.' or '..' parts); e.g. /etc/spark/cluster.env"
+            )
+        return path
+
+
+def _ifname_problems(ifname: str) -> list[str]:
+    if IFNAME.fullmatch(ifname) and ifname not in (".", ".."):
+        return []
+    return [
+        f"{ifname!r} is not a network interface name; use the name `ip link` shows"
+        " (1..15 of A-Z a-z 0-9 _ . -)"
+    ]
+
+
+def _interface(text: str) -> IPv4Interface:
+    """The interface address of "A.B.C.D/prefix"; the prefix is required (no silent /32)."""
+    if "/" not in text:
+        raise ValueError(f"{text!r} has no prefix; write it as A.B.C.D/prefix, e.g. /24")
+    try:
+        return IPv4Interface(text)
+    except (AddressValueError, NetmaskValueError):
+        raise ValueError(
+            f"{text!r} is not an IPv4 address with a prefix; write A.B.C.D/prefix, e.g."
+            " 192.168.100.10/24"
+        ) from None
+
+
+def _address_problems(interface: IPv4Interface) -> list[str]:
+    ip, network = interface.ip, interface.network
+    if network.prefixlen > 30:
+        return [f"{interface} is a /{network.prefixlen}; use a subnet of /30 or wider, e.g. /24"]
+    if ip.is_loopback or ip.is_multicast or ip.is_unspecified:
+        return [f"{ip} is not a unicast address for a link; use a private one, e.g. 192.168.100.x"]
+    if ip in (network.network_address, network.broadcast_address):
+        return [f"{interface} is the network or broadcast address of {network}; pick a host in it"]
+    return []
+
+
+def _twin_problems(addresses: dict[str, str]) -> list[str]:
+    """Twins on one subnet would make the kernel route both rails through one interface."""
+    networks = [(ifname, IPv4Interface(text).network) for ifname, text in addresses.items()]
+    return [
+        f"{a} ({net_a}) and {b} ({net_b}) share a subnet; give each twin its own,"
+        " e.g. 192.168.100.0/24 and 192.168.101.0/24"
+        for i, (a, net_a) in enumerate(networks)
+        for b, net_b in networks[i + 1 :]
+        if net_a.overlaps(net_b)
+    ]
+
+
+class FabricLink(BaseModel):
+    """One fabric interface ("twin") of a host and its RDMA device."""
+
+    model_config = ConfigDict(frozen=True)
+
+    ifname: str
+    hca: str
+    address: IPv4Interface
+
+
+class Driver(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+    branch: int
+    package: str
+
+
+class Toolkit(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+    version: str
+    repo_url: str
+    key_url: str
+
+
+class HostConfig(BaseModel):
+    """One host's validated configuration, grouped by concern."""
+
+    model_config = ConfigDict(frozen=True)
+
+    name: str
+    role: Literal["head", "worker"]
+    fabric: tuple[FabricLink, ...]  # in the order given: the first carries the sockets
+    mtu: int
+    gid_index: int
+    driver: Driver
+    toolkit: Toolkit
+    env_file: str
+    nccl_debug: bool
+
+    @classmethod
+    def from_settings(
+        cls, name: str, role: Literal["head", "worker"], data: HostSettings
+    ) -> HostConfig:
+        return cls(
+            name=name,
+            role=role,
+            fabric=tuple(
+                FabricLink(ifname=ifname, hca=data.fabric_hcas[ifname], address=address)
+                for ifname, address in data.fabric_addresses.items()
+            ),
+            mtu=data.fabric_mtu,
+            gid_index=data.roce_gid_index,
+            driver=Driver(branch=data.driver_branch, package=data.driver_package),
+            toolkit=Toolkit(
+                version=data.toolkit_version,
+                repo_url=data.toolkit_repo_url,
+                key_url=data.toolkit_repo_key_url,
+            ),
+            env_file=data.env_file,
+            nccl_debug=data.nccl_debug,
+        )
+
+    def cluster_environment(self, head: HostConfig) -> dict[str, str]:
+        """The environment NCCL, Gloo, UCX, Ray and vLLM on this host need.
+
+        Sockets (bootstrap, Gloo, TensorPipe, Open MPI TCP) go over the first twin; NCCL
+        gets both twins' RDMA devices, or it runs at ~3 GB/s instead of ~24 GB/s.
+        UCX_NET_DEVICES takes "<device>:<port>" for RDMA devices and an interface name for
+        TCP (UCX FAQ); NVIDIA's playbook gives only the interface name, which leaves UCX on
+        TCP, so we list both twins' RoCE ports (port 1) and the first twin for TCP.
+        """
+        environment = {"RAY_memory_monitor_refresh_ms": "0"}  # Ray misreads the page cache
+        if self.fabric:
+            first = self.fabric[0]
+            hcas = [link.hca for link in self.fabric]
+            environment |= {
+                "NCCL_IB_GID_INDEX": str(self.gid_index),
+                "NCCL_IB_HCA": ",".join(hcas),
+                "NCCL_SOCKET_IFNAME": first.ifname,
+                "GLOO_SOCKET_IFNAME": first.ifname,
+                "TP_SOCKET_IFNAME": first.ifname,
+                "OMPI_MCA_btl_tcp_if_include": first.ifname,
+                "UCX_NET_DEVICES": ",".join([f"{hca}:1" for hca in hcas] + [first.ifname]),
+                "VLLM_HOST_IP": str(first.address.ip),
+                "MASTER_ADDR": str(head.fabric[0].address.ip),
+            }
+        if self.nccl_debug:
+            environment["NCCL_DEBUG"] = "INFO"  # shows NET/IB vs a silent NET/Socket fallback
+        return environment
+
+
+class SparkConfig(BaseModel):
+    """The whole inventory, validated: each host on its own, then across hosts."""
+
+    model_config = ConfigDict(frozen=True)
+
+    hosts: tuple[HostConfig, ...]
+
+    @model_validator(mode="after")
+    def _across_hosts(self) -> SparkConfig:
+        # ConfigError is no ValueError: pydantic lets it through unwrapped.
+        problems = _cluster_problems(self.hosts)
+        if problems:
+            raise ConfigError(problems)
+        return self
+
+    @property
+    def head(self) -> HostConfig:
+        return next(host for host in self.hosts if host.role == "head")
+
+    def host(self, name: str) -> HostConfig:
+        return next(host for host in self.hosts if host.name == name)
+
+
+def _names(hosts: Iterable[HostConfig]) -> str:
+    return ", ".join(dict.fromkeys(host.name for host in hosts))
+
+
+def _listing(pairs: Iterable[tuple[HostConfig, object]]) -> str:
+    return ", ".join(f"{host.name}: {value}" for host, value in pairs)
+
+
+def _cluster_problems(hosts: tuple[HostConfig, ...]) -> list[str]:
+    problems = []
+    heads = [host for host in hosts if host.role == "head"]
+    if not heads:
+        problems.append(
+            f"{_names(hosts)}: spark_role: no host is the head;"
+            " set spark_role = 'head' on exactly one host"
+        )
+    elif len(heads) > 1:
+        problems.append(
+            f"{_names(heads)}: spark_role: {len(heads)} hosts are the head;"
+            " keep 'head' on one and set 'worker' on the others"
+        )
+
+    mtus = {host.mtu for host in hosts}
+    if len(mtus) > 1:
+        problems.append(
+            f"{_names(hosts)}: fabric_mtu: differs ({_listing((h, h.mtu) for h in hosts)});"
+            " use one MTU on every host"
+        )
+
+    if len(hosts) > 1:
+        problems += _fabric_problems(hosts)
+    return problems
+
+
+def _fabric_problems(hosts: tuple[HostConfig, ...]) -> list[str]:
+    """Every host of a cluster has the same twins, each on one shared subnet."""
+    bare = [host for host in hosts if not host.fabric]
+    if bare:
+        return [
+            f"{host.name}: fabric_addresses: empty, but the {len(hosts)} hosts of a cluster"
+            " talk over the fabric; give it the same fabric interfaces as the others"
+            for host in bare
+        ]
+    layouts = {tuple(link.ifname for link in host.fabric) for host in hosts}
+    if len(layouts) > 1:
+        listing = _listing((h, "+".join(link.ifname for link in h.fabric)) for h in hosts)
+        return [
+            f"{_names(hosts)}: fabric_addresses: the interfaces differ ({listing}); list the"
+            " same interfaces in the same order on every host (the first carries the sockets)"
+        ]
+
+    problems = []
+    users = defaultdict(list)
+    for host in hosts:
+        for link in host.fabric:
+            users[link.address.ip].append((host, link.ifname))
+    problems += [
+        f"{_names(host for host, _ in used)}: fabric_addresses: {ip} is used by"
+        f" {' and '.join(f'{host.name} ({ifname})' for host, ifname in used)};"
+        " give every host its own address"
+        for ip, used in users.items()
+        if len(used) > 1
+    ]
+    for index, ifname in enumerate(next(iter(layouts))):
+        networks = [(host, host.fabric[index].address.network) for host in hosts]
+        if len({network for _, network in networks}) > 1:
+            problems.append(
+                f"{_names(hosts)}: fabric_addresses: {ifname} is on different subnets"
+                f" ({_listing(networks)}); put {ifname} on one subnet on every host"
+            )
+    return problems
+
+
+def _pyinfra_keys() -> list[str]:
+    """Keys pyinfra documents (global arguments, connector data): a misspelt
+    `sudo_password` gets "did you mean _sudo_password?"."""
+    connectors = get_all_connectors().values()
+    return [*all_argument_meta, *(key for connector in connectors for key in connector.data_meta)]
+
+
+def _shown(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else f"{text[:57]}..."
+
+
+def _problems(name: str, error: ValidationError) -> list[str]:
+    """pydantic's errors as "<host>: <key>: <what>; <allowed>" lines (values of unknown
+    keys are never shown: a misspelt `_sudo_password` may hold a secret)."""
+    problems = []
+    for item in error.errors():
+        key, *inner = (str(part) for part in item["loc"])
+        where = f"{name}: {key}: " + "".join(f"{part}: " for part in inner)
+        if item["type"] == "extra_forbidden":
+            guess = difflib.get_close_matches(
+                key, [*HostSettings.model_fields, *_pyinfra_keys()], 1
+            )
+            known = ", ".join(HostSettings.model_fields)
+            hint = f"did you mean {guess[0]}?" if guess else f"known keys: {known}"
+            problems.append(
+                f"{where}unknown key; {hint} (keys starting with"
+                f" {', '.join(PYINFRA_KEY_PREFIXES)} are pyinfra's)"
+            )
+        elif item["type"] == "value_error":
+            problems += [where + line for line in str(item["ctx"]["error"]).splitlines()]
+        elif item["type"] == "missing":
+            allowed = HostSettings.model_fields[key].description
+            problems.append(f"{where}missing; set it in group_data/all.py ({allowed})")
+        else:
+            allowed = HostSettings.model_fields[key].description
+            problems.append(
+                f"{where}{item['msg']} (got {_shown(item['input'])}); allowed: {allowed}"
+            )
+    return problems
+
+
+def load_from_dicts(hosts: dict[str, dict[str, Any]]) -> SparkConfig:
+    """Validate every host's data (as host.data.dict() gives it); raise ConfigError listing
+    every problem. Cross-host checks run once each host is valid on its own: before that
+    they would mostly report the consequences of per-host mistakes."""
+    problems: list[str] = []
+    configs = []
+    for name, data in hosts.items():
+        try:
+            settings = HostSettings.model_validate(
+                {
+                    key: value
+                    for key, value in data.items()
+                    if not key.startswith(PYINFRA_KEY_PREFIXES)
+                }
+            )
+        except ValidationError as error:
+            problems += _problems(name, error)
+            continue
+        role = settings.spark_role or ("head" if len(hosts) == 1 else None)
+        if role is None:
+            problems.append(
+                f"{name}: spark_role: missing in a cluster of {len(hosts)} hosts;"
+                " set 'head' on one host and 'worker' on the others"
+            )
+            continue
+        configs.append(HostConfig.from_settings(name, role, settings))
+    if not hosts:
+        problems.append("inventory: hosts: empty; list at least one Spark")
+    if problems:
+        raise ConfigError(problems)
+    return SparkConfig(hosts=tuple(configs))
+
+
+# One result per inventory, the error included: every host's connect and deploy.py ask.
+_loaded: weakref.WeakKeyDictionary[Inventory, SparkConfig | ConfigError] = (
+    weakref.WeakKeyDictionary()
+)
+
+
+def load(inventory: Inventory) -> SparkConfig:
+    """The validated configuration of a pyinfra inventory, validated once and cached
+    (data changed afterwards is not seen)."""
+    if inventory not in _loaded:
+        try:
+            _loaded[inventory] = load_from_dicts(
+                {host.name: host.data.dict() for host in inventory}
+            )
+        except ConfigError as error:
+            _loaded[inventory] = error
+    result = _loaded[inventory]
+    if isinstance(result, ConfigError):
+        raise ConfigError(result.problems)  # a fresh one: no traceback piled up per host
+    return result
+
+
+class ValidateBeforeConnect(BaseStateCallback):
+    """Refuse to connect anywhere while the inventory data is invalid."""
+
+    @staticmethod
+    def host_before_connect(state: State, host: Host) -> None:
+        load(state.inventory)
+
+
+def validate_before_connect(state: State) -> None:
+    """Make pyinfra validate the inventory before its first connection (call from config.py).
+
+    The CLI runs config.py before ``State.init()``, and init starts a fresh list of
+    callback handlers, so the handler is added right after init. Every host's connect
+    greenlet then raises the same ConfigError before opening a connection; gevent is told
+    it is no crash, or it would print a traceback per host before pyinfra's own message.
+    """
+    init = state.init
+
+    def init_then_add_handler(*args: Any, **kwargs: Any) -> None:
+        init(*args, **kwargs)
+        state.add_callback_handler(ValidateBeforeConnect())
+        hub = gevent.get_hub()
+        hub.NOT_ERROR = (*hub.NOT_ERROR, ConfigError)
+
+    state.init = init_then_add_handler

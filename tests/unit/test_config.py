@@ -1,0 +1,301 @@
+"""operations/config.py: validated host data, the cluster environment, the pre-connect check."""
+
+from __future__ import annotations
+
+import json
+import re
+import runpy
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+from pyinfra.api import Config, Inventory, State
+
+from operations import config
+from operations.config import ConfigError, load, load_from_dicts
+
+REPO = Path(__file__).parents[2]
+BAD_INPUTS = Path(__file__).parent / "bad_inputs"
+# "<host>[, <host>...]: <key>: <what is wrong>; <what to do>" (a value may itself hold "; ")
+PROBLEM_LINE = re.compile(r"[\w.-]+(, [\w.-]+)*: \w+: .+; .+")
+
+
+def group_defaults() -> dict[str, Any]:
+    """group_data/all.py as pyinfra reads it (module-level names, no dunders)."""
+    names = runpy.run_path(str(REPO / "group_data" / "all.py"))
+    return {key: value for key, value in names.items() if not key.startswith("__")}
+
+
+def merged(hosts: dict[str, dict[str, Any]], drop: tuple[str, ...] = ()) -> dict[str, dict]:
+    """Host data over the group defaults, top-level keys only, as pyinfra merges them."""
+    defaults = {k: v for k, v in group_defaults().items() if k not in drop}
+    return {name: defaults | data for name, data in hosts.items()}
+
+
+TWO_SPARKS = {
+    "spark-1": {
+        "spark_role": "head",
+        "fabric_addresses": {
+            "enp1s0f1np1": "192.168.100.10/24",
+            "enP2p1s0f1np1": "192.168.101.10/24",
+        },
+    },
+    "spark-2": {
+        "spark_role": "worker",
+        "fabric_addresses": {
+            "enp1s0f1np1": "192.168.100.11/24",
+            "enP2p1s0f1np1": "192.168.101.11/24",
+        },
+    },
+}
+
+
+def test_two_sparks_are_accepted_and_grouped_by_concern() -> None:
+    spark = load_from_dicts(merged(TWO_SPARKS))
+
+    assert [host.name for host in spark.hosts] == ["spark-1", "spark-2"]
+    assert spark.head.name == "spark-1"
+    worker = spark.host("spark-2")
+    assert worker.role == "worker"
+    assert [(link.ifname, link.hca, str(link.address)) for link in worker.fabric] == [
+        ("enp1s0f1np1", "rocep1s0f1", "192.168.100.11/24"),
+        ("enP2p1s0f1np1", "roceP2p1s0f1", "192.168.101.11/24"),
+    ]
+    assert (worker.mtu, worker.gid_index, worker.env_file) == (9000, 3, "/etc/spark/cluster.env")
+    assert (worker.driver.branch, worker.driver.package) == (580, "nvidia-driver-580-open")
+    assert worker.toolkit.version == "1.19.0-1"
+    assert worker.toolkit.key_url == "https://nvidia.github.io/libnvidia-container/gpgkey"
+
+
+def test_cluster_environment_of_head_and_worker() -> None:
+    spark = load_from_dicts(merged(TWO_SPARKS))
+    common = {
+        "RAY_memory_monitor_refresh_ms": "0",
+        "NCCL_IB_GID_INDEX": "3",
+        "NCCL_IB_HCA": "rocep1s0f1,roceP2p1s0f1",
+        "NCCL_SOCKET_IFNAME": "enp1s0f1np1",
+        "GLOO_SOCKET_IFNAME": "enp1s0f1np1",
+        "TP_SOCKET_IFNAME": "enp1s0f1np1",
+        "OMPI_MCA_btl_tcp_if_include": "enp1s0f1np1",
+        "UCX_NET_DEVICES": "rocep1s0f1:1,roceP2p1s0f1:1,enp1s0f1np1",
+        "MASTER_ADDR": "192.168.100.10",
+    }
+
+    assert spark.host("spark-1").cluster_environment(spark.head) == common | {
+        "VLLM_HOST_IP": "192.168.100.10"
+    }
+    assert spark.host("spark-2").cluster_environment(spark.head) == common | {
+        "VLLM_HOST_IP": "192.168.100.11"
+    }
+
+
+def test_nccl_debug_adds_nccl_debug_info() -> None:
+    hosts = merged(TWO_SPARKS)
+    hosts["spark-2"]["nccl_debug"] = True
+    spark = load_from_dicts(hosts)
+
+    assert spark.host("spark-2").cluster_environment(spark.head)["NCCL_DEBUG"] == "INFO"
+    assert "NCCL_DEBUG" not in spark.host("spark-1").cluster_environment(spark.head)
+
+
+def test_a_lone_box_without_fabric_is_the_head_and_gets_only_ray_settings() -> None:
+    spark = load_from_dicts(merged({"spark-1": {}}))
+
+    assert spark.head.name == "spark-1"
+    assert spark.head.fabric == ()
+    assert spark.head.cluster_environment(spark.head) == {"RAY_memory_monitor_refresh_ms": "0"}
+
+
+def test_a_lone_box_with_fabric_is_its_own_master() -> None:
+    spark = load_from_dicts(
+        merged({"spark-1": {"fabric_addresses": {"enp1s0f1np1": "10.0.0.1/24"}}})
+    )
+
+    environment = spark.head.cluster_environment(spark.head)
+    assert environment["MASTER_ADDR"] == environment["VLLM_HOST_IP"] == "10.0.0.1"
+    assert environment["NCCL_IB_HCA"] == "rocep1s0f1"
+
+
+def test_pyinfra_keys_pass_untouched() -> None:
+    hosts = merged(TWO_SPARKS)
+    hosts["spark-1"] |= {
+        "ssh_port": "not validated here",
+        "_sudo": True,
+        "_sudo_password": "hunter2",
+        "docker_identifier": 1,
+        "local_x": 1,
+        "winrm_port": 1,
+        "chroot_directory": "/",
+    }
+
+    assert load_from_dicts(hosts).head.name == "spark-1"
+
+
+def test_every_problem_of_every_host_is_listed_one_per_line() -> None:
+    hosts = merged(TWO_SPARKS)
+    hosts["spark-1"] |= {"fabric_mtu": "9000", "roce_gid_index": 300}
+    hosts["spark-2"] |= {"driver_branch": 590, "fabric_adresses": {}}
+
+    with pytest.raises(ConfigError) as caught:
+        load_from_dicts(hosts)
+
+    problems = caught.value.problems
+    assert len(problems) == 4
+    assert str(caught.value).splitlines()[1:] == problems
+    assert [line.split(": ")[:2] for line in problems] == [
+        ["spark-1", "fabric_mtu"],
+        ["spark-1", "roce_gid_index"],
+        ["spark-2", "driver_branch"],
+        ["spark-2", "fabric_adresses"],
+    ]
+    assert all(PROBLEM_LINE.fullmatch(line) for line in problems), problems
+    assert "CUDA-graph deadlock" in problems[2]
+    assert "did you mean fabric_addresses?" in problems[3]
+
+
+def test_a_misspelt_secret_is_refused_without_showing_it() -> None:
+    hosts = merged(TWO_SPARKS)
+    hosts["spark-1"]["sudo_password"] = "hunter2"
+
+    with pytest.raises(ConfigError) as caught:
+        load_from_dicts(hosts)
+
+    assert "spark-1: sudo_password: unknown key" in str(caught.value)
+    assert "hunter2" not in str(caught.value)
+
+
+def test_long_values_are_cut_in_messages() -> None:
+    hosts = merged({"spark-1": {"env_file": 7 * ["/etc/spark/cluster.env"]}})
+
+    with pytest.raises(ConfigError) as caught:
+        load_from_dicts(hosts)
+
+    (problem,) = caught.value.problems
+    assert problem.startswith("spark-1: env_file: Input should be a valid string (got [")
+    assert "...)" in problem
+    assert len(problem) < 200
+
+
+def corpus() -> list[Path]:
+    return sorted(path for path in BAD_INPUTS.iterdir() if path.suffix in (".json", ".py"))
+
+
+def read_case(path: Path) -> dict[str, Any]:
+    """A case is {"why", "hosts", "expect", optional "absent", optional "drop"}."""
+    if path.suffix == ".json":
+        return json.loads(path.read_text())
+    return runpy.run_path(str(path))["CASE"]
+
+
+def test_the_corpus_is_big_enough() -> None:
+    assert len(corpus()) >= 30
+
+
+@pytest.mark.parametrize("path", corpus(), ids=lambda path: path.stem)
+def test_bad_input_is_refused_naming_host_and_key(path: Path) -> None:
+    case = read_case(path)
+
+    with pytest.raises(ConfigError) as caught:
+        load_from_dicts(merged(case["hosts"], tuple(case.get("drop", ()))))
+
+    message = str(caught.value)
+    for expected in case["expect"]:
+        assert expected in message, f"{case['why']}: {expected!r} not in:\n{message}"
+    for unexpected in case.get("absent", ()):
+        assert unexpected not in message
+    assert all(PROBLEM_LINE.fullmatch(line) for line in caught.value.problems), message
+
+
+def inventory(hosts: dict[str, dict[str, Any]]) -> Inventory:
+    return Inventory((list(hosts.items()), {}))
+
+
+def test_load_reads_host_data_from_a_pyinfra_inventory_once(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    calls = []
+    monkeypatch.setattr(config, "load_from_dicts", lambda hosts: calls.append(hosts) or "done")
+    hosts = merged(TWO_SPARKS)
+    hosts["spark-2"]["ssh_port"] = 2222
+    loaded = inventory(hosts)
+
+    assert load(loaded) == load(loaded) == "done"
+    assert calls == [hosts]
+
+
+def test_load_caches_the_error_too(monkeypatch: pytest.MonkeyPatch) -> None:
+    hosts = merged(TWO_SPARKS)
+    hosts["spark-2"]["fabric_mtu"] = 100000
+    loaded = inventory(hosts)
+    calls = []
+    real = config.load_from_dicts
+    monkeypatch.setattr(config, "load_from_dicts", lambda h: calls.append(h) or real(h))
+
+    errors = []
+    for _ in range(2):
+        with pytest.raises(ConfigError) as caught:
+            load(loaded)
+        errors.append(caught.value)
+
+    assert len(calls) == 1
+    assert errors[0] is not errors[1]
+    assert errors[0].problems == errors[1].problems
+    assert errors[0].problems[0].startswith("spark-2: fabric_mtu: ")
+
+
+def test_validate_before_connect_refuses_before_the_connector_is_used() -> None:
+    hosts = {"spark-1": {"ssh_hostname": "127.0.0.1", "ssh_port": 1, "fabric_mtu": 1}}
+    state = State()
+    config.validate_before_connect(state)
+    state.init(inventory(hosts), Config())
+    host = state.inventory.get_host("spark-1")
+    host.connector.connect = lambda: pytest.fail("the connector was used")
+
+    with pytest.raises(ConfigError, match="spark-1: fabric_mtu: "):
+        host.connect()
+    assert not host.connected
+
+
+def run_pyinfra(tmp_path: Path, hosts: dict[str, dict[str, Any]]) -> subprocess.CompletedProcess:
+    """The pyinfra CLI from the repository root (its config.py and group_data/) on a
+    throwaway inventory whose hosts are loopback port 1: nothing listens there."""
+    reachable_nowhere = {"ssh_hostname": "127.0.0.1", "ssh_port": 1}
+    inventory_file = tmp_path / "inventory.py"
+    inventory_file.write_text(
+        f"spark = {[(name, reachable_nowhere | data) for name, data in hosts.items()]!r}\n"
+    )
+    return subprocess.run(
+        [sys.executable, "-m", "pyinfra", "-y", str(inventory_file), "exec", "--", "true"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
+def test_cli_refuses_bad_data_without_connecting(tmp_path: Path) -> None:
+    bad = {name: dict(data) for name, data in TWO_SPARKS.items()}
+    bad["spark-2"]["fabric_adresses"] = bad["spark-2"].pop("fabric_addresses")
+    bad["spark-1"]["_sudo_password"] = "hunter2"
+
+    run = run_pyinfra(tmp_path, bad)
+    output = run.stdout + run.stderr
+
+    assert run.returncode != 0
+    assert "spark-2: fabric_adresses: unknown key; did you mean fabric_addresses?" in output
+    assert "Could not connect" not in output
+    assert "Traceback" not in output
+    assert "hunter2" not in output
+
+
+def test_cli_with_good_data_goes_on_to_connect(tmp_path: Path) -> None:
+    """The counterpart of the test above: without the refusal pyinfra does try port 1."""
+    run = run_pyinfra(tmp_path, TWO_SPARKS)
+    output = run.stdout + run.stderr
+
+    assert run.returncode != 0
+    assert "[spark-1] Could not connect" in output
+    assert "[spark-2] Could not connect" in output
+    assert "problem(s)" not in output
