@@ -1,0 +1,205 @@
+"""Manage NetworkManager connection profiles with nmcli."""
+
+from __future__ import annotations
+
+import shlex
+from ipaddress import IPv4Interface
+
+from pyinfra import host
+from pyinfra.api import FactBase, operation
+from pyinfra.api.exceptions import OperationError
+
+# What ethernet() manages, plus where a profile is active (the GENERAL.* lines appear only then).
+FIELDS = (
+    "connection.id",
+    "connection.uuid",
+    "connection.type",
+    "connection.interface-name",
+    "connection.autoconnect",
+    "ipv4.method",
+    "ipv4.addresses",
+    "ipv4.gateway",
+    "ipv6.method",
+    "802-3-ethernet.mtu",
+    "GENERAL.DEVICES",
+    "GENERAL.STATE",
+)
+SEPARATOR = "--"  # printed before each profile; never a "field:value" line
+NETPLAN_DIRS = ("/etc/netplan", "/run/netplan", "/lib/netplan")  # netplan reads */*.yaml there
+
+
+class NmConnections(FactBase):
+    """Every NetworkManager profile by UUID, with the FIELDS it has, in nmcli's own text.
+
+    .. code:: python
+
+        {
+            "f5f09c80-9b6a-3b50-9c46-5418db689999": {
+                "connection.id": "Wired connection 1",
+                "connection.uuid": "f5f09c80-9b6a-3b50-9c46-5418db689999",
+                "connection.type": "802-3-ethernet",
+                "connection.interface-name": "enP2p1s0f1np1",
+                "connection.autoconnect": "yes",
+                "ipv4.method": "auto",
+                "ipv4.addresses": "",
+                "ipv4.gateway": "",
+                "ipv6.method": "auto",
+                "802-3-ethernet.mtu": "auto",
+                "GENERAL.DEVICES": "enP2p1s0f1np1",
+                "GENERAL.STATE": "activating",
+            },
+        }
+    """
+
+    default = dict
+
+    def command(self) -> str:
+        # `connection show <uuid>` prints "field:value" lines (terse multiline mode), and unlike
+        # the tabular mode of -g it does not escape ':' in values: a line splits at its first ':'.
+        return (
+            f"{{ nmcli -g UUID connection show | while read -r uuid; do echo {SEPARATOR}; "
+            f'nmcli -t -f {",".join(FIELDS)} connection show uuid "$uuid"; done; }} '
+            "2>/dev/null || true"
+        )
+
+    def process(self, output: list[str]) -> dict[str, dict[str, str]]:
+        blocks: list[dict[str, str]] = []
+        for line in output:
+            if line == SEPARATOR:
+                blocks.append({})
+            elif blocks:
+                field, _, value = line.partition(":")
+                blocks[-1][field] = value
+        # A profile deleted between the listing and its `show` leaves an empty block.
+        return {block["connection.uuid"]: block for block in blocks if "connection.uuid" in block}
+
+
+class ForeignNetplanFiles(FactBase):
+    """Netplan files that name an interface, except NetworkManager's own 90-NM-* mirrors.
+
+    .. code:: python
+
+        ["/etc/netplan/50-cloud-init.yaml"]
+    """
+
+    default = list
+
+    def command(self, ifname: str) -> str:
+        files = " ".join(f"{directory}/*.yaml" for directory in NETPLAN_DIRS)
+        # -w: "enp1s0f1np1" must not match "enp1s0f1np10".
+        return f"grep -lwF -- {shlex.quote(ifname)} {files} 2>/dev/null | grep -v /90-NM- || true"
+
+    def process(self, output: list[str]) -> list[str]:
+        return [line for line in output if line]
+
+
+def _nmcli(*args: str) -> str:
+    return " ".join(["nmcli", *(shlex.quote(arg) for arg in args)])
+
+
+def _pairs(fields: dict[str, str]) -> list[str]:
+    return [item for field_value in fields.items() for item in field_value]
+
+
+def _active_on(profile: dict[str, str], ifname: str) -> bool:
+    return ifname in profile.get("GENERAL.DEVICES", "").split(",")  # nmcli joins them with ","
+
+
+def _bound_to(profile: dict[str, str], ifname: str) -> bool:
+    return profile.get("connection.interface-name") == ifname or _active_on(profile, ifname)
+
+
+@operation()
+def ethernet(
+    con_name: str,
+    ifname: str,
+    address: str,
+    mtu: int = 9000,
+    autoconnect: bool = True,
+    ipv6_method: str = "disabled",
+):
+    """
+    Keep one static IPv4 ethernet profile on an interface, active, and no other profile there.
+
+    + con_name: the profile's connection.id (``name`` is pyinfra's, for the operation)
+    + ifname: the interface it is bound to (connection.interface-name)
+    + address: IPv4 address with prefix, "192.168.100.10/24"; no gateway: a fabric link
+      carries only its own subnet
+    + mtu: 802-3-ethernet.mtu
+    + autoconnect: connection.autoconnect
+    + ipv6_method: ipv6.method; "disabled" because every IPv6 address on the interface takes
+      RoCE GID table slots, which can push the IPv4 RoCE v2 entry off the index NCCL is told
+      to use (see roce.gid_index); the link-local GIDs exist without IPv6 anyway
+
+    Fields that differ are changed with ``nmcli connection modify``, then the profile is
+    (re)activated; it is also activated when it is not active on ``ifname``. Other profiles
+    bound to ``ifname`` by interface name or active on it (NetworkManager's automatic "Wired
+    connection 1") are deleted. A netplan file other than NetworkManager's 90-NM-* mirrors that
+    names ``ifname`` is refused: it would configure the interface behind NetworkManager's back.
+
+    **Example:**
+
+    .. code:: python
+
+        nmcli.ethernet(
+            name="Fabric link 1 on enp1s0f1np1",
+            con_name="Fabric link 1",
+            ifname="enp1s0f1np1",
+            address="192.168.100.10/24",
+        )
+    """
+    foreign = host.get_fact(ForeignNetplanFiles, ifname=ifname)
+    if foreign:
+        raise OperationError(
+            f"{host.name}: {', '.join(foreign)} configure(s) {ifname} outside NetworkManager. "
+            f"NetworkManager owns the fabric interfaces on these boxes (netplan's networkd "
+            f"renderer does nothing there): remove {ifname} from those files, then run again."
+        )
+
+    # nmcli's own text for each value, so the live text compares as it is.
+    want = {
+        "connection.interface-name": ifname,
+        "connection.autoconnect": "yes" if autoconnect else "no",
+        "ipv4.method": "manual",
+        "ipv4.addresses": str(IPv4Interface(address)),
+        "ipv4.gateway": "",
+        "ipv6.method": ipv6_method,
+        "802-3-ethernet.mtu": str(mtu),
+    }
+    profiles = host.get_fact(NmConnections).values()
+    named = [profile for profile in profiles if profile["connection.id"] == con_name]
+    strays = [p for p in profiles if p["connection.id"] != con_name and _bound_to(p, ifname)]
+    if len(named) > 1:
+        uuids = ", ".join(profile["connection.uuid"] for profile in named)
+        raise OperationError(
+            f"{host.name}: several NetworkManager profiles are named {con_name!r} ({uuids}); "
+            "delete all but one (nmcli connection delete uuid <uuid>), then run again."
+        )
+
+    if named:
+        profile = named[0]
+        uuid = profile["connection.uuid"]
+        if profile["connection.type"] != "802-3-ethernet":
+            raise OperationError(
+                f"{host.name}: NetworkManager profile {con_name!r} is of type "
+                f"{profile['connection.type']}, not ethernet; delete or rename it, then run again."
+            )
+        changes = {field: value for field, value in want.items() if profile.get(field) != value}
+        if changes:
+            yield _nmcli("connection", "modify", "uuid", uuid, *_pairs(changes))
+        active = profile.get("GENERAL.STATE") == "activated" and _active_on(profile, ifname)
+        target = ("uuid", uuid)
+    else:
+        changes = want
+        yield _nmcli("connection", "add", "type", "ethernet", "con-name", con_name, *_pairs(want))
+        active = False
+        target = ("id", con_name)
+
+    if changes or not active:
+        yield _nmcli("connection", "up", *target)
+    # After `up`, so the interface is never left without a profile NetworkManager could
+    # autoconnect in between (it would pick one of the strays).
+    for stray in strays:
+        yield _nmcli("connection", "delete", "uuid", stray["connection.uuid"])
+    if not (changes or strays) and active:
+        host.noop(f"profile {con_name} is up to date and active on {ifname}")

@@ -1,0 +1,238 @@
+"""NmConnections, ForeignNetplanFiles and nmcli.ethernet.
+
+The nmcli-*.txt captures are real: NmConnections().command() run with sudo on the lab host
+spark-2 (Debian 12, NetworkManager 1.42.4), with a profile "fabric-enP2p1s0f1np1" on
+enP2p1s0f1np1 put into each state by hand with nmcli. After each capture the commands
+ethernet() yields for it were run there, and the fact read afterwards made it yield nothing.
+  nmcli-fresh.txt               bare host: NM's automatic "Wired connection 1/2" (DHCP, activating),
+                                lo, docker0 (bridge), management
+  nmcli-auto-profile-left.txt   ours added and active; "Wired connection 1" still bound, inactive
+  nmcli-exact.txt               ours right and active, nothing else on the interface
+  nmcli-mtu-1500.txt            ... with 802-3-ethernet.mtu 1500
+  nmcli-address-changed.txt     ... with ipv4.addresses 192.168.101.99/24
+  nmcli-autoconnect-off.txt     ... with connection.autoconnect no
+  nmcli-inactive.txt            ... after `nmcli connection down`
+  nmcli-stray-second.txt        ... plus "fabric-old" on the same interface (it also holds an
+                                empty block: a profile that went away between list and show)
+  nmcli-colon-name.txt          ours renamed to 'fabric:2 \\ back'
+"""
+
+from __future__ import annotations
+
+import inspect
+import subprocess
+from pathlib import Path
+
+import pytest
+from pyinfra.api.arguments import all_global_arguments
+from pyinfra.api.exceptions import OperationError
+
+from operations import nmcli
+from tests.unit.harness import FakeHost, captured, process, run_op
+
+NAME = "fabric-enP2p1s0f1np1"
+IFNAME = "enP2p1s0f1np1"
+ADDRESS = "192.168.101.12/24"
+OURS = "c6c173cc-28ba-4f4b-ab93-5ff0ee686b7a"
+WIRED_1 = "638a5dca-d571-3647-a0b3-dfe34633fe05"
+
+
+def host_for(capture: str, netplan: str = "") -> FakeHost:
+    return FakeHost({nmcli.NmConnections: captured(capture), nmcli.ForeignNetplanFiles: netplan})
+
+
+def ethernet(capture: str, **kwargs) -> tuple[list[str], list[str]]:
+    host = host_for(capture)
+    arguments = {"con_name": NAME, "ifname": IFNAME, "address": ADDRESS, **kwargs}
+    return run_op(nmcli.ethernet, host=host, **arguments), host.noops
+
+
+# --- NmConnections ----------------------------------------------------------------------------
+
+
+def test_fact_reads_every_profile_with_its_fields() -> None:
+    profiles = process(nmcli.NmConnections, captured("nmcli-fresh.txt"))
+    assert sorted(p["connection.id"] for p in profiles.values()) == [
+        "Wired connection 1",
+        "Wired connection 2",
+        "docker0",
+        "lo",
+        "management",
+    ]
+    assert profiles[WIRED_1] == {
+        "connection.id": "Wired connection 1",
+        "connection.uuid": WIRED_1,
+        "connection.type": "802-3-ethernet",
+        "connection.interface-name": IFNAME,
+        "connection.autoconnect": "yes",
+        "ipv4.method": "auto",
+        "ipv4.addresses": "",
+        "ipv4.gateway": "",
+        "ipv6.method": "auto",
+        "802-3-ethernet.mtu": "auto",
+        "GENERAL.DEVICES": IFNAME,
+        "GENERAL.STATE": "activating",
+    }
+
+
+def test_fact_inactive_profile_has_no_general_fields() -> None:
+    profiles = process(nmcli.NmConnections, captured("nmcli-auto-profile-left.txt"))
+    assert "GENERAL.STATE" not in profiles[WIRED_1]
+    assert profiles[OURS]["GENERAL.STATE"] == "activated"
+
+
+def test_fact_keeps_colons_and_backslashes_in_values() -> None:
+    # `connection show <uuid>` does not escape them (only -g, the tabular mode, does: nmcli -g
+    # connection.id printed 'fabric\:2 \\ back' for the same profile).
+    profiles = process(nmcli.NmConnections, captured("nmcli-colon-name.txt"))
+    assert profiles[OURS]["connection.id"] == "fabric:2 \\ back"
+    assert profiles[OURS]["ipv4.addresses"] == ADDRESS
+
+
+def test_fact_skips_a_profile_that_vanished_between_list_and_show() -> None:
+    profiles = process(nmcli.NmConnections, captured("nmcli-stray-second.txt"))
+    assert all(uuid for uuid in profiles)
+    assert len(profiles) == captured("nmcli-stray-second.txt").count("connection.uuid:")
+
+
+def test_fact_without_networkmanager_is_empty() -> None:
+    assert process(nmcli.NmConnections, "") == {}
+    assert nmcli.NmConnections().default() == {}
+
+
+# --- ForeignNetplanFiles -----------------------------------------------------------------------
+
+
+def test_netplan_fact_command_finds_only_foreign_files_naming_the_interface(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    etc, run = tmp_path / "etc", tmp_path / "run"
+    etc.mkdir()
+    (etc / "50-cloud-init.yaml").write_text(f"network:\n  ethernets:\n    {IFNAME}:\n")
+    (etc / f"90-NM-{OURS}.yaml").write_text(f"network:\n  ethernets:\n    {IFNAME}:\n")
+    (etc / "60-other.yaml").write_text(f"network:\n  ethernets:\n    {IFNAME}0:\n")
+    (etc / "70-not-yaml.yml").write_text(f"{IFNAME}\n")
+    monkeypatch.setattr(nmcli, "NETPLAN_DIRS", (str(etc), str(run)))  # run/ does not exist
+    command = nmcli.ForeignNetplanFiles().command(IFNAME)
+    result = subprocess.run(["sh", "-c", command], capture_output=True, text=True, check=True)
+    assert process(nmcli.ForeignNetplanFiles, result.stdout) == [f"{etc}/50-cloud-init.yaml"]
+    assert result.stderr == ""
+
+
+def test_netplan_fact_without_netplan_is_empty() -> None:
+    assert process(nmcli.ForeignNetplanFiles, "") == []
+
+
+# --- ethernet ----------------------------------------------------------------------------------
+
+
+def test_arguments_are_not_taken_by_pyinfra() -> None:
+    # pyinfra pops its global arguments (`name`, `_sudo`, ...) before calling the operation.
+    taken = {argument for argument, _ in all_global_arguments()}
+    assert not taken & set(inspect.signature(nmcli.ethernet._inner).parameters)
+
+
+def test_fresh_host_adds_activates_and_removes_the_automatic_profile() -> None:
+    commands, noops = ethernet("nmcli-fresh.txt")
+    assert commands == [
+        f"nmcli connection add type ethernet con-name {NAME} connection.interface-name {IFNAME} "
+        "connection.autoconnect yes ipv4.method manual ipv4.addresses 192.168.101.12/24 "
+        "ipv4.gateway '' ipv6.method disabled 802-3-ethernet.mtu 9000",
+        f"nmcli connection up id {NAME}",
+        f"nmcli connection delete uuid {WIRED_1}",  # not Wired connection 2: other interface
+    ]
+    assert noops == []
+
+
+def test_right_profile_yields_nothing() -> None:
+    commands, noops = ethernet("nmcli-exact.txt")
+    assert commands == []
+    assert noops == [f"profile {NAME} is up to date and active on {IFNAME}"]
+
+
+def test_name_with_colon_and_backslash_matches() -> None:
+    commands, _ = ethernet("nmcli-colon-name.txt", con_name="fabric:2 \\ back")
+    assert commands == []
+
+
+@pytest.mark.parametrize(
+    ("capture", "change"),
+    [
+        ("nmcli-mtu-1500.txt", "802-3-ethernet.mtu 9000"),
+        ("nmcli-address-changed.txt", "ipv4.addresses 192.168.101.12/24"),
+        ("nmcli-autoconnect-off.txt", "connection.autoconnect yes"),
+    ],
+)
+def test_drift_modifies_only_the_differing_field_and_reactivates(capture: str, change: str) -> None:
+    commands, noops = ethernet(capture)
+    assert commands == [
+        f"nmcli connection modify uuid {OURS} {change}",
+        f"nmcli connection up uuid {OURS}",
+    ]
+    assert noops == []
+
+
+@pytest.mark.parametrize(
+    ("arguments", "change"),
+    [
+        ({"mtu": 1500}, "802-3-ethernet.mtu 1500"),
+        ({"autoconnect": False}, "connection.autoconnect no"),
+        ({"ipv6_method": "link-local"}, "ipv6.method link-local"),
+        ({"address": "192.168.101.13/25"}, "ipv4.addresses 192.168.101.13/25"),
+        ({"ifname": "enp1s0f1np1"}, "connection.interface-name enp1s0f1np1"),
+    ],
+)
+def test_arguments_drive_the_modification(arguments: dict, change: str) -> None:
+    commands, _ = ethernet("nmcli-exact.txt", **arguments)
+    assert commands[0] == f"nmcli connection modify uuid {OURS} {change}"
+
+
+def test_several_changes_go_into_one_modify() -> None:
+    commands, _ = ethernet("nmcli-mtu-1500.txt", autoconnect=False)
+    assert commands[0] == (
+        f"nmcli connection modify uuid {OURS} connection.autoconnect no 802-3-ethernet.mtu 9000"
+    )
+
+
+def test_inactive_profile_is_only_activated() -> None:
+    commands, _ = ethernet("nmcli-inactive.txt")
+    assert commands == [f"nmcli connection up uuid {OURS}"]
+
+
+def test_leftover_automatic_profile_is_deleted() -> None:
+    commands, _ = ethernet("nmcli-auto-profile-left.txt")
+    assert commands == [f"nmcli connection delete uuid {WIRED_1}"]
+
+
+def test_second_profile_on_the_interface_is_deleted() -> None:
+    commands, _ = ethernet("nmcli-stray-second.txt")
+    assert commands == ["nmcli connection delete uuid 92a92b4d-1c2d-4116-b392-09ba39fe6780"]
+
+
+def test_profile_active_on_the_interface_without_naming_it_is_a_stray() -> None:
+    profile = {"connection.interface-name": "", "GENERAL.DEVICES": f"eth9,{IFNAME}"}
+    assert nmcli._bound_to(profile, IFNAME)
+    assert not nmcli._bound_to(profile, "enp1s0f1np1")
+
+
+def test_foreign_netplan_file_is_refused() -> None:
+    host = host_for("nmcli-exact.txt", netplan="/etc/netplan/50-cloud-init.yaml\n")
+    with pytest.raises(OperationError, match=f"50-cloud-init.yaml .*{IFNAME}.*remove {IFNAME}"):
+        run_op(nmcli.ethernet, host=host, con_name=NAME, ifname=IFNAME, address=ADDRESS)
+
+
+def test_profile_name_of_another_type_is_refused() -> None:
+    with pytest.raises(OperationError, match="'docker0' is of type bridge, not ethernet"):
+        ethernet("nmcli-fresh.txt", con_name="docker0")
+
+
+def test_two_profiles_with_the_name_are_refused() -> None:
+    # Built from a capture: the exact state plus a copy of our block under another UUID.
+    text = captured("nmcli-exact.txt")
+    block = text[text.index(f"connection.id:{NAME}") :].split("\n--\n")[0]
+    duplicate = block.replace(OURS, "00000000-0000-4000-8000-000000000001")
+    host = FakeHost(
+        {nmcli.NmConnections: f"{text}--\n{duplicate}\n", nmcli.ForeignNetplanFiles: ""}
+    )
+    with pytest.raises(OperationError, match=f"several NetworkManager profiles are named '{NAME}'"):
+        run_op(nmcli.ethernet, host=host, con_name=NAME, ifname=IFNAME, address=ADDRESS)
