@@ -19,11 +19,11 @@ def query(patterns: Iterable[str]) -> str:
     return rf"dpkg-query -W -f='${{db:Status-Abbrev}}\t${{Package}}\t${{Version}}\n' {quoted}"
 
 
-def apt_install(*specs: str) -> str:
+def apt_install(*args: str) -> str:
     """apt-get install without questions, keeping local changes to configuration files."""
     options = "-o Dpkg::Options::=--force-confdef -o Dpkg::Options::=--force-confold"
-    packages = " ".join(shlex.quote(spec) for spec in specs)
-    return f"DEBIAN_FRONTEND=noninteractive apt-get install -y {options} {packages}"
+    quoted = " ".join(shlex.quote(arg) for arg in args)
+    return f"DEBIAN_FRONTEND=noninteractive apt-get install -y {options} {quoted}"
 
 
 class PackageStates(FactBase):

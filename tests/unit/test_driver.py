@@ -12,14 +12,13 @@ Captures:
 from __future__ import annotations
 
 import fnmatch
-import shutil
-import subprocess
 from pathlib import Path
 
 import pytest
 from pyinfra.api.exceptions import OperationError
 
 from operations import driver
+from tests.unit import private_apt
 from tests.unit.harness import FakeHost, captured, file_facts, process, run_op
 
 PIN = "/etc/apt/preferences.d/nvidia-driver-branch.pref"
@@ -192,11 +191,8 @@ def test_running_another_branch_is_refused() -> None:
         run_op(driver.running, 580, host=FakeHost({driver.NvidiaSmi: smi}))
 
 
-# The pin under real apt: dummy packages named and versioned as Ubuntu's and NVIDIA's, a flat
-# file: repository (its URI uses $(ARCH), as NVIDIA's toolkit list does), and apt run with a
-# private configuration, so nothing of this machine's apt is read or changed.
+# The pin under real apt (see private_apt): stand-ins named and versioned as Ubuntu's and NVIDIA's.
 
-APT_TOOLS = ("apt-get", "apt-cache", "apt-ftparchive", "dpkg-deb")
 PACKAGES = [
     ("nvidia-driver-580-open", "580.142-0ubuntu1", "libnvidia-compute-580 (= 580.142-0ubuntu1)"),
     ("nvidia-driver-580-open", "580.150-0ubuntu1", "libnvidia-compute-580 (= 580.150-0ubuntu1)"),
@@ -228,97 +224,34 @@ Version: 580.142-0ubuntu1
 """
 
 
-class PrivateApt:
-    """apt-get/apt-cache over a repository and state of their own under ``root``."""
-
-    def __init__(self, root: Path, preferences: str, status: str = "") -> None:
-        self.root = root
-        etc = root / "etc"
-        for sub in ("apt.conf.d", "sources.list.d", "preferences.d"):
-            (etc / sub).mkdir(parents=True)
-        for sub in ("lists/partial", "cache/archives/partial"):
-            (root / sub).mkdir(parents=True)
-        (etc / "preferences").write_text(preferences)
-        (etc / "sources.list").write_text(f"deb [trusted=yes] file:{root.parent}/repo/$(ARCH) /\n")
-        (root / "status").write_text(status)
-        # Read first (APT_CONFIG), it points every other configuration file into root.
-        (root / "apt.conf").write_text(
-            f'Dir::Etc "{etc}"; Dir::Etc::Parts "apt.conf.d"; Dir::Etc::Main "none";'
-            f' Dir::State "{root}"; Dir::State::Lists "lists"; Dir::State::status "{root}/status";'
-            f' Dir::Cache "{root}/cache"; APT::Architecture "amd64"; APT::Architectures "amd64";'
-            ' Debug::NoLocking "true"; APT::Sandbox::User "root";'
-        )
-        self.run("apt-get", "update")
-
-    def run(self, *argv: str, check: bool = True) -> str:
-        result = subprocess.run(
-            argv,
-            env={
-                "APT_CONFIG": str(self.root / "apt.conf"),
-                "PATH": "/usr/sbin:/usr/bin:/sbin:/bin",
-                "LC_ALL": "C",
-            },
-            capture_output=True,
-            text=True,
-            check=False,
-        )
-        assert result.returncode == 0 or not check, result.stdout + result.stderr
-        return result.stdout + result.stderr
-
-
 @pytest.fixture(scope="module")
 def repo(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    if not all(shutil.which(tool) for tool in APT_TOOLS):
-        pytest.skip(f"needs {', '.join(APT_TOOLS)} (apt-utils, dpkg)")
-    base = tmp_path_factory.mktemp("apt")
-    pool = base / "repo" / "amd64"
-    pool.mkdir(parents=True)
-    for name, version, depends in PACKAGES:
-        control = base / "build" / f"{name}_{version}" / "DEBIAN" / "control"
-        control.parent.mkdir(parents=True)
-        control.write_text(
-            f"Package: {name}\nVersion: {version}\nArchitecture: all\nMaintainer: t <t@t>\n"
-            f"Description: stand-in\n" + (f"Depends: {depends}\n" if depends else "")
-        )
-        subprocess.run(
-            [
-                "dpkg-deb",
-                "--root-owner-group",
-                "-Zgzip",
-                "--build",
-                str(control.parent.parent),
-                str(pool / f"{name}_{version}_all.deb"),
-            ],
-            check=True,
-            capture_output=True,
-        )
-    for index in ("packages", "release"):
-        text = subprocess.run(
-            ["apt-ftparchive", index, "."], cwd=pool, check=True, capture_output=True, text=True
-        ).stdout
-        (pool / index.capitalize()).write_text(text)
-    return base
+    private_apt.require_tools()
+    return private_apt.build_repo(tmp_path_factory.mktemp("apt"), PACKAGES)
+
+
+def apt(repo: Path, name: str, preferences: str, status: str = "") -> private_apt.PrivateApt:
+    sources = f"deb [trusted=yes] file:{repo}/$(ARCH) /\n"
+    apt = private_apt.PrivateApt(repo.parent / name, sources, preferences, status)
+    apt.run("apt-get update")
+    return apt
 
 
 def test_without_the_pin_the_metapackage_would_bring_590(repo: Path) -> None:
     # The control: proves the repository would move the box, so the pinned tests mean something.
-    apt = PrivateApt(repo / "unpinned", "")
-    assert "Inst nvidia-driver-590-open" in apt.run(
-        "apt-get", "install", "-s", "nvidia-driver-open"
-    )
+    unpinned = apt(repo, "unpinned", "")
+    assert "Inst nvidia-driver-590-open" in unpinned.run("apt-get install -s nvidia-driver-open")
 
 
 def test_the_pin_refuses_590_and_allows_580_and_the_toolkit(repo: Path) -> None:
-    apt = PrivateApt(repo / "fresh", pin_text())
-    metapackage = apt.run("apt-get", "install", "-s", "nvidia-driver-open", check=False)
+    pinned = apt(repo, "fresh", pin_text())
+    metapackage = pinned.run("apt-get install -s nvidia-driver-open", check=False)
     assert "Inst nvidia-driver-590-open" not in metapackage
     assert "has no installation candidate" in metapackage
-    policy = apt.run("apt-cache", "policy", "nvidia-driver-590-open", "libnvidia-container1")
+    policy = pinned.run("apt-cache policy nvidia-driver-590-open libnvidia-container1")
     assert "nvidia-driver-590-open:\n  Installed: (none)\n  Candidate: (none)" in policy
     assert "libnvidia-container1:\n  Installed: (none)\n  Candidate: 1.19.0-1" in policy
-    plan = apt.run(
-        "apt-get", "install", "-s", "nvidia-driver-580-open", "nvidia-container-toolkit=1.19.0-1"
-    )
+    plan = pinned.run("apt-get install -s nvidia-driver-580-open nvidia-container-toolkit=1.19.0-1")
     for package in (
         "nvidia-driver-580-open (580.150",
         "libnvidia-compute-580 (580.150",
@@ -331,7 +264,7 @@ def test_the_pin_refuses_590_and_allows_580_and_the_toolkit(repo: Path) -> None:
 
 
 def test_the_pin_lets_an_installed_580_upgrade_within_its_branch_only(repo: Path) -> None:
-    apt = PrivateApt(repo / "installed", pin_text(), INSTALLED_580)
-    upgrade = apt.run("apt-get", "-s", "dist-upgrade")
+    installed = apt(repo, "installed", pin_text(), INSTALLED_580)
+    upgrade = installed.run("apt-get -s dist-upgrade")
     assert "Inst nvidia-driver-580-open [580.142-0ubuntu1] (580.150-0ubuntu1" in upgrade
     assert "590" not in upgrade

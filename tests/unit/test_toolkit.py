@@ -1,0 +1,175 @@
+"""Container toolkit: repository, packages at one version and held, docker's nvidia runtime.
+
+Captures:
+- dpkg-query-toolkit-*.txt: real dpkg-query 1.21 output of ToolkitPackages' command (run with
+  --admindir) over private dpkg status databases whose stanzas we wrote: the four packages at
+  1.19.0-1 held, and at 1.18.0-1 not held.
+- docker-daemon-json-nvidia.sample.txt: written by hand after NVIDIA's install guide, which shows
+  the daemon.json that `nvidia-ctk runtime configure --runtime=docker` leaves.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from pyinfra.api.exceptions import OperationError
+from pyinfra.facts.files import File
+
+from operations import toolkit
+from tests.unit import private_apt
+from tests.unit.harness import FakeHost, captured, file_facts, process, run_op
+
+LIST = "/etc/apt/sources.list.d/nvidia-container-toolkit.list"
+KEYRING = "/usr/share/keyrings/nvidia-container-toolkit-keyring.gpg"
+URL = "https://nvidia.github.io/libnvidia-container/stable/deb/$(ARCH)"
+KEY_URL = "https://nvidia.github.io/libnvidia-container/gpgkey"
+UPDATE = (
+    f"apt-get update -o Dir::Etc::sourcelist={LIST} -o Dir::Etc::sourceparts=-"
+    " -o APT::Get::List-Cleanup=0"
+)
+LIST_TEXT = (
+    "# Managed by pyinfra (operations/toolkit.py): edit group_data instead.\n"
+    f"deb [signed-by={KEYRING}] {URL} /\n"
+)
+INSTALL_1_19 = (
+    "DEBIAN_FRONTEND=noninteractive apt-get install -y -o Dpkg::Options::=--force-confdef"
+    " -o Dpkg::Options::=--force-confold --allow-downgrades --allow-change-held-packages"
+    " nvidia-container-toolkit=1.19.0-1 nvidia-container-toolkit-base=1.19.0-1"
+    " libnvidia-container-tools=1.19.0-1 libnvidia-container1=1.19.0-1"
+)
+HOLD_ALL = (
+    "apt-mark hold nvidia-container-toolkit nvidia-container-toolkit-base"
+    " libnvidia-container-tools libnvidia-container1"
+)
+
+
+def keyring(present: bool) -> dict:
+    return {(File, (("path", KEYRING),)): captured("stat-file-root-0644.txt") if present else None}
+
+
+def test_toolkit_packages_reads_versions_and_holds() -> None:
+    packages = process(toolkit.ToolkitPackages, captured("dpkg-query-toolkit-1.19-held.txt"))
+    assert packages == {name: {"version": "1.19.0-1", "held": True} for name in toolkit.PACKAGES}
+    assert process(toolkit.ToolkitPackages, "") == {}
+
+
+def test_docker_daemon_config() -> None:
+    sample = captured("docker-daemon-json-nvidia.sample.txt")
+    assert process(toolkit.DockerDaemonConfig, sample)["runtimes"]["nvidia"]["args"] == []
+    assert process(toolkit.DockerDaemonConfig, "") == {}
+    assert process(toolkit.DockerDaemonConfig, '{"log-driver": "journald",') is None
+    assert process(toolkit.DockerDaemonConfig, '["not", "an", "object"]') is None
+    assert toolkit.DockerDaemonConfig().command().endswith("2>/dev/null || true")
+
+
+def test_fresh_repository_writes_list_fetches_key_and_updates_that_list_only() -> None:
+    host = FakeHost({**file_facts({LIST: None}), **keyring(False)})
+    commands = run_op(toolkit.repository, URL, KEY_URL, host=host)
+    assert commands[0].startswith("FileUploadCommand(") and LIST in commands[0]
+    assert commands[1:3] == [f"chown root:root {LIST}", f"chmod 644 {LIST}"]
+    assert commands[3] == (
+        f"curl -fsSL {KEY_URL} -o {KEYRING}.asc && gpg --batch --yes --dearmor -o {KEYRING}"
+        f" {KEYRING}.asc && rm -f {KEYRING}.asc"
+    )
+    assert commands[4:] == [UPDATE]
+    assert host.uploads[LIST] == LIST_TEXT
+
+
+def test_repository_in_place_yields_nothing() -> None:
+    host = FakeHost({**file_facts({LIST: LIST_TEXT}), **keyring(True)})
+    assert run_op(toolkit.repository, URL, KEY_URL, host=host) == []
+    assert f"the signing key is in {KEYRING}" in host.noops
+
+
+def test_missing_key_alone_is_fetched_and_updated() -> None:
+    host = FakeHost({**file_facts({LIST: LIST_TEXT}), **keyring(False)})
+    commands = run_op(toolkit.repository, URL, KEY_URL, host=host)
+    assert len(commands) == 2 and commands[0].startswith("curl ") and commands[1] == UPDATE
+
+
+def test_changed_url_rewrites_the_list_and_updates() -> None:
+    host = FakeHost({**file_facts({LIST: LIST_TEXT}), **keyring(True)})
+    commands = run_op(toolkit.repository, "file:///srv/toolkit/$(ARCH)", KEY_URL, host=host)
+    assert commands[0].startswith("FileUploadCommand(") and commands[-1] == UPDATE
+    assert "deb [signed-by=" + KEYRING + "] file:///srv/toolkit/$(ARCH) /" in host.uploads[LIST]
+
+
+def test_fresh_host_installs_all_four_at_the_version_and_holds_them() -> None:
+    host = FakeHost({toolkit.ToolkitPackages: ""})
+    assert run_op(toolkit.installed, "1.19.0-1", host=host) == [INSTALL_1_19, HOLD_ALL]
+
+
+def test_installed_and_held_yields_nothing() -> None:
+    host = FakeHost({toolkit.ToolkitPackages: captured("dpkg-query-toolkit-1.19-held.txt")})
+    assert run_op(toolkit.installed, "1.19.0-1", host=host) == []
+    assert host.noops == ["the container toolkit is at 1.19.0-1 and held"]
+
+
+def test_other_version_is_moved_and_held() -> None:
+    host = FakeHost({toolkit.ToolkitPackages: captured("dpkg-query-toolkit-1.18.txt")})
+    assert run_op(toolkit.installed, "1.19.0-1", host=host) == [INSTALL_1_19, HOLD_ALL]
+
+
+def test_right_version_not_held_is_only_held() -> None:
+    output = captured("dpkg-query-toolkit-1.19-held.txt").replace(
+        "hi \tlibnvidia-container1", "ii \tlibnvidia-container1"
+    )
+    host = FakeHost({toolkit.ToolkitPackages: output})
+    assert run_op(toolkit.installed, "1.19.0-1", host=host) == [
+        "apt-mark hold libnvidia-container1"
+    ]
+
+
+def test_docker_without_the_runtime_gets_it() -> None:
+    for daemon_json in ("", '{"log-driver": "journald"}'):
+        host = FakeHost({toolkit.DockerDaemonConfig: daemon_json})
+        commands = run_op(toolkit.docker_runtime, host=host)
+        assert commands == ["nvidia-ctk runtime configure --runtime=docker"]
+
+
+def test_docker_with_the_runtime_yields_nothing() -> None:
+    sample = captured("docker-daemon-json-nvidia.sample.txt")
+    host = FakeHost({toolkit.DockerDaemonConfig: sample})
+    assert run_op(toolkit.docker_runtime, host=host) == []
+    assert host.noops == ["docker has the nvidia runtime"]
+
+
+def test_docker_config_that_is_not_json_is_refused() -> None:
+    host = FakeHost({toolkit.DockerDaemonConfig: '{"runtimes": {'})
+    with pytest.raises(OperationError, match=r"spark-test: /etc/docker/daemon\.json is not a JSON"):
+        run_op(toolkit.docker_runtime, host=host)
+
+
+# repository()'s own commands under real apt, curl and gpg (see private_apt): the key fetched
+# from a file: URL and dearmored, the list naming the repository with $(ARCH) and signed-by,
+# the update of that list alone; apt then trusts the repository's signed packages.
+
+
+def test_repository_commands_work_with_real_apt(tmp_path: Path) -> None:
+    private_apt.require_tools()
+    repo = private_apt.build_repo(tmp_path, [(name, "1.19.0-1", "") for name in toolkit.PACKAGES])
+    apt = private_apt.PrivateApt(tmp_path / "apt", sources="")
+    key = tmp_path / "keyring.gpg"
+    listed = tmp_path / "apt/etc/sources.list.d/nvidia-container-toolkit.list"
+    host = FakeHost({**file_facts({str(listed): None}), (File, (("path", str(key)),)): None})
+    commands = run_op(
+        toolkit.repository,
+        f"file:{repo}/$(ARCH)",
+        f"file://{tmp_path}/key.asc",
+        keyring=str(key),
+        list_path=str(listed),
+        host=host,
+    )
+    listed.write_text(host.uploads[str(listed)])
+    fetch_key, update = commands[-2:]
+    apt.run(fetch_key)
+    assert key.stat().st_size > 0 and not key.read_bytes().startswith(b"-----BEGIN")  # binary
+    assert not Path(f"{key}.asc").exists()
+    apt.run(update)
+    assert "Candidate: 1.19.0-1" in apt.run("apt-cache policy nvidia-container-toolkit")
+    # The signature is checked: with a key that did not sign the repository, no update.
+    stranger = private_apt.build_repo(tmp_path / "stranger", [])
+    apt.run(fetch_key.replace(str(tmp_path / "key.asc"), str(stranger.parent / "key.asc")))
+    refused = apt.run(update, check=False)
+    assert "NO_PUBKEY" in refused, refused
