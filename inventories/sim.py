@@ -5,9 +5,14 @@ It mirrors inventories/lab.py; only the addresses, the SSH files and the package
 """
 
 import json
+import os
 from pathlib import Path
 
-_state = Path(__file__).resolve().parent.parent / ".simlab"
+_lab_id = int(os.environ.get("SIMLAB_ID", "0"))
+_state = Path(__file__).resolve().parent.parent / (
+    ".simlab" if _lab_id == 0 else f".simlab{_lab_id}"
+)
+_state = Path(os.environ.get("SIMLAB_STATE", _state))
 if not (_state / "lab.json").exists():
     raise SystemExit("no simulated lab is up: run `python -m tests.simlab up` first (as root)")
 
@@ -17,7 +22,7 @@ spark = [
     (
         host["name"],
         {
-            "ssh_hostname": f"10.77.0.{10 + host['index']}",
+            "ssh_hostname": host["mgmt_ip"],
             "ssh_user": "spark",
             "ssh_key": str(_state / "id_ed25519"),
             "ssh_known_hosts_file": str(_state / "known_hosts"),

@@ -19,13 +19,13 @@ import uuid
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from tests.simlab.paths import CACHE, STATE, log
+from tests.simlab.paths import CACHE, LAB_ID, PREFIX, STATE, log
 from tests.simlab.rootfs import ADMIN_USER, ensure_host_tools, spark_base
 
-MGMT_BRIDGE = "simlab0"
-MGMT_PREFIX = "10.77.0"  # this machine's side is .1; hosts are .11, .12, ...
+MGMT_BRIDGE = PREFIX
+MGMT_PREFIX = f"10.77.{LAB_ID}"  # this machine's side is .1; hosts are .11, .12, ...
 FABRIC_TWINS = [("enp1s0f1np1", "rocep1s0f1"), ("enP2p1s0f1np1", "roceP2p1s0f1")]
-SWITCH_NS = "simlab-switch"
+SWITCH_NS = f"{PREFIX}-switch"
 REPOS_MOUNT = "/srv/simlab-repos"
 HARDWARE_FILE = "/usr/local/lib/simlab/hardware.json"
 BOOT_TIMEOUT = 90
@@ -40,7 +40,7 @@ class Host:
 
     @property
     def netns(self) -> str:
-        return f"simlab-{self.name}"
+        return f"{PREFIX}-{self.name}"
 
     @property
     def mgmt_ip(self) -> str:
@@ -61,7 +61,10 @@ class Lab:
         if not path.exists():
             return cls()
         data = json.loads(path.read_text())
-        return cls([Host(**host) for host in data["hosts"]])
+        fields = {"name", "index", "ipv4_roce_v2_index", "pid"}
+        return cls(
+            [Host(**{k: v for k, v in host.items() if k in fields}) for host in data["hosts"]]
+        )
 
     def save(self) -> None:
         STATE.mkdir(parents=True, exist_ok=True)
@@ -206,7 +209,7 @@ def wire_host(host: Host) -> None:
     """Its namespace and management link (the host end is named as a Spark's: enP7s7)."""
     run("ip", "netns", "add", host.netns)
     in_ns(host.netns, "ip", "link", "set", "lo", "up")
-    outside = f"slm{host.index}"
+    outside = f"{PREFIX}m{host.index}"
     run("ip", "link", "add", outside, "type", "veth", "peer", "name", "enP7s7",
         "netns", host.netns)  # fmt: skip
     run("ip", "link", "set", outside, "master", MGMT_BRIDGE, "up")
@@ -362,7 +365,7 @@ def down() -> None:
     # Leftovers of a lab whose state file was lost: our namespaces and mounts, by name.
     for line in run("ip", "netns", "list", capture_output=True, text=True).stdout.splitlines():
         netns = line.split()[0]
-        if netns.startswith("simlab-"):
+        if netns.startswith(f"{PREFIX}-"):
             pids = run("ip", "netns", "pids", netns, capture_output=True, text=True, check=False)
             for pid in pids.stdout.split():
                 os.kill(int(pid), signal.SIGKILL)
@@ -372,7 +375,7 @@ def down() -> None:
             run("umount", "-R", str(root))
     for link in run("ip", "-o", "link", "show", capture_output=True, text=True).stdout.splitlines():
         name = link.split(":")[1].strip().split("@")[0]
-        if name.startswith("slm") or name == MGMT_BRIDGE:
+        if name.startswith(f"{PREFIX}m") or name == MGMT_BRIDGE:
             run("ip", "link", "del", name, check=False, stderr=subprocess.DEVNULL)
     if (STATE / "lab.json").exists():
         (STATE / "lab.json").unlink()

@@ -126,9 +126,9 @@ def test_reimage_gives_a_bare_disk_and_new_host_keys(lab: simlab.Lab) -> None:
 def test_down_leaves_nothing_behind(lab: simlab.Lab) -> None:
     simlab.down()
     netns = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
-    assert "simlab-" not in netns
+    assert f"{simlab.PREFIX}-" not in netns
     links = subprocess.run(["ip", "-o", "link"], capture_output=True, text=True).stdout
-    assert " slm" not in links and simlab.MGMT_BRIDGE not in links
+    assert f" {simlab.PREFIX}m" not in links and simlab.MGMT_BRIDGE not in links
     with open("/proc/mounts") as mounts:
         assert str(simlab.STATE) not in mounts.read()
     nspawn = subprocess.run(["pgrep", "-f", "systemd-nspawn"], capture_output=True, text=True)
