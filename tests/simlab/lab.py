@@ -68,9 +68,8 @@ class Lab:
 
     def save(self) -> None:
         STATE.mkdir(parents=True, exist_ok=True)
-        (STATE / "lab.json").write_text(
-            json.dumps({"hosts": [asdict(h) for h in self.hosts]}, indent=2)
-        )
+        hosts = [asdict(host) | {"mgmt_ip": host.mgmt_ip} for host in self.hosts]
+        (STATE / "lab.json").write_text(json.dumps({"hosts": hosts}, indent=2))
         write_ssh_files(self)
 
     def host(self, name: str) -> Host:
