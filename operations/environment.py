@@ -1,0 +1,65 @@
+"""The cluster environment every unit and login shell sees."""
+
+from __future__ import annotations
+
+import re
+import shlex
+from pathlib import Path
+
+from pyinfra.api import operation
+from pyinfra.api.exceptions import OperationError
+from pyinfra.operations import files
+
+TEMPLATES = Path(__file__).parents[1] / "templates"
+NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")  # what both systemd and sh accept
+UNSAYABLE = ("\n", "\r", "\0")  # a line break ends an assignment in one reader, not the other
+ESCAPED = re.compile(r'([\\"`$])')
+
+
+def quote(value: str) -> str:
+    """A double-quoted value that sh and systemd's EnvironmentFile= (v240 and later) read back
+    alike: both take a backslash before \\ " ` $ as that character, and every other character
+    inside double quotes as itself."""
+    return '"' + ESCAPED.sub(r"\\\1", value) + '"'
+
+
+@operation()
+def cluster_env(
+    variables: dict[str, str],
+    path: str = "/etc/spark/cluster.env",
+    profile_path: str = "/etc/profile.d/spark-cluster-env.sh",
+):
+    """
+    Write the cluster environment for systemd units and export it to login shells.
+
+    + variables: name to value, e.g. {"NCCL_IB_GID_INDEX": "3"}; world-readable: no secrets
+    + path: the file, root:root 0644, in systemd's EnvironmentFile= syntax (KEY="value")
+    + profile_path: the /etc/profile.d script that exports the file's variables to login shells
+
+    **Example:**
+
+    .. code:: python
+
+        environment.cluster_env(name="Cluster environment", variables=cluster.environment)
+    """
+    for key, value in variables.items():
+        if not NAME.fullmatch(key):
+            raise OperationError(f"{key!r} is not a valid environment variable name")
+        if any(character in value for character in UNSAYABLE):
+            raise OperationError(f"the value of {key} holds a line break or NUL: {value!r}")
+    yield from files.template._inner(
+        src=str(TEMPLATES / "cluster.env.j2"),
+        dest=path,
+        user="root",
+        group="root",
+        mode="644",
+        variables=[(key, quote(value)) for key, value in sorted(variables.items())],
+    )
+    yield from files.template._inner(
+        src=str(TEMPLATES / "profile-cluster-env.sh.j2"),
+        dest=profile_path,
+        user="root",
+        group="root",
+        mode="644",
+        env_file=shlex.quote(path),
+    )

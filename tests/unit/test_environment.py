@@ -1,0 +1,106 @@
+"""Cluster environment file and its login-shell export."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+from pyinfra.api.exceptions import OperationError
+
+from operations import environment
+from tests.unit.harness import FakeHost, file_facts, run_op
+
+ENV = "/etc/spark/cluster.env"
+PROFILE = "/etc/profile.d/spark-cluster-env.sh"
+VARIABLES = {
+    "VLLM_HOST_IP": "192.168.100.10",
+    "RAY_memory_monitor_refresh_ms": "0",
+    "NCCL_IB_HCA": "rocep1s0f1,roceP2p1s0f1",
+}
+# Everything a shell or systemd might read specially, and some that only look special.
+AWKWARD = {
+    "SPACES": " two  words ",
+    "DOUBLE": 'say "hi"',
+    "SINGLE": "it's",
+    "BACKSLASH": "C:\\new\\\\x\\",
+    "DOLLAR": "$HOME ${USER} $(id)",
+    "BACKTICK": "`id`",
+    "HASH": "#not a comment",
+    "EQUALS": "a=b=c",
+    "SEMICOLON": "a; rm -rf /",
+    "UNICODE": "grüße ✓",
+    "PERCENT": "%h %n",
+    "EMPTY": "",
+}
+
+
+def rendered(variables: dict[str, str]) -> dict[str, str]:
+    host = FakeHost(file_facts({ENV: None, PROFILE: None}))
+    run_op(environment.cluster_env, variables, host=host)
+    return host.uploads
+
+
+def test_fresh_host_gets_both_files_root_owned_0644() -> None:
+    host = FakeHost(file_facts({ENV: None, PROFILE: None}))
+    commands = run_op(environment.cluster_env, VARIABLES, host=host)
+    for path in (ENV, PROFILE):
+        assert f"chown root:root {path}" in commands and f"chmod 644 {path}" in commands
+    assert host.uploads[ENV] == (
+        "# Managed by pyinfra (operations/environment.py): edit group_data instead.\n"
+        "# Read by systemd units (EnvironmentFile=) and login shells (/etc/profile.d): "
+        "world-readable,\n# so never a secret in here.\n"
+        'NCCL_IB_HCA="rocep1s0f1,roceP2p1s0f1"\n'
+        'RAY_memory_monitor_refresh_ms="0"\n'
+        'VLLM_HOST_IP="192.168.100.10"\n'
+    )
+    assert "    . /etc/spark/cluster.env\n" in host.uploads[PROFILE]
+
+
+def test_written_files_yield_nothing() -> None:
+    host = FakeHost(file_facts(rendered(VARIABLES)))
+    assert run_op(environment.cluster_env, VARIABLES, host=host) == []
+    assert len(host.noops) == 2
+
+
+def test_a_changed_value_rewrites_the_file_only() -> None:
+    host = FakeHost(file_facts(rendered(VARIABLES)))
+    moved = {**VARIABLES, "VLLM_HOST_IP": "192.168.100.11"}
+    commands = run_op(environment.cluster_env, moved, host=host)
+    assert commands[0].startswith("FileUploadCommand(") and commands[0].endswith(f", {ENV})")
+    assert PROFILE not in host.uploads
+    assert 'VLLM_HOST_IP="192.168.100.11"\n' in host.uploads[ENV]
+
+
+@pytest.mark.parametrize("key", ["1NCCL", "NCCL-IB", "A B", "", "X=Y", "NCCL\n"])
+def test_invalid_names_are_refused(key: str) -> None:
+    with pytest.raises(OperationError, match="not a valid environment variable name"):
+        run_op(environment.cluster_env, {key: "1"}, host=FakeHost({}))
+
+
+@pytest.mark.parametrize("value", ["a\nB=2", "a\r", "a\0"])
+def test_values_with_line_breaks_or_nul_are_refused(value: str) -> None:
+    with pytest.raises(OperationError, match="line break or NUL"):
+        run_op(environment.cluster_env, {"X": value}, host=FakeHost({}))
+
+
+@pytest.mark.parametrize("shell", ["sh", "bash"])
+def test_a_login_shell_reads_back_every_value_exported(shell: str, tmp_path: Path) -> None:
+    if not shutil.which(shell):
+        pytest.skip(f"no {shell}")
+    env_file = tmp_path / "cluster env"  # a space: the profile script quotes the path
+    host = FakeHost(file_facts({str(env_file): None, PROFILE: None}))
+    run_op(environment.cluster_env, AWKWARD, path=str(env_file), host=host)
+    env_file.write_text(host.uploads[str(env_file)])
+    profile = tmp_path / "profile.sh"
+    profile.write_text(host.uploads[PROFILE])
+    # `env` is a child process: it sees only what the profile script exported.
+    result = subprocess.run(
+        [shell, "-c", '. "$1" && env -0', shell, str(profile)],
+        env={"PATH": "/usr/bin:/bin", "HOME": "/nonexistent", "USER": "nobody"},
+        capture_output=True,
+        check=True,
+    )
+    seen = dict(item.split("=", 1) for item in result.stdout.decode().split("\0") if item)
+    assert {key: seen.get(key) for key in AWKWARD} == AWKWARD
