@@ -1,0 +1,81 @@
+"""Settings the field learned the hard way: logind RemoveIPC, sshd OOM protection."""
+
+from __future__ import annotations
+
+import shlex
+from pathlib import Path
+
+from pyinfra import host
+from pyinfra.api import FactBase, operation
+from pyinfra.operations import files
+
+LOGIND_TEMPLATE = Path(__file__).parents[1] / "templates" / "logind-removeipc.conf.j2"
+OOM_PROTECTED = -1000  # the OOM killer never picks the process
+
+
+@operation()
+def logind_keep_ipc(path: str = "/etc/systemd/logind.conf.d/spark-keep-ipc.conf"):
+    """
+    Keep a user's IPC objects when their last session ends (logind ``RemoveIPC=no``).
+
+    + path: the logind.conf drop-in
+
+    logind reads it when it starts: when the drop-in changed, logind is reloaded where it supports
+    that, restarted otherwise (an Xorg session on the box may not survive a logind restart:
+    systemd/systemd#18484; Wayland sessions and SSH logins do).
+    """
+    changes = list(
+        files.template._inner(
+            src=str(LOGIND_TEMPLATE), dest=path, user="root", group="root", mode="644"
+        )
+    )
+    yield from changes
+    if changes:
+        yield "systemctl reload-or-restart systemd-logind.service"
+
+
+class SshdOomScore(FactBase):
+    """The main PID of the sshd unit and its oom_score_adj; None when the unit has no process.
+
+    .. code:: python
+
+        {"pid": 812, "oom_score_adj": -1000}
+    """
+
+    def command(self, unit: str) -> str:
+        return (
+            f"pid=$(systemctl show -p MainPID --value {shlex.quote(unit)} 2>/dev/null)"
+            ' && [ "${pid:-0}" -gt 0 ] 2>/dev/null'
+            ' && echo "$pid $(cat /proc/$pid/oom_score_adj)" || true'
+        )
+
+    def process(self, output: list[str]) -> dict[str, int] | None:
+        fields = output[0].split() if output else []
+        if len(fields) != 2:
+            return None
+        return {"pid": int(fields[0]), "oom_score_adj": int(fields[1])}
+
+
+@operation()
+def sshd_oom_protected(unit: str = "ssh.service"):
+    """
+    Make sure the OOM killer spares the sshd that accepts logins, so a box that ran out of
+    memory can still be reached.
+
+    + unit: sshd's unit (Debian and Ubuntu: ssh.service; Ubuntu 24.04 starts it through
+      ssh.socket on the first connection, so it runs once anyone, pyinfra too, has logged in)
+
+    OpenSSH on Linux sets its listener to -1000 itself when it starts and gives each login
+    the score sshd inherited; so this writes -1000 to the running listener only when it is not
+    there. It deliberately does not set ``OOMScoreAdjust=-1000`` on the unit: sshd would then
+    inherit -1000 and hand it to every login, making whatever is started over SSH (a vLLM or
+    Ray run from a shell) unkillable by the OOM killer, which would then kill docker and the
+    serving containers, or panic, instead.
+    """
+    sshd = host.get_fact(SshdOomScore, unit=unit)
+    if sshd is None:
+        host.noop(f"{unit} has no running sshd: it protects itself when it starts")
+    elif sshd["oom_score_adj"] == OOM_PROTECTED:
+        host.noop(f"sshd ({sshd['pid']}) is protected from the OOM killer")
+    else:
+        yield f"echo {OOM_PROTECTED} > /proc/{sshd['pid']}/oom_score_adj"

@@ -1,0 +1,92 @@
+"""Host hygiene: logind keeps IPC, the running sshd is spared by the OOM killer.
+
+Captures: sshd-oom-*.sample.txt are written by hand in the "<pid> <oom_score_adj>" line that
+SshdOomScore's own command prints; the command itself runs below against a stand-in systemctl.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from operations import hygiene
+from tests.unit.harness import FakeHost, captured, file_facts, process, run_op
+
+DROP_IN = "/etc/systemd/logind.conf.d/spark-keep-ipc.conf"
+RESTART = "systemctl reload-or-restart systemd-logind.service"
+
+
+def drop_in_text() -> str:
+    host = FakeHost(file_facts({DROP_IN: None}))
+    run_op(hygiene.logind_keep_ipc, host=host)
+    return host.uploads[DROP_IN]
+
+
+def test_fresh_host_gets_the_drop_in_and_logind_rereads_it() -> None:
+    host = FakeHost(file_facts({DROP_IN: None}))
+    commands = run_op(hygiene.logind_keep_ipc, host=host)
+    assert commands[0].startswith("FileUploadCommand(") and DROP_IN in commands[0]
+    assert commands[-1] == RESTART
+    assert host.uploads[DROP_IN].endswith("\n[Login]\nRemoveIPC=no\n")
+
+
+def test_drop_in_in_place_yields_nothing() -> None:
+    host = FakeHost(file_facts({DROP_IN: drop_in_text()}))
+    assert run_op(hygiene.logind_keep_ipc, host=host) == []
+
+
+def test_an_edited_drop_in_is_rewritten_and_reread() -> None:
+    host = FakeHost(file_facts({DROP_IN: "[Login]\nRemoveIPC=yes\n"}))
+    commands = run_op(hygiene.logind_keep_ipc, host=host)
+    assert commands[0].startswith("FileUploadCommand(") and commands[-1] == RESTART
+
+
+def test_sshd_oom_score_fact() -> None:
+    assert process(hygiene.SshdOomScore, captured("sshd-oom-protected.sample.txt")) == {
+        "pid": 812,
+        "oom_score_adj": -1000,
+    }
+    assert process(hygiene.SshdOomScore, "") is None
+
+
+@pytest.mark.parametrize("main_pid", ["self", "0", "garbage"])
+def test_sshd_oom_score_command_with_a_stand_in_systemctl(main_pid: str, tmp_path: Path) -> None:
+    pid = str(os.getpid()) if main_pid == "self" else main_pid
+    systemctl = tmp_path / "systemctl"
+    asked = "show -p MainPID --value ssh.service"
+    systemctl.write_text(f'#!/bin/sh\n[ "$*" = "{asked}" ] && echo {pid}\n')
+    systemctl.chmod(0o755)
+    command = hygiene.SshdOomScore().command(unit="ssh.service")
+    result = subprocess.run(
+        ["sh", "-c", command],
+        env={"PATH": f"{tmp_path}:/usr/bin:/bin"},
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    if main_pid == "self":
+        score = int(Path("/proc/self/oom_score_adj").read_text())
+        expected = {"pid": int(pid), "oom_score_adj": score}
+        assert process(hygiene.SshdOomScore, result.stdout) == expected
+    else:
+        assert result.stdout == "" and result.stderr == ""
+
+
+def test_protected_sshd_yields_nothing() -> None:
+    host = FakeHost({hygiene.SshdOomScore: captured("sshd-oom-protected.sample.txt")})
+    assert run_op(hygiene.sshd_oom_protected, host=host) == []
+    assert host.noops == ["sshd (812) is protected from the OOM killer"]
+
+
+def test_unprotected_sshd_is_protected_in_place_without_a_restart() -> None:
+    host = FakeHost({hygiene.SshdOomScore: captured("sshd-oom-unprotected.sample.txt")})
+    assert run_op(hygiene.sshd_oom_protected, host=host) == ["echo -1000 > /proc/812/oom_score_adj"]
+
+
+def test_no_running_sshd_yields_nothing() -> None:
+    host = FakeHost({hygiene.SshdOomScore: ""})
+    assert run_op(hygiene.sshd_oom_protected, host=host) == []
+    assert "ssh.service has no running sshd" in host.noops[0]
