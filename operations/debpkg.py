@@ -20,10 +20,15 @@ def query(patterns: Iterable[str]) -> str:
 
 
 def apt_install(*args: str) -> str:
-    """apt-get install without questions, keeping local changes to configuration files."""
+    """apt-get install without questions, keeping local changes to configuration files.
+
+    The package lists are refreshed first: a box fresh from its image may have none, or
+    lists months old. Only an install pays for it, so a run with nothing to install asks no
+    mirror anything."""
     options = "-o Dpkg::Options::=--force-confdef -o Dpkg::Options::=--force-confold"
     quoted = " ".join(shlex.quote(arg) for arg in args)
-    return f"DEBIAN_FRONTEND=noninteractive apt-get install -y {options} {quoted}"
+    install = f"DEBIAN_FRONTEND=noninteractive apt-get install -y {options} {quoted}"
+    return f"apt-get update -qq && {install}"
 
 
 class PackageStates(FactBase):
