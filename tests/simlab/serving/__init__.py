@@ -1,0 +1,83 @@
+"""The stand-in for NGC's vLLM image: Debian 12 with Ray and a `vllm` that serves no model.
+
+Real Sparks run nvcr.io/nvidia/vllm:26.04-py3 (vLLM 0.19.0). The lab imports this tree into each
+host's docker under the same tag, so the deploy's containers, `ray start` and `vllm serve` command
+lines run unchanged; only the engine behind them is simulated (see vllm_standin.py).
+"""
+
+from __future__ import annotations
+
+import platform
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+from tests.simlab.paths import CACHE
+from tests.simlab.serving.vllm_standin import IMAGE_OPTIONS_FILE
+
+SERVING_IMAGE_TAG = "nvcr.io/nvidia/vllm:26.04-py3"
+RAY_VERSION = "2.60.0"
+# Bookworm's python3; Ray's wheels are chosen for this version and its ABI.
+IMAGE_PYTHON = "3.11"
+RAY_SITE = Path("opt/ray-site")
+OPTIONS_JSON = Path(__file__).parent.parent / "data" / "vllm-0.19.0-serve-options.json"
+WHEELS = CACHE / "wheels"
+RAY_COMMAND = '''#!/usr/bin/python3
+"""`ray` in the serving image (Ray is installed in /opt/ray-site, found through a .pth)."""
+import sys
+
+from ray.scripts.scripts import main
+
+sys.exit(main())
+'''
+
+
+def _install_ray(site: Path) -> None:
+    """pip-install Ray's wheels for the image's Python into site, downloading them only once."""
+    abi = "cp" + IMAGE_PYTHON.replace(".", "")
+    wheels = [
+        "--only-binary=:all:", "--implementation", "cp", "--python-version", IMAGE_PYTHON,
+        "--abi", abi, "--platform", f"manylinux2014_{platform.machine()}", f"ray=={RAY_VERSION}",
+    ]  # fmt: skip
+    pip = [sys.executable, "-m", "pip", "--disable-pip-version-check", "--quiet"]
+    install = [*pip, "install", "--no-index", "--find-links", str(WHEELS), "--upgrade",
+               "--target", str(site), *wheels]  # fmt: skip
+    WHEELS.mkdir(parents=True, exist_ok=True)
+    cached = subprocess.run(install, stdin=subprocess.DEVNULL, capture_output=True, check=False)
+    if cached.returncode != 0:
+        subprocess.run([*pip, "download", "--dest", str(WHEELS), *wheels],
+                       stdin=subprocess.DEVNULL, check=True)  # fmt: skip
+        subprocess.run(install, stdin=subprocess.DEVNULL, check=True)
+
+
+def _executable(path: Path, text: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+    path.chmod(0o755)
+
+
+def assemble_serving_rootfs(rootfs: Path) -> None:
+    """Make a debootstrapped Debian 12 tree with python3 the serving image.
+
+    Adds Ray (core only: `ray start` runs without the dashboard extras), a `ray` command, the
+    `vllm` stand-in and the option list it checks command lines against.
+    """
+    if not (rootfs / f"usr/bin/python{IMAGE_PYTHON}").exists():
+        raise RuntimeError(f"{rootfs} has no python{IMAGE_PYTHON}, which Ray's wheels are for")
+    site = rootfs / RAY_SITE
+    _install_ray(site)
+    # Console scripts naming this machine's interpreter, and Ray's Java runtime (33 MB) that
+    # nothing here starts.
+    shutil.rmtree(site / "bin")
+    shutil.rmtree(site / "ray/jars")
+    pth = rootfs / "usr/lib/python3/dist-packages/ray-site.pth"
+    pth.parent.mkdir(parents=True, exist_ok=True)
+    pth.write_text(f"/{RAY_SITE}\n")
+    _executable(rootfs / "usr/local/bin/ray", RAY_COMMAND)
+    _executable(
+        rootfs / "usr/local/bin/vllm", (Path(__file__).parent / "vllm_standin.py").read_text()
+    )
+    options = rootfs / IMAGE_OPTIONS_FILE.relative_to("/")
+    options.parent.mkdir(parents=True, exist_ok=True)
+    shutil.copyfile(OPTIONS_JSON, options)

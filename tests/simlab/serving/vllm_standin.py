@@ -1,0 +1,552 @@
+#!/usr/bin/python3
+"""Stand-in for vLLM 0.19.0's `vllm` command in the simulated lab's serving image.
+
+It loads no model, uses no GPU and allocates nothing. It keeps what the deploy touches: how
+`vllm serve` parses its options (checked against the option list read from vLLM 0.19.0's own
+parser), the API key on /v1, the shapes of the OpenAI endpoints, a port that refuses connections
+while "loading", and the Ray placement of one GPU bundle per worker across the boxes, with an exit
+when a box holding a worker dies. Standard library only, plus Ray on the distributed path.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import secrets
+import signal
+import socket
+import socketserver
+import sys
+import threading
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any, NoReturn
+
+IMAGE_OPTIONS_FILE = Path("/usr/local/share/vllm-standin/serve-options.json")
+GPUS_PER_NODE = 1  # one GB10 per Spark
+DEFAULT_MAX_MODEL_LEN = 32768  # vLLM reads it from the model's config; there is no model here
+# Options vLLM declares as list[str], which argparse reads with nargs="+".
+NARGS_PLUS = frozenset({"--served-model-name", "--api-key"})
+NODE_CHECK_SECONDS = 2.0
+USAGE = "usage: vllm serve [model_tag] [options]"
+# argparse reads these as values, not as options.
+NEGATIVE_NUMBER = re.compile(r"^-\d+$|^-\d*\.\d+$")
+HUMAN_INT = re.compile(r"(\d+(?:\.\d+)?)([kmgt])", re.IGNORECASE)
+
+
+class UsageError(Exception):
+    """A command line that vLLM's argument parser refuses (exit status 2)."""
+
+
+class StartupError(Exception):
+    """A configuration vLLM accepts on the command line but fails on while starting (status 1)."""
+
+
+def log(level: str, message: str) -> None:
+    """One line in vLLM's log format, on stdout as vLLM logs."""
+    stamp = time.strftime("%m-%d %H:%M:%S")
+    print(f"(APIServer pid={os.getpid()}) {level} {stamp} [standin] {message}", flush=True)
+
+
+def _is_option(token: str) -> bool:
+    return token.startswith("-") and token != "-" and not NEGATIVE_NUMBER.match(token)
+
+
+def _model_option_first(argv: list[str]) -> list[str]:
+    """vLLM moves `--model X` to the front as the positional model before parsing."""
+    for i, token in enumerate(argv):
+        if token == "--model":
+            if i + 1 >= len(argv) or argv[i + 1].startswith("-"):
+                raise UsageError("argument --model: expected one argument")
+            return [argv[i + 1], *argv[:i], *argv[i + 2 :]]
+        if token.startswith("--model="):
+            return [token.removeprefix("--model="), *argv[:i], *argv[i + 1 :]]
+    return argv
+
+
+def parse_serve(
+    argv: list[str], options: dict[str, dict[str, Any]]
+) -> tuple[str | None, dict[str, Any]]:
+    """Read `vllm serve` arguments as vLLM's parser does: (model, {option: value or True}).
+
+    Names may use underscores (`--max_model_len`) and `--name=value`, as in vLLM's
+    FlexibleArgumentParser; short aliases and abbreviations are not in the option list and
+    are refused.
+    """
+    argv = _model_option_first(argv)
+    model: str | None = None
+    values: dict[str, Any] = {}
+    unrecognized: list[str] = []
+    i = 0
+    while i < len(argv):
+        token = argv[i]
+        i += 1
+        if not _is_option(token):
+            if model is None:
+                model = token
+            else:
+                unrecognized.append(token)
+            continue
+        name, has_inline, inline = token.partition("=")
+        if name.startswith("--"):
+            name = name.replace("_", "-")
+        spec = options.get(name)
+        if spec is None:
+            unrecognized.append(token)
+            continue
+        if not spec["takes_value"]:
+            if has_inline:
+                raise UsageError(f"argument {name}: ignored explicit argument {inline!r}")
+            values[name] = True
+            continue
+        given = [inline] if has_inline else []
+        while not has_inline and i < len(argv) and not _is_option(argv[i]):
+            given.append(argv[i])
+            i += 1
+            if name not in NARGS_PLUS:
+                break
+        if not given:
+            wanted = "at least one argument" if name in NARGS_PLUS else "one argument"
+            raise UsageError(f"argument {name}: expected {wanted}")
+        for value in given:
+            if "choices" in spec and value not in spec["choices"]:
+                allowed = ", ".join(map(repr, spec["choices"]))
+                raise UsageError(
+                    f"argument {name}: invalid choice: {value!r} (choose from {allowed})"
+                )
+        values[name] = given if name in NARGS_PLUS else given[0]
+    if unrecognized:
+        raise UsageError(f"unrecognized arguments: {' '.join(unrecognized)}")
+    return model, values
+
+
+def human_readable_int_or_auto(value: str) -> int:
+    """vLLM's type for --max-model-len: 32k = 32000, 32K = 32768, -1 or auto = the model's."""
+    value = value.strip()
+    if value in ("-1", "auto"):
+        return -1
+    match = HUMAN_INT.fullmatch(value)
+    if match is None:
+        return int(value)
+    number, suffix = match.groups()
+    power = "kmgt".index(suffix.lower()) + 1
+    if suffix.islower():
+        return int(float(number) * 1000**power)
+    return int(number) * 1024**power
+
+
+def _typed(values: dict[str, Any], name: str, convert: Callable[[str], Any], default: Any) -> Any:
+    if name not in values:
+        return default
+    try:
+        return convert(values[name])
+    except ValueError:
+        raise UsageError(
+            f"argument {name}: invalid {convert.__name__} value: {values[name]!r}"
+        ) from None
+
+
+@dataclass
+class ServeConfig:
+    model: str
+    served_names: list[str]
+    host: str | None
+    port: int
+    api_keys: list[str]
+    world_size: int
+    backend: str
+    gpu_memory_utilization: float
+    max_model_len: int
+    access_log: bool
+
+
+def serve_config(model: str | None, values: dict[str, Any], env: dict[str, str]) -> ServeConfig:
+    """The settings the stand-in acts on, with vLLM's defaults."""
+    if model is None:
+        raise UsageError("the stand-in needs the model: vllm serve MODEL [options]")
+    world_size = _typed(values, "--tensor-parallel-size", int, 1) * _typed(
+        values, "--pipeline-parallel-size", int, 1
+    )
+    if _typed(values, "--nnodes", int, 1) > 1:
+        raise StartupError("the stand-in spans several nodes only through Ray, not --nnodes")
+    backend = values.get("--distributed-executor-backend")
+    if backend is None:
+        # vLLM turns to Ray by itself when a node has fewer GPUs than the world size.
+        backend = "ray" if world_size > GPUS_PER_NODE else "uni"
+    if backend != "ray" and world_size > GPUS_PER_NODE:
+        raise StartupError(
+            f"World size ({world_size}) is larger than the number of available GPUs "
+            f"({GPUS_PER_NODE}) in this node. If this is intentional and you are using:\n"
+            "- ray, set '--distributed-executor-backend ray'.\n"
+            "- multiprocessing, set '--nnodes' appropriately."
+        )
+    max_model_len = _typed(values, "--max-model-len", human_readable_int_or_auto, -1)
+    return ServeConfig(
+        model=model,
+        served_names=values.get("--served-model-name") or [model],
+        host=values.get("--host"),
+        port=_typed(values, "--port", int, 8000),
+        # --api-key wins over VLLM_API_KEY; empty keys do not count (vLLM's build_app).
+        api_keys=[key for key in (values.get("--api-key") or [env.get("VLLM_API_KEY")]) if key],
+        world_size=world_size,
+        backend=backend,
+        gpu_memory_utilization=_typed(values, "--gpu-memory-utilization", float, 0.9),
+        max_model_len=DEFAULT_MAX_MODEL_LEN if max_model_len == -1 else max_model_len,
+        access_log="--disable-uvicorn-access-log" not in values,
+    )
+
+
+@dataclass
+class Placement:
+    """The Ray placement group holding one GPU per worker, and the nodes of its bundles."""
+
+    group: Any
+    node_ids: list[str]
+    node_ips: list[str]
+
+
+def place_workers(world_size: int, timeout: float) -> Placement:
+    """Reserve one GPU per worker on distinct Ray nodes, as vLLM's Ray executor does."""
+    import ray
+    from ray.util.placement_group import placement_group, placement_group_table
+
+    log("INFO", "Connecting to the Ray cluster (address=auto)")
+    ray.init(address="auto", logging_level="ERROR", log_to_driver=False)
+    driver_ip = os.environ.get("VLLM_HOST_IP") or ray.util.get_node_ip_address()
+    specs: list[dict[str, float]] = [{"GPU": 1.0} for _ in range(world_size)]
+    # vLLM pins the first worker to the driver's node through its node:<ip> resource, so a
+    # VLLM_HOST_IP that is no Ray node's address leaves the group unplaceable, as on real boxes.
+    specs[0][f"node:{driver_ip}"] = 0.001
+    group = placement_group(specs, strategy="STRICT_SPREAD")
+    ready = group.ready()
+    start = time.monotonic()
+    next_report = 10.0
+    while not ray.wait([ready], timeout=1)[0]:
+        waited = time.monotonic() - start
+        if waited >= timeout:
+            raise StartupError(
+                f"Cannot provide a placement group of placement_group_specs={specs} within "
+                f"{timeout:g} seconds. See `ray status` and `ray list nodes` to make sure the "
+                "cluster has enough resources."
+            )
+        if waited >= next_report:
+            log(
+                "INFO",
+                f"Waiting for creating a placement group of specs for {int(waited)} seconds. "
+                f"specs={specs}. Check `ray status` and `ray list nodes` to see if you have "
+                "enough resources, and make sure the IP addresses used by ray cluster are the "
+                "same as VLLM_HOST_IP environment variable specified in each node if you are "
+                "running on a multi-node.",
+            )
+            next_report *= 2
+    bundles = placement_group_table(group)["bundles_to_node_id"]
+    addresses = {node["NodeID"]: node["NodeManagerAddress"] for node in ray.nodes()}
+    node_ids = [bundles[index] for index in range(world_size)]
+    return Placement(group, node_ids, [addresses[node_id] for node_id in node_ids])
+
+
+def dead_workers(placement: Placement) -> str | None:
+    """Why the engine cannot go on (a node of the group is dead or Ray is gone), or None."""
+    import ray
+
+    try:
+        alive = {node["NodeID"] for node in ray.nodes() if node["Alive"]}
+    except Exception as error:  # whatever Ray raises once its GCS is gone ends the engine
+        return f"lost the Ray cluster: {error}"
+    dead = [
+        f"{ip} ({node_id[:8]})"
+        for node_id, ip in zip(placement.node_ids, placement.node_ips, strict=True)
+        if node_id not in alive
+    ]
+    return f"Ray node {', '.join(dead)} holding a worker died" if dead else None
+
+
+class StandinServer(ThreadingHTTPServer):
+    daemon_threads = True
+
+    def __init__(self, config: ServeConfig, version: str):
+        host = config.host or ""
+        self.address_family = socket.AF_INET6 if ":" in host else socket.AF_INET
+        super().__init__((host, config.port), Handler, bind_and_activate=False)
+        self.server_bind()
+        self.config = config
+        self.version = version
+        self.created = int(time.time())
+        self.token_hashes = [hashlib.sha256(key.encode()).digest() for key in config.api_keys]
+        self.placement: Placement | None = None
+        self.exit_code = 0
+
+    def server_bind(self) -> None:
+        # HTTPServer's own bind looks up this host's FQDN, which can stall where DNS is absent.
+        socketserver.TCPServer.server_bind(self)
+        self.server_name, self.server_port = str(self.server_address[0]), self.server_address[1]
+
+    def authorized(self, header: str | None) -> bool:
+        """vLLM's check: `Bearer <key>` matching one of the keys, compared in constant time."""
+        scheme, _, key = (header or "").partition(" ")
+        if scheme.lower() != "bearer":
+            return False
+        digest = hashlib.sha256(key.encode()).digest()
+        # A list, not a generator: every key is compared, whichever matches.
+        return any([secrets.compare_digest(digest, known) for known in self.token_hashes])
+
+    def watch(self) -> None:
+        """Stop serving, with a failure status, once a node holding a worker is gone."""
+        assert self.placement is not None
+        while (reason := dead_workers(self.placement)) is None:
+            time.sleep(NODE_CHECK_SECONDS)
+        log("ERROR", f"{reason}: the worker died unexpectedly before finishing its task.")
+        log("ERROR", "EngineCore encountered an issue. See stack trace (above) for the root cause.")
+        self.exit_code = 1
+        self.shutdown()
+
+
+def _text(content: Any) -> str:
+    """The text of a message's content: a string, or OpenAI's list of typed parts."""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        return " ".join(p.get("text", "") for p in content if isinstance(p, dict))
+    return ""
+
+
+class Handler(BaseHTTPRequestHandler):
+    server: StandinServer
+    protocol_version = "HTTP/1.1"
+
+    def do_GET(self) -> None:
+        self._route("GET")
+
+    def do_POST(self) -> None:
+        self._route("POST")
+
+    def log_message(self, format: str, *args: Any) -> None:
+        if self.server.config.access_log:
+            client = f"{self.client_address[0]}:{self.client_address[1]}"
+            print(f'INFO:     {client} - "{self.requestline}" {args[1]}', flush=True)
+
+    def _route(self, method: str) -> None:
+        length = int(self.headers.get("Content-Length") or 0)
+        body = self.rfile.read(length) if length else b""
+        path = self.path.split("?", 1)[0]
+        # Only /v1 is guarded, as in vLLM 0.19; /health, /ping and the rest stay open.
+        guarded = path.startswith("/v1") and self.server.token_hashes
+        if guarded and not self.server.authorized(self.headers.get("Authorization")):
+            self._json(401, {"error": "Unauthorized"})
+            return
+        methods = ROUTES.get(path)
+        if methods is None:
+            self._json(404, {"detail": "Not Found"})
+        elif method not in methods:
+            self._json(405, {"detail": "Method Not Allowed"})
+        else:
+            methods[method](self, body)
+
+    def _send(self, status: int, body: bytes, content_type: str) -> None:
+        self.send_response(status)
+        self.send_header("Content-Type", content_type)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def _json(self, status: int, payload: Any) -> None:
+        self._send(status, json.dumps(payload).encode(), "application/json")
+
+    def _error(self, status: int, kind: str, message: str, param: str | None = None) -> None:
+        error = {"message": message, "type": kind, "param": param, "code": status}
+        self._json(status, {"error": error})
+
+    def health(self, _body: bytes) -> None:
+        self._send(200, b"", "application/json")
+
+    def version(self, _body: bytes) -> None:
+        self._json(200, {"version": self.server.version})
+
+    def models(self, _body: bytes) -> None:
+        config = self.server.config
+        cards = [
+            {
+                "id": name,
+                "object": "model",
+                "created": self.server.created,
+                "owned_by": "vllm",
+                "root": config.model,
+                "parent": None,
+                "max_model_len": config.max_model_len,
+            }
+            for name in config.served_names
+        ]
+        self._json(200, {"object": "list", "data": cards})
+
+    def placement(self, _body: bytes) -> None:
+        placement = self.server.placement
+        self._json(
+            200,
+            {
+                "distributed_executor_backend": self.server.config.backend,
+                "world_size": self.server.config.world_size,
+                "bundle_node_ips": placement.node_ips if placement else [],
+            },
+        )
+
+    def chat_completions(self, body: bytes) -> None:
+        try:
+            request = json.loads(body or b"null")
+        except ValueError:
+            self._error(400, "BadRequestError", "The request body is not valid JSON.")
+            return
+        messages = request.get("messages") if isinstance(request, dict) else None
+        if not isinstance(messages, list) or not messages:
+            self._error(400, "BadRequestError", "messages: a non-empty list is required.")
+            return
+        names = self.server.config.served_names
+        model = request.get("model") or names[0]
+        if model not in names:
+            self._error(404, "NotFoundError", f"The model `{model}` does not exist.", "model")
+            return
+        turns = [m for m in messages if isinstance(m, dict)]
+        said = [_text(m.get("content")) for m in turns if m.get("role") == "user"]
+        last = said[-1] if said else ""
+        reply = f"[vLLM {self.server.version} stand-in, no model loaded] {model} got: {last}"
+        prompt_tokens = sum(len(_text(m.get("content")).split()) for m in turns)
+        usage = {
+            "prompt_tokens": prompt_tokens,
+            "completion_tokens": len(reply.split()),
+            "total_tokens": prompt_tokens + len(reply.split()),
+        }
+        head = {"id": f"chatcmpl-{uuid.uuid4().hex}", "created": int(time.time()), "model": model}
+        if request.get("stream"):
+            self._stream(head, reply)
+            return
+        message = {"role": "assistant", "content": reply, "tool_calls": []}
+        choice = {"index": 0, "message": message, "logprobs": None, "finish_reason": "stop"}
+        self._json(200, {**head, "object": "chat.completion", "choices": [choice], "usage": usage})
+
+    def _stream(self, head: dict[str, Any], reply: str) -> None:
+        """Server-sent events as vLLM streams them: role, content, finish, [DONE]."""
+        deltas = [
+            ({"role": "assistant", "content": ""}, None),
+            ({"content": reply}, None),
+            ({}, "stop"),
+        ]
+        events = [
+            json.dumps(
+                {
+                    **head,
+                    "object": "chat.completion.chunk",
+                    "choices": [{"index": 0, "delta": d, "logprobs": None, "finish_reason": end}],
+                }
+            )
+            for d, end in deltas
+        ]
+        self.close_connection = True
+        self.send_response(200)
+        self.send_header("Content-Type", "text/event-stream; charset=utf-8")
+        self.send_header("Connection", "close")
+        self.end_headers()
+        for event in [*events, "[DONE]"]:
+            self.wfile.write(f"data: {event}\n\n".encode())
+
+
+ROUTES: dict[str, dict[str, Callable[[Handler, bytes], None]]] = {
+    "/health": {"GET": Handler.health},
+    "/ping": {"GET": Handler.health, "POST": Handler.health},
+    "/version": {"GET": Handler.version},
+    "/v1/models": {"GET": Handler.models},
+    "/v1/chat/completions": {"POST": Handler.chat_completions},
+    "/simlab/placement": {"GET": Handler.placement},
+}
+
+
+def _interrupt(_signum: int, _frame: Any) -> NoReturn:
+    raise KeyboardInterrupt("terminated")
+
+
+def serve(config: ServeConfig, version: str, non_default: dict[str, Any]) -> int:
+    """Start as vLLM does: bind, place the workers, load, then answer. Returns the exit status."""
+    signal.signal(signal.SIGTERM, _interrupt)
+    log("INFO", f"vLLM API server version {version}")
+    # Like the vLLM releases that do not redact it, this prints an --api-key in clear.
+    log("INFO", f"non-default args: {non_default}")
+    try:
+        # vLLM binds its port before building the engine and listens once it is loaded.
+        server = StandinServer(config, version)
+    except OSError as error:
+        log("ERROR", f"cannot bind {config.host or '0.0.0.0'}:{config.port}: {error}")
+        return 1
+    try:
+        if config.backend == "ray":
+            timeout = float(os.environ.get("SIMLAB_VLLM_PLACEMENT_TIMEOUT", "600"))
+            server.placement = place_workers(config.world_size, timeout)
+            # ray.init puts in its own SIGTERM handler (a stack dump, status 15): take it back.
+            signal.signal(signal.SIGTERM, _interrupt)
+            log("INFO", f"Ray workers placed on {', '.join(server.placement.node_ips)}")
+        load_seconds = float(os.environ.get("SIMLAB_VLLM_LOAD_SECONDS", "0"))
+        log("INFO", f"Starting to load model {config.model}...")
+        time.sleep(load_seconds)
+        log("INFO", f"Model loading took 0.0000 GiB memory and {load_seconds:.6f} seconds")
+        log(
+            "INFO",
+            f"gpu_memory_utilization={config.gpu_memory_utilization}, "
+            f"max_model_len={config.max_model_len}: the stand-in reserves no memory",
+        )
+        server.server_activate()
+        host = config.host or "0.0.0.0"
+        shown = f"[{host}]" if ":" in host else host
+        log("INFO", f"Starting vLLM API server on http://{shown}:{config.port}")
+        if server.placement is not None:
+            threading.Thread(target=server.watch, daemon=True).start()
+        server.serve_forever(poll_interval=0.5)
+    except StartupError as error:
+        log("ERROR", str(error))
+        return 1
+    except ConnectionError as error:  # ray.init found no cluster
+        log("ERROR", f"Ray: {error}")
+        return 1
+    except KeyboardInterrupt:
+        log("INFO", "Shutting down FastAPI HTTP server.")
+    finally:
+        server.server_close()
+    return server.exit_code
+
+
+def main(argv: list[str]) -> int:
+    document = json.loads(
+        Path(os.environ.get("SIMLAB_VLLM_OPTIONS", IMAGE_OPTIONS_FILE)).read_text()
+    )
+    version: str = document["vllm_version"]
+    if argv[:1] == ["--version"]:
+        print(version)
+        return 0
+    if argv[:1] != ["serve"]:
+        print("usage: vllm [-h] [--version] {serve} ...", file=sys.stderr)
+        given = repr(argv[0]) if argv else "nothing"
+        print(f"vllm: error: the stand-in knows only `serve` (got {given})", file=sys.stderr)
+        return 2
+    try:
+        model, values = parse_serve(argv[1:], document["options"])
+        if values.get("--help"):
+            print(USAGE)
+            return 0
+        config = serve_config(model, values, dict(os.environ))
+    except UsageError as error:
+        print(USAGE, file=sys.stderr)
+        print(f"vllm serve: error: {error}", file=sys.stderr)
+        return 2
+    except StartupError as error:
+        log("ERROR", str(error))
+        return 1
+    non_default = {"model_tag": model} | {
+        name[2:].replace("-", "_"): value for name, value in values.items()
+    }
+    return serve(config, version, non_default)
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
