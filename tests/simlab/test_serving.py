@@ -1,0 +1,344 @@
+"""The serving image's `vllm` stand-in and its assembly, on this machine (loopback only).
+
+The stand-in runs with this machine's python on 127.0.0.1 and a free port; every server is
+stopped within the test. The Ray path (placement group, node death) needs a Ray cluster and is
+exercised on the lab.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.simlab import serving
+from tests.simlab.serving import vllm_standin
+
+STANDIN = Path(vllm_standin.__file__)
+OPTIONS = json.loads(serving.OPTIONS_JSON.read_text())["options"]
+START_TIMEOUT = 15.0
+# Ignore any proxy of the environment: every request here goes to loopback.
+HTTP = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+
+
+def standin_env(**extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k != "VLLM_API_KEY"}
+    return {**env, "SIMLAB_VLLM_OPTIONS": str(serving.OPTIONS_JSON), **extra}
+
+
+def run_vllm(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, str(STANDIN), *args],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        env=standin_env(),
+        check=False,
+    )
+
+
+def request(url: str, body: Any = None, key: str | None = None) -> tuple[int, str, dict[str, str]]:
+    """(status, body text, headers) of one GET, or POST when there is a JSON body."""
+    data = None if body is None else json.dumps(body).encode()
+    req = urllib.request.Request(url, data=data)
+    if key is not None:
+        req.add_header("Authorization", f"Bearer {key}")
+    try:
+        with HTTP.open(req, timeout=5) as response:
+            return response.status, response.read().decode(), dict(response.headers)
+    except urllib.error.HTTPError as error:
+        return error.code, error.read().decode(), dict(error.headers)
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+class Server:
+    def __init__(self, process: subprocess.Popen[str], port: int, log: Path):
+        self.process = process
+        self.url = f"http://127.0.0.1:{port}"
+        self.port = port
+        self.log = log
+
+    def wait_for_log(self, text: str) -> None:
+        deadline = time.monotonic() + START_TIMEOUT
+        while text not in self.log.read_text():
+            assert self.process.poll() is None, self.log.read_text()
+            assert time.monotonic() < deadline, f"no {text!r} in:\n{self.log.read_text()}"
+            time.sleep(0.05)
+
+    def wait_healthy(self) -> None:
+        deadline = time.monotonic() + START_TIMEOUT
+        while True:
+            assert self.process.poll() is None, self.log.read_text()
+            try:
+                if request(f"{self.url}/health")[0] == 200:
+                    return
+            except OSError:
+                pass
+            assert time.monotonic() < deadline, self.log.read_text()
+            time.sleep(0.05)
+
+
+@pytest.fixture
+def start(tmp_path: Path) -> Iterator[Callable[..., Server]]:
+    """Start `vllm serve test/model ARGS` on loopback; every server is stopped afterwards."""
+    started: list[subprocess.Popen[str]] = []
+
+    def _start(*args: str, wait: bool = True, **env: str) -> Server:
+        port = free_port()
+        log = tmp_path / f"vllm-{port}.log"
+        with log.open("w") as out:
+            process = subprocess.Popen(
+                [sys.executable, str(STANDIN), "serve", "test/model", "--host", "127.0.0.1",
+                 "--port", str(port), *args],
+                stdout=out, stderr=subprocess.STDOUT, text=True, env=standin_env(**env),
+            )  # fmt: skip
+        started.append(process)
+        server = Server(process, port, log)
+        if wait:
+            server.wait_healthy()
+        return server
+
+    yield _start
+    for process in started:
+        process.terminate()
+        try:
+            process.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+
+
+def test_version() -> None:
+    result = run_vllm("--version")
+    assert (result.returncode, result.stdout.strip()) == (0, "0.19.0")
+
+
+def test_health_is_refused_while_loading_then_ok(start: Callable[..., Server]) -> None:
+    server = start(wait=False, SIMLAB_VLLM_LOAD_SECONDS="1.5")
+    server.wait_for_log("Starting to load model test/model")
+    with pytest.raises(urllib.error.URLError) as refused:
+        request(f"{server.url}/health")
+    assert isinstance(refused.value.reason, ConnectionRefusedError)
+    server.wait_healthy()
+    status, body, _ = request(f"{server.url}/health")
+    assert (status, body) == (200, "")
+    log = server.log.read_text()
+    assert "non-default args: {'model_tag': 'test/model'" in log
+    assert f"Starting vLLM API server on http://127.0.0.1:{server.port}" in log
+
+
+def test_models_list_the_served_names_and_context(start: Callable[..., Server]) -> None:
+    server = start("--served-model-name", "lane-a", "lane-b", "--max-model-len", "32k")
+    status, body, _ = request(f"{server.url}/v1/models")
+    assert status == 200
+    listing = json.loads(body)
+    assert listing["object"] == "list"
+    assert [(m["id"], m["root"], m["max_model_len"]) for m in listing["data"]] == [
+        ("lane-a", "test/model", 32000),
+        ("lane-b", "test/model", 32000),
+    ]
+    assert json.loads(request(f"{server.url}/version")[1]) == {"version": "0.19.0"}
+    placement = json.loads(request(f"{server.url}/simlab/placement")[1])
+    assert placement == {
+        "distributed_executor_backend": "uni",
+        "world_size": 1,
+        "bundle_node_ips": [],
+    }
+
+
+def test_chat_completion_echoes_the_last_user_message(start: Callable[..., Server]) -> None:
+    server = start("--served-model-name", "lane-a")
+    messages = [
+        {"role": "system", "content": "be brief"},
+        {"role": "user", "content": "first question"},
+        {"role": "assistant", "content": "an answer"},
+        {"role": "user", "content": [{"type": "text", "text": "are you real?"}]},
+    ]
+    status, body, _ = request(
+        f"{server.url}/v1/chat/completions", {"model": "lane-a", "messages": messages}
+    )
+    assert status == 200
+    completion = json.loads(body)
+    assert completion["object"] == "chat.completion"
+    assert completion["model"] == "lane-a"
+    assert completion["id"].startswith("chatcmpl-")
+    (choice,) = completion["choices"]
+    assert choice["finish_reason"] == "stop"
+    assert choice["message"]["role"] == "assistant"
+    assert "stand-in" in choice["message"]["content"]
+    assert choice["message"]["content"].endswith("are you real?")
+    usage = completion["usage"]
+    assert usage["total_tokens"] == usage["prompt_tokens"] + usage["completion_tokens"] > 0
+
+
+def test_chat_completion_streams_events(start: Callable[..., Server]) -> None:
+    server = start()
+    status, body, headers = request(
+        f"{server.url}/v1/chat/completions",
+        {"messages": [{"role": "user", "content": "hi"}], "stream": True},
+    )
+    assert status == 200
+    assert headers["Content-Type"].startswith("text/event-stream")
+    events = [line.removeprefix("data: ") for line in body.split("\n\n") if line]
+    assert events[-1] == "[DONE]"
+    chunks = [json.loads(event) for event in events[:-1]]
+    assert {chunk["object"] for chunk in chunks} == {"chat.completion.chunk"}
+    assert chunks[1]["choices"][0]["delta"]["content"].endswith("hi")
+    assert chunks[-1]["choices"][0]["finish_reason"] == "stop"
+
+
+@pytest.mark.parametrize(
+    ("body", "status", "fragment"),
+    [
+        ({"model": "other", "messages": [{"role": "user", "content": "x"}]}, 404, "`other`"),
+        ({"messages": []}, 400, "messages"),
+    ],
+)
+def test_chat_completion_refuses_bad_requests(
+    start: Callable[..., Server], body: dict[str, Any], status: int, fragment: str
+) -> None:
+    server = start()
+    got, text, _ = request(f"{server.url}/v1/chat/completions", body)
+    assert got == status
+    error = json.loads(text)["error"]
+    assert error["code"] == status
+    assert fragment in error["message"]
+
+
+def test_api_key_guards_v1_only(start: Callable[..., Server]) -> None:
+    server = start("--api-key", "s3cret")
+    chat = {"messages": [{"role": "user", "content": "x"}]}
+    for key in (None, "wrong"):
+        status, body, _ = request(f"{server.url}/v1/models", key=key)
+        assert (status, json.loads(body)) == (401, {"error": "Unauthorized"})
+        assert request(f"{server.url}/v1/chat/completions", chat, key=key)[0] == 401
+    assert request(f"{server.url}/v1/models", key="s3cret")[0] == 200
+    assert request(f"{server.url}/v1/chat/completions", chat, key="s3cret")[0] == 200
+    for open_path in ("/health", "/ping", "/version"):
+        assert request(f"{server.url}{open_path}")[0] == 200
+
+
+def test_api_key_from_environment_and_cli_precedence(start: Callable[..., Server]) -> None:
+    from_env = start(VLLM_API_KEY="env-key")
+    assert request(f"{from_env.url}/v1/models")[0] == 401
+    assert request(f"{from_env.url}/v1/models", key="env-key")[0] == 200
+    both = start("--api-key", "cli-key", VLLM_API_KEY="env-key")
+    assert request(f"{both.url}/v1/models", key="env-key")[0] == 401
+    assert request(f"{both.url}/v1/models", key="cli-key")[0] == 200
+
+
+def test_valid_options_from_the_list_are_accepted(start: Callable[..., Server]) -> None:
+    assert "TRITON_ATTN" in OPTIONS["--attention-backend"]["choices"]
+    assert not OPTIONS["--enable-prefix-caching"]["takes_value"]
+    server = start(
+        "--kv-cache-dtype", "fp8", "--attention-backend=TRITON_ATTN", "--enable-prefix-caching",
+        "--gpu-memory-utilization", "0.85", "--max_num_seqs", "4",
+    )  # fmt: skip
+    log = server.log.read_text()
+    assert "'kv_cache_dtype': 'fp8'" in log
+    assert "'max_num_seqs': '4'" in log
+    assert "'enable_prefix_caching': True" in log
+
+
+@pytest.mark.parametrize(
+    ("args", "fragment"),
+    [
+        (["--no-such-option", "1"], "unrecognized arguments: --no-such-option 1"),
+        (["--kv-cache-dtype", "nonsense"], "argument --kv-cache-dtype: invalid choice: 'nonsense'"),
+        (["--enforce-eager=true"], "argument --enforce-eager: ignored explicit argument 'true'"),
+        (["--port"], "argument --port: expected one argument"),
+        (["--port", "eighty"], "argument --port: invalid int value: 'eighty'"),
+        (["other/model"], "unrecognized arguments: other/model"),
+    ],
+)
+def test_invalid_command_lines_are_refused(args: list[str], fragment: str) -> None:
+    result = run_vllm("serve", "test/model", *args)
+    assert result.returncode == 2
+    assert result.stderr.startswith("usage: vllm serve")
+    assert fragment in result.stderr
+
+
+def test_world_size_beyond_one_gpu_needs_ray() -> None:
+    result = run_vllm(
+        "serve", "test/model", "--tensor-parallel-size", "2", "--distributed-executor-backend", "mp"
+    )
+    assert result.returncode == 1
+    assert "World size (2) is larger than the number of available GPUs (1)" in result.stdout
+    ray_free = run_vllm("serve", "test/model", "--tensor-parallel-size", "2", "--nnodes", "2")
+    assert ray_free.returncode == 1
+    assert "only through Ray, not --nnodes" in ray_free.stdout
+
+
+def test_parse_serve_reads_lists_model_option_and_underscores() -> None:
+    model, values = vllm_standin.parse_serve(
+        ["--port", "9000", "--served-model-name", "a", "b", "--model=org/m", "--max_model_len=8K"],
+        OPTIONS,
+    )
+    assert model == "org/m"
+    assert values == {"--port": "9000", "--served-model-name": ["a", "b"], "--max-model-len": "8K"}
+
+
+def test_serve_config_defaults_and_ray_for_two_boxes() -> None:
+    config = vllm_standin.serve_config("org/m", {"--tensor-parallel-size": "2"}, {})
+    assert (config.port, config.host, config.served_names) == (8000, None, ["org/m"])
+    assert (config.world_size, config.backend, config.api_keys) == (2, "ray", [])
+    assert config.max_model_len == vllm_standin.DEFAULT_MAX_MODEL_LEN
+
+
+@pytest.mark.parametrize(
+    ("text", "value"),
+    [("4096", 4096), ("32k", 32000), ("32K", 32768), ("1.5m", 1500000), ("auto", -1), ("-1", -1)],
+)
+def test_max_model_len_reads_human_numbers(text: str, value: int) -> None:
+    assert vllm_standin.human_readable_int_or_auto(text) == value
+
+
+def test_assemble_serving_rootfs(tmp_path: Path) -> None:
+    """Ray's wheels (downloaded into the cache once), the commands and the option list land."""
+    rootfs = tmp_path / "rootfs"
+    (rootfs / "usr/bin").mkdir(parents=True)
+    (rootfs / "usr/bin/python3.11").touch()
+    serving.assemble_serving_rootfs(rootfs)
+    site = rootfs / "opt/ray-site"
+    assert (site / f"ray-{serving.RAY_VERSION}.dist-info").is_dir()
+    assert not (site / "ray/jars").exists()
+    pth = rootfs / "usr/lib/python3/dist-packages/ray-site.pth"
+    assert pth.read_text() == "/opt/ray-site\n"
+    vllm = rootfs / "usr/local/bin/vllm"
+    assert vllm.read_text() == STANDIN.read_text()
+    for command in (vllm, rootfs / "usr/local/bin/ray"):
+        assert os.access(command, os.X_OK), command
+    # This machine's python is the image's (3.11): both commands run from the tree.
+    env = {**os.environ, "PYTHONPATH": str(site)}
+    ray = subprocess.run(
+        [sys.executable, str(rootfs / "usr/local/bin/ray"), "--version"],
+        capture_output=True, text=True, timeout=60, env=env, check=False,
+    )  # fmt: skip
+    assert ray.returncode == 0, ray.stderr
+    assert serving.RAY_VERSION in ray.stdout
+    env["SIMLAB_VLLM_OPTIONS"] = str(rootfs / "usr/local/share/vllm-standin/serve-options.json")
+    version = subprocess.run(
+        [sys.executable, str(vllm), "--version"],
+        capture_output=True, text=True, timeout=30, env=env, check=False,
+    )  # fmt: skip
+    assert version.stdout.strip() == "0.19.0"
+
+
+def test_assemble_refuses_a_tree_without_the_python_ray_is_for(tmp_path: Path) -> None:
+    with pytest.raises(RuntimeError, match=r"no python3\.11"):
+        serving.assemble_serving_rootfs(tmp_path)
