@@ -11,6 +11,7 @@ from pyinfra.operations import files
 
 LOGIND_TEMPLATE = Path(__file__).parents[1] / "templates" / "logind-removeipc.conf.j2"
 OOM_PROTECTED = -1000  # the OOM killer never picks the process
+CAP_SYS_RESOURCE = 24  # lowering an oom_score_adj needs it (linux/capability.h)
 
 
 @operation()
@@ -35,25 +36,32 @@ def logind_keep_ipc(path: str = "/etc/systemd/logind.conf.d/spark-keep-ipc.conf"
 
 
 class SshdOomScore(FactBase):
-    """The main PID of the sshd unit and its oom_score_adj; None when the unit has no process.
+    """The main PID of the sshd unit, its oom_score_adj, and whether this (root) shell may lower
+    it (CAP_SYS_RESOURCE, which a container may lack); None when the unit has no process.
 
     .. code:: python
 
-        {"pid": 812, "oom_score_adj": -1000}
+        {"pid": 812, "oom_score_adj": -1000, "can_lower": True}
     """
 
     def command(self, unit: str) -> str:
         return (
             f"pid=$(systemctl show -p MainPID --value {shlex.quote(unit)} 2>/dev/null)"
             ' && [ "${pid:-0}" -gt 0 ] 2>/dev/null'
-            ' && echo "$pid $(cat /proc/$pid/oom_score_adj)" || true'
+            ' && echo "$pid $(cat /proc/$pid/oom_score_adj)'
+            " $(sed -n 's/^CapEff:[[:space:]]*//p' /proc/self/status)\" || true"
         )
 
-    def process(self, output: list[str]) -> dict[str, int] | None:
+    def process(self, output: list[str]) -> dict[str, int | bool] | None:
         fields = output[0].split() if output else []
-        if len(fields) != 2:
+        if len(fields) != 3:
             return None
-        return {"pid": int(fields[0]), "oom_score_adj": int(fields[1])}
+        pid, score, capabilities = fields
+        return {
+            "pid": int(pid),
+            "oom_score_adj": int(score),
+            "can_lower": bool(int(capabilities, 16) >> CAP_SYS_RESOURCE & 1),
+        }
 
 
 @operation()
@@ -65,11 +73,12 @@ def sshd_oom_protected(unit: str = "ssh.service"):
     + unit: sshd's unit (Debian and Ubuntu: ssh.service; Ubuntu 24.04 starts it through
       ssh.socket on the first connection, so it runs once anyone, pyinfra too, has logged in)
 
-    OpenSSH on Linux sets its listener to -1000 itself when it starts and gives each login
-    the score sshd inherited; so this writes -1000 to the running listener only when it is not
-    there. It deliberately does not set ``OOMScoreAdjust=-1000`` on the unit: sshd would then
-    inherit -1000 and hand it to every login, making whatever is started over SSH (a vLLM or
-    Ray run from a shell) unkillable by the OOM killer, which would then kill docker and the
+    OpenSSH on Linux sets its listener to -1000 itself when it starts and gives each login the
+    score sshd inherited; so this writes -1000 to the running listener only when it is not there.
+    Where nothing may lower a score (a container without CAP_SYS_RESOURCE) it leaves it, as sshd
+    and systemd do. It deliberately does not set ``OOMScoreAdjust=-1000`` on the unit: sshd would
+    then inherit -1000 and hand it to every login, making whatever is started over SSH (a vLLM
+    or Ray run from a shell) unkillable by the OOM killer, which would then kill docker and the
     serving containers, or panic, instead.
     """
     sshd = host.get_fact(SshdOomScore, unit=unit)
@@ -77,5 +86,8 @@ def sshd_oom_protected(unit: str = "ssh.service"):
         host.noop(f"{unit} has no running sshd: it protects itself when it starts")
     elif sshd["oom_score_adj"] == OOM_PROTECTED:
         host.noop(f"sshd ({sshd['pid']}) is protected from the OOM killer")
+    elif not sshd["can_lower"]:
+        # As systemd does with OOMScoreAdjust= there: nothing can lower a score, so none is.
+        host.noop(f"no CAP_SYS_RESOURCE here (a container?): sshd ({sshd['pid']}) stays as it is")
     else:
         yield f"echo {OOM_PROTECTED} > /proc/{sshd['pid']}/oom_score_adj"

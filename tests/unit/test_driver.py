@@ -5,6 +5,8 @@ Captures:
   --admindir) over private dpkg status databases whose stanzas we wrote: a DGX OS 7 box with
   nvidia-driver-580-open held, its libraries not, and a removed 590 package's conffiles left
   ("rc"); and a box where `apt install nvidia-driver-open` brought branch 590.
+- lab-dpkg-query-driver-580-held.txt: DriverPackages' command on lab host spark-2 (Debian 12,
+  the lab's stand-in packages) after a deploy.
 - nvidia-smi-*.sample.txt: written by hand from NVIDIA's documented CSV output of
   `--query-gpu=... --format=csv,noheader` and its well-known "failed to communicate" message.
 """
@@ -23,11 +25,6 @@ from tests.unit.harness import FakeHost, captured, file_facts, process, run_op
 
 PIN = "/etc/apt/preferences.d/nvidia-driver-branch.pref"
 HOLD = "xargs -r apt-mark hold"
-
-
-def held_580() -> str:
-    """The 580 capture with every package held."""
-    return captured("dpkg-query-driver-580-partly-held.txt").replace("ii \t", "hi \t")
 
 
 def pin_text() -> str:
@@ -95,7 +92,8 @@ def test_fresh_host_gets_pin_then_install_then_hold() -> None:
     assert commands[0].startswith("FileUploadCommand(") and PIN in commands[0]
     install = next(i for i, c in enumerate(commands) if "apt-get install" in c)
     assert commands[install] == (
-        "DEBIAN_FRONTEND=noninteractive apt-get install -y -o Dpkg::Options::=--force-confdef"
+        "apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y"
+        " -o Dpkg::Options::=--force-confdef"
         " -o Dpkg::Options::=--force-confold nvidia-driver-580-open"
     )
     assert HOLD in commands[install + 1] and "$3 ~ /^580\\./" in commands[install + 1]
@@ -108,7 +106,7 @@ def test_fresh_host_gets_pin_then_install_then_hold() -> None:
 def test_held_and_pinned_host_yields_nothing() -> None:
     host = FakeHost(
         {
-            driver.DriverPackages: held_580(),
+            driver.DriverPackages: captured("lab-dpkg-query-driver-580-held.txt"),
             driver.NvidiaSmi: captured("nvidia-smi-gb10.sample.txt"),
             **file_facts({PIN: pin_text()}),
         }
@@ -131,7 +129,9 @@ def test_installed_but_partly_held_only_holds() -> None:
 
 def test_an_installed_580_flavour_is_kept() -> None:
     # The closed-module flavour is installed: no -open package is forced on top of it.
-    output = held_580().replace("nvidia-driver-580-open", "nvidia-driver-580")
+    output = captured("lab-dpkg-query-driver-580-held.txt").replace(
+        "nvidia-driver-580-open", "nvidia-driver-580"
+    )
     host = FakeHost(
         {driver.DriverPackages: output, driver.NvidiaSmi: "", **file_facts({PIN: pin_text()})}
     )
@@ -167,7 +167,12 @@ def test_a_package_argument_of_another_branch_is_refused() -> None:
 
 def test_a_loaded_driver_of_another_branch_is_refused() -> None:
     smi = captured("nvidia-smi-gb10.sample.txt").replace("580.142", "590.48.01")
-    host = FakeHost({driver.DriverPackages: held_580(), driver.NvidiaSmi: smi})
+    host = FakeHost(
+        {
+            driver.DriverPackages: captured("lab-dpkg-query-driver-580-held.txt"),
+            driver.NvidiaSmi: smi,
+        }
+    )
     with pytest.raises(OperationError, match=r"reports driver 590\.48\.01 loaded, not branch 580"):
         run_op(driver.branch_held, 580, "nvidia-driver-580-open", host=host)
 

@@ -1,7 +1,11 @@
 """Host hygiene: logind keeps IPC, the running sshd is spared by the OOM killer.
 
-Captures: sshd-oom-*.sample.txt are written by hand in the "<pid> <oom_score_adj>" line that
-SshdOomScore's own command prints; the command itself runs below against a stand-in systemctl.
+Captures:
+- lab-sshd-oom-no-cap-sys-resource.txt: SshdOomScore's command on lab host spark-2 (Debian 12 in
+  systemd-nspawn on a machine whose capability bounding set lacks CAP_SYS_RESOURCE): sshd could
+  not lower its own score there.
+- sshd-oom-*.sample.txt: written by hand in the same "<pid> <oom_score_adj> <CapEff>" line, with
+  a root shell's full capability set; the command itself runs below against a stand-in systemctl.
 """
 
 from __future__ import annotations
@@ -48,7 +52,10 @@ def test_sshd_oom_score_fact() -> None:
     assert process(hygiene.SshdOomScore, captured("sshd-oom-protected.sample.txt")) == {
         "pid": 812,
         "oom_score_adj": -1000,
+        "can_lower": True,
     }
+    lab = process(hygiene.SshdOomScore, captured("lab-sshd-oom-no-cap-sys-resource.txt"))
+    assert lab == {"pid": 59, "oom_score_adj": 0, "can_lower": False}
     assert process(hygiene.SshdOomScore, "") is None
 
 
@@ -69,8 +76,13 @@ def test_sshd_oom_score_command_with_a_stand_in_systemctl(main_pid: str, tmp_pat
     )
     if main_pid == "self":
         score = int(Path("/proc/self/oom_score_adj").read_text())
-        expected = {"pid": int(pid), "oom_score_adj": score}
-        assert process(hygiene.SshdOomScore, result.stdout) == expected
+        status = Path("/proc/self/status").read_text()
+        capabilities = int(status.split("CapEff:")[1].split()[0], 16)
+        assert process(hygiene.SshdOomScore, result.stdout) == {
+            "pid": int(pid),
+            "oom_score_adj": score,
+            "can_lower": bool(capabilities & 1 << 24),
+        }
     else:
         assert result.stdout == "" and result.stderr == ""
 
@@ -84,6 +96,12 @@ def test_protected_sshd_yields_nothing() -> None:
 def test_unprotected_sshd_is_protected_in_place_without_a_restart() -> None:
     host = FakeHost({hygiene.SshdOomScore: captured("sshd-oom-unprotected.sample.txt")})
     assert run_op(hygiene.sshd_oom_protected, host=host) == ["echo -1000 > /proc/812/oom_score_adj"]
+
+
+def test_where_no_score_can_be_lowered_it_is_left_alone() -> None:
+    host = FakeHost({hygiene.SshdOomScore: captured("lab-sshd-oom-no-cap-sys-resource.txt")})
+    assert run_op(hygiene.sshd_oom_protected, host=host) == []
+    assert host.noops == ["no CAP_SYS_RESOURCE here (a container?): sshd (59) stays as it is"]
 
 
 def test_no_running_sshd_yields_nothing() -> None:

@@ -1,9 +1,10 @@
 """Container toolkit: repository, packages at one version and held, docker's nvidia runtime.
 
 Captures:
-- dpkg-query-toolkit-*.txt: real dpkg-query 1.21 output of ToolkitPackages' command (run with
-  --admindir) over private dpkg status databases whose stanzas we wrote: the four packages at
-  1.19.0-1 held, and at 1.18.0-1 not held.
+- lab-dpkg-query-toolkit-held.txt: ToolkitPackages' command on lab host spark-2 (Debian 12,
+  the lab's stand-in packages) after a deploy: the four packages at 1.19.0-1, held.
+- dpkg-query-toolkit-1.18.txt: real dpkg-query 1.21 output of the same command (run with
+  --admindir) over a private dpkg status database whose stanzas we wrote: 1.18.0-1, not held.
 - docker-daemon-json-nvidia.sample.txt: written by hand after NVIDIA's install guide, which shows
   the daemon.json that `nvidia-ctk runtime configure --runtime=docker` leaves.
 """
@@ -33,7 +34,8 @@ LIST_TEXT = (
     f"deb [signed-by={KEYRING}] {URL} /\n"
 )
 INSTALL_1_19 = (
-    "DEBIAN_FRONTEND=noninteractive apt-get install -y -o Dpkg::Options::=--force-confdef"
+    "apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y"
+    " -o Dpkg::Options::=--force-confdef"
     " -o Dpkg::Options::=--force-confold --allow-downgrades --allow-change-held-packages"
     " nvidia-container-toolkit=1.19.0-1 nvidia-container-toolkit-base=1.19.0-1"
     " libnvidia-container-tools=1.19.0-1 libnvidia-container1=1.19.0-1"
@@ -49,7 +51,7 @@ def keyring(present: bool) -> dict:
 
 
 def test_toolkit_packages_reads_versions_and_holds() -> None:
-    packages = process(toolkit.ToolkitPackages, captured("dpkg-query-toolkit-1.19-held.txt"))
+    packages = process(toolkit.ToolkitPackages, captured("lab-dpkg-query-toolkit-held.txt"))
     assert packages == {name: {"version": "1.19.0-1", "held": True} for name in toolkit.PACKAGES}
     assert process(toolkit.ToolkitPackages, "") == {}
 
@@ -101,7 +103,7 @@ def test_fresh_host_installs_all_four_at_the_version_and_holds_them() -> None:
 
 
 def test_installed_and_held_yields_nothing() -> None:
-    host = FakeHost({toolkit.ToolkitPackages: captured("dpkg-query-toolkit-1.19-held.txt")})
+    host = FakeHost({toolkit.ToolkitPackages: captured("lab-dpkg-query-toolkit-held.txt")})
     assert run_op(toolkit.installed, "1.19.0-1", host=host) == []
     assert host.noops == ["the container toolkit is at 1.19.0-1 and held"]
 
@@ -112,7 +114,7 @@ def test_other_version_is_moved_and_held() -> None:
 
 
 def test_right_version_not_held_is_only_held() -> None:
-    output = captured("dpkg-query-toolkit-1.19-held.txt").replace(
+    output = captured("lab-dpkg-query-toolkit-held.txt").replace(
         "hi \tlibnvidia-container1", "ii \tlibnvidia-container1"
     )
     host = FakeHost({toolkit.ToolkitPackages: output})
