@@ -20,13 +20,14 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from tests.simlab.paths import CACHE, LAB_ID, PREFIX, STATE, log
-from tests.simlab.rootfs import ADMIN_USER, ensure_host_tools, spark_base
+from tests.simlab.rootfs import ADMIN_USER, IMAGES, ensure_host_tools, serving_image_tar, spark_base
 
 MGMT_BRIDGE = PREFIX
 MGMT_PREFIX = f"10.77.{LAB_ID}"  # this machine's side is .1; hosts are .11, .12, ...
 FABRIC_TWINS = [("enp1s0f1np1", "rocep1s0f1"), ("enP2p1s0f1np1", "roceP2p1s0f1")]
 SWITCH_NS = f"{PREFIX}-switch"
 REPOS_MOUNT = "/srv/simlab-repos"
+IMAGES_MOUNT = "/srv/simlab-images"
 HARDWARE_FILE = "/usr/local/lib/simlab/hardware.json"
 BOOT_TIMEOUT = 90
 
@@ -253,6 +254,7 @@ def boot(host: Host, base: Path) -> None:
          "--system-call-filter=@system-service @mount @privileged keyctl bpf",
          f"--machine={host.name}", f"--bind-ro={CACHE / 'repos'}:{REPOS_MOUNT}",
          f"--bind={host.dir / 'docker'}:/var/lib/docker",
+         f"--bind-ro={IMAGES}:{IMAGES_MOUNT}",
          f"--bind-ro={host.dir / 'hardware.json'}:{HARDWARE_FILE}"],
         stdin=subprocess.DEVNULL, stdout=logfile, stderr=subprocess.STDOUT, env=env,
         start_new_session=True,
@@ -302,6 +304,16 @@ def stop(host: Host) -> None:
         run("umount", "-R", str(merged))
 
 
+def load_serving_image(host: Host) -> str:
+    """The stand-in NGC vLLM image in the host's docker, as if pulled from NGC; its tag."""
+    from tests.simlab.serving import SERVING_IMAGE_TAG
+
+    tar = serving_image_tar()
+    ssh(host, f"sudo docker image inspect {SERVING_IMAGE_TAG} >/dev/null 2>&1 || "
+              f"sudo docker import -q {IMAGES_MOUNT}/{tar.name} {SERVING_IMAGE_TAG}")  # fmt: skip
+    return SERVING_IMAGE_TAG
+
+
 def set_gid_index(host: Host, index: int) -> None:
     """Move the IPv4 RoCE v2 GID entry on a running host, as some units show it in the field."""
     host.ipv4_roce_v2_index = index
@@ -322,6 +334,7 @@ def up(count: int = 2, gid_index: dict[str, int] | None = None) -> Lab:
 
     build_repositories(CACHE / "repos")
     base = spark_base()
+    IMAGES.mkdir(parents=True, exist_ok=True)
     gid_index = gid_index or {}
     lab = Lab([Host(f"spark-{i}", i, gid_index.get(f"spark-{i}", 3)) for i in range(1, count + 1)])
     ensure_client_key()

@@ -16,6 +16,8 @@ from pathlib import Path
 
 from tests.simlab.paths import CACHE, HARDWARE_DIR, log
 
+IMAGES = CACHE / "images"  # bound read-only into every host at /srv/simlab-images
+
 SUITE = "bookworm"
 # What a fresh DGX OS install has that the deploy relies on (DGX OS is Ubuntu 24.04; the lab
 # uses bookworm because its NetworkManager manages veths inside a container: see the README).
@@ -164,11 +166,13 @@ def serving_image_tar() -> Path:
     source = Path(serving.__file__).parent
     parts = [" ".join(SERVING_PACKAGES).encode()]
     parts += [path.read_bytes() for path in sorted(source.rglob("*.py"))]
-    tar = CACHE / f"serving-image-{_key(*parts)}.tar"
+    parts += [path.read_bytes() for path in sorted((source.parent / "data").iterdir())]
+    tar = IMAGES / f"serving-image-{_key(*parts)}.tar"
     if tar.exists():
         return tar
     ensure_host_tools()
-    for stale in CACHE.glob("serving-image-*.tar"):
+    IMAGES.mkdir(parents=True, exist_ok=True)
+    for stale in IMAGES.glob("serving-image-*.tar"):
         stale.unlink()
     root = CACHE / "serving-rootfs"
     shutil.rmtree(root, ignore_errors=True)

@@ -105,6 +105,57 @@ def test_stand_in_driver_installs_and_the_metapackage_would_move_the_branch(lab)
     run_on(host, f"{apt} purge nvidia-driver-580-open")
 
 
+def install_toolkit(host: simlab.Host) -> None:
+    """What the deploy does for the toolkit, by hand: the lab promises it works."""
+    repo = f"{simlab.REPOS_MOUNT}/nvidia-container-toolkit"
+    keyring = "/usr/share/keyrings/nvidia-container-toolkit-keyring.gpg"
+    run_on(host, f"sudo gpg --batch --yes --dearmor -o {keyring} {repo}/gpgkey && "
+                 f"echo 'deb [signed-by={keyring}] file:{repo} /' | "
+                 "sudo tee /etc/apt/sources.list.d/nvidia-container-toolkit.list && "
+                 "sudo apt-get update -qq && sudo DEBIAN_FRONTEND=noninteractive "
+                 "apt-get install -y -qq nvidia-container-toolkit && "
+                 "sudo nvidia-ctk runtime configure --runtime=docker && "
+                 "sudo systemctl restart docker")  # fmt: skip
+
+
+def test_docker_starts_gpu_containers_through_the_toolkit(lab: simlab.Lab) -> None:
+    host = lab.hosts[0]
+    image = simlab.load_serving_image(host)
+    install_toolkit(host)
+    out = run_on(host, f"sudo docker run --rm --gpus all --runtime nvidia {image} "
+                       "vllm --version")  # fmt: skip
+    assert out.strip() == "0.19.0"
+
+
+def test_two_hosts_form_a_ray_cluster_over_the_fabric(lab: simlab.Lab) -> None:
+    head, worker = lab.hosts
+    twin = simlab.FABRIC_TWINS[0][0]
+    configure_twin(head, twin, "192.168.100.10/24")
+    configure_twin(worker, twin, "192.168.100.11/24")
+    run = "sudo docker run -d --rm --name ray --network host --shm-size 1g"
+    try:
+        for host in lab.hosts:
+            simlab.load_serving_image(host)
+        image = simlab.load_serving_image(head)
+        run_on(head, f"{run} {image} ray start --block --head --port=6379 --num-gpus=1 "
+                     "--node-ip-address=192.168.100.10 --include-dashboard=false")  # fmt: skip
+        run_on(worker, f"{run} {image} ray start --block --address=192.168.100.10:6379 "
+                       "--num-gpus=1 --node-ip-address=192.168.100.11")  # fmt: skip
+
+        def nodes() -> int:
+            status = run_on(head, "sudo docker exec ray ray status 2>/dev/null", check=False)
+            active = status.split("Active:")[-1].split("Pending:")[0]
+            return active.count("node_")
+
+        assert wait_for(lambda: nodes() == 2, timeout=120), nodes()
+        status = run_on(head, "sudo docker exec ray ray status")
+        assert "2.0 GPU" in status, status
+    finally:
+        for host in lab.hosts:
+            run_on(host, "sudo docker rm -f ray", check=False)
+            remove_twin(host, twin)
+
+
 def test_reimage_gives_a_bare_disk_and_new_host_keys(lab: simlab.Lab) -> None:
     host = lab.hosts[1]
     run_on(host, "sudo touch /etc/left-by-a-deploy")

@@ -1,0 +1,62 @@
+"""Turn a freshly imaged DGX Spark (or several) into an LLM server host.
+
+    pyinfra inventories/lab.py deploy.py [--dry] [--limit HOST]
+
+The order matters: the driver check runs first so that a box on the wrong branch is refused
+before anything changes; the fabric comes up before its GID entries are checked; docker is
+restarted only when its runtime configuration changed.
+"""
+
+from pyinfra import host, inventory
+from pyinfra.operations import systemd
+
+from operations import config, driver, environment, hygiene, nmcli, roce, toolkit
+
+spark = config.load(inventory)  # already checked before connecting (config.py): cached
+me = spark.host(host.name)
+
+driver.branch_held(
+    name=f"Driver branch {me.driver.branch}: installed, held, apt pinned",
+    branch=me.driver.branch,
+    package=me.driver.package,
+)
+driver.running(name=f"nvidia-smi reports a {me.driver.branch} driver", branch=me.driver.branch)
+
+for link in me.fabric:
+    nmcli.ethernet(
+        name=f"Fabric {link.ifname}: static IPv4, MTU {me.mtu}",
+        con_name=f"fabric-{link.ifname}",
+        ifname=link.ifname,
+        address=str(link.address),
+        mtu=me.mtu,
+    )
+for link in me.fabric:
+    roce.gid_index(
+        name=f"RoCE v2 IPv4 GID of {link.hca} at index {me.gid_index}",
+        ifname=link.ifname,
+        address=str(link.address),
+        index=me.gid_index,
+    )
+
+environment.cluster_env(
+    name=f"Cluster environment in {me.env_file}",
+    variables=me.cluster_environment(spark.head),
+    path=me.env_file,
+)
+
+toolkit.repository(
+    name="NVIDIA container toolkit apt repository",
+    url=me.toolkit.repo_url,
+    key_url=me.toolkit.key_url,
+)
+toolkit.installed(name=f"NVIDIA container toolkit {me.toolkit.version}", version=me.toolkit.version)
+runtime = toolkit.docker_runtime(name="docker's nvidia runtime (nvidia-ctk)")
+systemd.service(
+    name="Restart docker for its new runtime",
+    service="docker",
+    restarted=True,
+    _if=runtime.did_change,
+)
+
+hygiene.logind_keep_ipc(name="logind keeps IPC of logged-out users (RemoveIPC=no)")
+hygiene.sshd_oom_protected(name="sshd out of the OOM killer's reach (OOMScoreAdjust=-1000)")
