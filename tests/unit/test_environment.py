@@ -10,7 +10,7 @@ import pytest
 from pyinfra.api.exceptions import OperationError
 
 from operations import environment
-from tests.unit.harness import FakeHost, file_facts, run_op
+from tests.unit.harness import FakeHost, captured, file_facts, run_op
 
 ENV = "/etc/spark/cluster.env"
 PROFILE = "/etc/profile.d/spark-cluster-env.sh"
@@ -103,4 +103,14 @@ def test_a_login_shell_reads_back_every_value_exported(shell: str, tmp_path: Pat
         check=True,
     )
     seen = dict(item.split("=", 1) for item in result.stdout.decode().split("\0") if item)
+    assert {key: seen.get(key) for key in AWKWARD} == AWKWARD
+
+
+def test_systemd_reads_back_every_value() -> None:
+    # Captured on lab host spark-2 (Debian 12, systemd 252): the input file, which must still be
+    # what cluster_env renders, was fed to
+    # `systemd-run --wait --pipe --collect -p EnvironmentFile=FILE /usr/bin/env -0`.
+    assert rendered(AWKWARD)[ENV] == captured("lab-systemd-environmentfile-input.txt")
+    output = captured("lab-systemd-environmentfile-env0.txt")
+    seen = dict(item.split("=", 1) for item in output.split("\0") if item)
     assert {key: seen.get(key) for key in AWKWARD} == AWKWARD
