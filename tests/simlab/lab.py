@@ -13,6 +13,7 @@ import json
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import time
 import uuid
@@ -277,6 +278,18 @@ def wait_ready(host: Host, deadline: float) -> None:
         time.sleep(0.5)
 
 
+def wait_for_sshd(host: Host, deadline: float) -> None:
+    """Until the host's sshd accepts connections (its key may not be trusted yet)."""
+    while time.monotonic() < deadline:
+        try:
+            with socket.create_connection((host.mgmt_ip, 22), timeout=1) as conn:
+                if conn.recv(4).startswith(b"SSH-"):
+                    return
+        except OSError:
+            time.sleep(0.3)
+    raise RuntimeError(f"{host.name}: sshd did not answer in {BOOT_TIMEOUT}s")
+
+
 def _children(pid: int) -> list[int]:
     path = Path(f"/proc/{pid}/task/{pid}/children")
     return [int(p) for p in path.read_text().split()] if path.exists() else []
@@ -309,8 +322,9 @@ def load_serving_image(host: Host) -> str:
     from tests.simlab.serving import SERVING_IMAGE_TAG
 
     tar = serving_image_tar()
-    ssh(host, f"sudo docker image inspect {SERVING_IMAGE_TAG} >/dev/null 2>&1 || "
-              f"sudo docker import -q {IMAGES_MOUNT}/{tar.name} {SERVING_IMAGE_TAG}")  # fmt: skip
+    present = f"sudo docker image inspect {SERVING_IMAGE_TAG} >/dev/null 2>&1"
+    load = f"sudo docker import {IMAGES_MOUNT}/{tar.name} {SERVING_IMAGE_TAG} >/dev/null"
+    ssh(host, f"{present} || {load}")
     return SERVING_IMAGE_TAG
 
 
@@ -366,6 +380,7 @@ def reimage(name: str) -> Host:
     boot(host, base)
     lab.save()
     (STATE / "known_hosts").write_text(known)
+    wait_for_sshd(host, time.monotonic() + BOOT_TIMEOUT)
     return host
 
 

@@ -182,7 +182,8 @@ def test_down_leaves_nothing_behind(lab: simlab.Lab) -> None:
     assert f" {simlab.PREFIX}m" not in links and simlab.MGMT_BRIDGE not in links
     with open("/proc/mounts") as mounts:
         assert str(simlab.STATE) not in mounts.read()
-    nspawn = subprocess.run(["pgrep", "-f", "systemd-nspawn"], capture_output=True, text=True)
+    ours = f"systemd-nspawn -D {simlab.STATE / 'hosts'}/"  # other labs may run beside this one
+    nspawn = subprocess.run(["pgrep", "-f", ours], capture_output=True, text=True)
     assert nspawn.stdout.strip() == ""
     # Later tests share the session's lab: boot it again, bare.
     lab.hosts[:] = simlab.up(2).hosts
