@@ -59,4 +59,4 @@ systemd.service(
 )
 
 hygiene.logind_keep_ipc(name="logind keeps IPC of logged-out users (RemoveIPC=no)")
-hygiene.sshd_oom_protected(name="sshd out of the OOM killer's reach (OOMScoreAdjust=-1000)")
+hygiene.sshd_oom_protected(name="sshd's listener out of the OOM killer's reach (-1000)")
