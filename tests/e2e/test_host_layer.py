@@ -11,7 +11,7 @@ import subprocess
 
 import pytest
 
-from tests.conftest import pyinfra, run_on
+from tests.conftest import pyinfra, reimage_all, run_on
 from tests.simlab import lab as simlab
 
 pytestmark = pytest.mark.lab
@@ -40,12 +40,7 @@ def host_snapshot(host: simlab.Host) -> str:
 
 @pytest.fixture(scope="module")
 def bare(lab: simlab.Lab) -> simlab.Lab:
-    for host in lab.hosts:
-        simlab.reimage(host.name)
-    simlab.write_ssh_files(lab)
-    for host in lab.hosts:
-        simlab.wait_ready(host, simlab.time.monotonic() + simlab.BOOT_TIMEOUT)
-    return lab
+    return reimage_all(lab)
 
 
 def test_dry_run_changes_nothing(bare: simlab.Lab) -> None:

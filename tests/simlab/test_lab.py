@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from tests.conftest import run_on
+from tests.conftest import reimage_all, run_on
 from tests.simlab import lab as simlab
 from tests.simlab.paths import REPO
 
@@ -41,6 +41,12 @@ def wait_for(predicate, timeout: float = 10.0) -> bool:
             return True
         time.sleep(0.3)
     return predicate()
+
+
+@pytest.fixture(scope="module", autouse=True)
+def bare(lab: simlab.Lab) -> simlab.Lab:
+    """Other modules deploy to the session's lab: these tests start from the bare image."""
+    return reimage_all(lab)
 
 
 def test_hosts_are_bare_sparks(lab: simlab.Lab) -> None:
