@@ -20,8 +20,15 @@ import uuid
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from tests.simlab.paths import CACHE, LAB_ID, PREFIX, STATE, log
-from tests.simlab.rootfs import ADMIN_USER, IMAGES, ensure_host_tools, serving_image_tar, spark_base
+from tests.simlab.paths import LAB_ID, PREFIX, STATE, log
+from tests.simlab.rootfs import (
+    ADMIN_USER,
+    IMAGES,
+    ensure_host_tools,
+    serving_image_tar,
+    spark_base,
+    stand_in_repositories,
+)
 
 MGMT_BRIDGE = PREFIX
 MGMT_PREFIX = f"10.77.{LAB_ID}"  # this machine's side is .1; hosts are .11, .12, ...
@@ -174,7 +181,7 @@ def prepare_disk(host: Host, lab: Lab, base: Path) -> None:
         0o600,
     )
     # DGX OS ships with NVIDIA's archive configured; the lab's stand-in of it is bound in.
-    keyring = CACHE / "repos/dgx/archive-keyring.gpg"
+    keyring = stand_in_repositories() / "dgx/archive-keyring.gpg"
     (upper / "usr/share/keyrings").mkdir(parents=True, exist_ok=True)
     shutil.copy(keyring, upper / "usr/share/keyrings/dgx-os-archive-keyring.gpg")
     _write(
@@ -253,7 +260,7 @@ def boot(host: Host, base: Path) -> None:
         ["systemd-nspawn", "-D", str(merged), "--boot", "--register=no", "--keep-unit",
          f"--network-namespace-path=/run/netns/{host.netns}", "--capability=all",
          "--system-call-filter=@system-service @mount @privileged keyctl bpf",
-         f"--machine={host.name}", f"--bind-ro={CACHE / 'repos'}:{REPOS_MOUNT}",
+         f"--machine={host.name}", f"--bind-ro={stand_in_repositories()}:{REPOS_MOUNT}",
          f"--bind={host.dir / 'docker'}:/var/lib/docker",
          f"--bind-ro={IMAGES}:{IMAGES_MOUNT}",
          f"--bind-ro={host.dir / 'hardware.json'}:{HARDWARE_FILE}"],
@@ -344,9 +351,7 @@ def up(count: int = 2, gid_index: dict[str, int] | None = None) -> Lab:
     """Boot `count` bare hosts (tearing down any lab that is already up)."""
     ensure_host_tools()
     down()
-    from tests.simlab.standins import build_repositories
-
-    build_repositories(CACHE / "repos")
+    stand_in_repositories()
     base = spark_base()
     IMAGES.mkdir(parents=True, exist_ok=True)
     gid_index = gid_index or {}

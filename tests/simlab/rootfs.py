@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import inspect
+import os
 import re
 import shutil
 import subprocess
@@ -156,6 +157,26 @@ def spark_base() -> Path:
     log("customizing the bare Spark image")
     _customize_spark(staging)
     staging.rename(target)
+    return target
+
+
+def stand_in_repositories() -> Path:
+    """The signed stand-in NVIDIA repositories (built on first use, whole or not at all, so
+    that labs started side by side never see one half-written)."""
+    from tests.simlab import standins
+
+    source = Path(standins.__file__).parent
+    inputs = sorted(source.rglob("*.py")) + sorted((source / "files").iterdir())
+    target = CACHE / f"repos-{_key(*(path.read_bytes() for path in inputs))}"
+    if target.exists():
+        return target
+    staging = CACHE / f"repos.staging-{os.getpid()}"
+    shutil.rmtree(staging, ignore_errors=True)
+    standins.build_repositories(staging)
+    try:
+        staging.rename(target)
+    except OSError:  # another lab finished the same build first
+        shutil.rmtree(staging, ignore_errors=True)
     return target
 
 
