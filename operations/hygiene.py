@@ -2,16 +2,55 @@
 
 from __future__ import annotations
 
+import posixpath
+import re
 import shlex
 from pathlib import Path
 
 from pyinfra import host
 from pyinfra.api import FactBase, operation
+from pyinfra.api.exceptions import OperationError
 from pyinfra.operations import files
 
 LOGIND_TEMPLATE = Path(__file__).parents[1] / "templates" / "logind-removeipc.conf.j2"
 OOM_PROTECTED = -1000  # the OOM killer never picks the process
 CAP_SYS_RESOURCE = 24  # lowering an oom_score_adj needs it (linux/capability.h)
+
+
+class LogindRemoveIpc(FactBase):
+    """Every RemoveIPC= setting logind reads, in the order it reads them, with its file.
+
+    .. code:: python
+
+        [("/etc/systemd/logind.conf.d/spark-keep-ipc.conf", "no")]
+    """
+
+    default = list
+
+    def command(self) -> str:
+        return "systemd-analyze cat-config systemd/logind.conf 2>/dev/null || true"
+
+    def process(self, output: list[str]) -> list[tuple[str, str]]:
+        settings, current = [], ""
+        for line in output:
+            if line.startswith("# /"):  # cat-config heads each file with its path
+                current = line[2:].strip()
+            elif match := REMOVE_IPC.match(line):
+                settings.append((current, match.group(1)))
+        return settings
+
+
+REMOVE_IPC = re.compile(r"^\s*RemoveIPC\s*=\s*(\S*)")
+
+
+def _read_after(settings: list[tuple[str, str]], path: str) -> list[tuple[str, str]]:
+    """The settings logind reads after our drop-in: drop-ins are read in the order of their
+    file names, whichever directory holds them (systemd.syntax(7))."""
+    files = [file for file, _value in settings]
+    if path in files:
+        return settings[len(files) - files[::-1].index(path) :]
+    name = posixpath.basename(path)
+    return [(f, v) for f, v in settings if ".conf.d/" in f and posixpath.basename(f) > name]
 
 
 @operation()
@@ -25,6 +64,14 @@ def logind_keep_ipc(path: str = "/etc/systemd/logind.conf.d/spark-keep-ipc.conf"
     that, restarted otherwise (an Xorg session on the box may not survive a logind restart:
     systemd/systemd#18484; Wayland sessions and SSH logins do).
     """
+    later = _read_after(host.get_fact(LogindRemoveIpc), path)
+    if later and later[-1][1] != "no":
+        file, value = later[-1]
+        raise OperationError(
+            f"{host.name}: {file} sets RemoveIPC={value} and is read after {path}, so logind"
+            " would remove a logged-out worker's semaphores (a hung Ray/vLLM cluster): remove"
+            " that setting, then run the deploy again"
+        )
     changes = list(
         files.template._inner(
             src=str(LOGIND_TEMPLATE), dest=path, user="root", group="root", mode="644"
@@ -32,7 +79,12 @@ def logind_keep_ipc(path: str = "/etc/systemd/logind.conf.d/spark-keep-ipc.conf"
     )
     yield from changes
     if changes:
-        yield "systemctl reload-or-restart systemd-logind.service"
+        # A restart whose first start fails (seen in containers: status 219/CGROUP) is retried
+        # by the unit itself (Restart=always): what counts is logind running on the new file.
+        yield (
+            "systemctl reload-or-restart systemd-logind.service"
+            " || { sleep 2; systemctl is-active --quiet systemd-logind.service; }"
+        )
 
 
 class SshdOomScore(FactBase):

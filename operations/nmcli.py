@@ -97,6 +97,11 @@ def _nmcli(*args: str) -> str:
     return " ".join(["nmcli", *(shlex.quote(arg) for arg in args)])
 
 
+def _delete_if_present(uuid: str) -> str:
+    delete = _nmcli("connection", "delete", "uuid", uuid)
+    return f"{delete} || ! nmcli -g connection.uuid connection show uuid {shlex.quote(uuid)}"
+
+
 def _pairs(fields: dict[str, str]) -> list[str]:
     return [item for field_value in fields.items() for item in field_value]
 
@@ -199,7 +204,9 @@ def ethernet(
         yield _nmcli("connection", "up", *target)
     # After `up`, so the interface is never left without a profile NetworkManager could
     # autoconnect in between (it would pick one of the strays).
+    # NetworkManager drops its own in-memory profiles (e.g. one it made for an address found on
+    # the link) when `up` takes the device: one already gone is what we wanted.
     for stray in strays:
-        yield _nmcli("connection", "delete", "uuid", stray["connection.uuid"])
+        yield _delete_if_present(stray["connection.uuid"])
     if not (changes or strays) and active:
         host.noop(f"profile {con_name} is up to date and active on {ifname}")

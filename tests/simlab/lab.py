@@ -92,8 +92,8 @@ def run(*args: str, check: bool = True, **kwargs) -> subprocess.CompletedProcess
     return subprocess.run(args, check=check, stdin=subprocess.DEVNULL, **kwargs)
 
 
-def in_ns(netns: str, *args: str, check: bool = True) -> subprocess.CompletedProcess:
-    return run("ip", "netns", "exec", netns, *args, check=check)
+def in_ns(netns: str, *args: str, check: bool = True, **kwargs) -> subprocess.CompletedProcess:
+    return run("ip", "netns", "exec", netns, *args, check=check, **kwargs)
 
 
 # --- SSH: the key, known_hosts and ssh_config pyinfra and testinfra use -----------------------
@@ -221,6 +221,21 @@ def wire_host(host: Host) -> None:
     run("ip", "link", "add", outside, "type", "veth", "peer", "name", "enP7s7",
         "netns", host.netns)  # fmt: skip
     run("ip", "link", "set", outside, "master", MGMT_BRIDGE, "up")
+
+
+def power_cycle_nics(host: Host) -> None:
+    """What a reboot does to the NICs: no addresses, default MTU, down; links the old system
+    made (docker's bridge and veths) and its firewall rules are gone."""
+    keep = {"lo", "enP7s7", *(twin for twin, _hca in FABRIC_TWINS)}
+    links = in_ns(host.netns, "ip", "-o", "link", "show", capture_output=True, text=True).stdout
+    for line in links.splitlines():
+        name = line.split(":")[1].strip().split("@")[0]
+        if name not in keep:
+            in_ns(host.netns, "ip", "link", "del", name, check=False, stderr=subprocess.DEVNULL)
+        elif name != "lo":
+            in_ns(host.netns, "ip", "addr", "flush", "dev", name)
+            in_ns(host.netns, "ip", "link", "set", name, "down", "mtu", "1500")
+    in_ns(host.netns, "nft", "flush", "ruleset", check=False)
 
 
 def wire_fabric(hosts: list[Host]) -> None:
@@ -380,6 +395,7 @@ def reimage(name: str) -> Host:
     host = lab.host(name)
     known = (STATE / "known_hosts").read_text()
     stop(host)
+    power_cycle_nics(host)
     base = spark_base()
     prepare_disk(host, lab, base)
     boot(host, base)

@@ -168,6 +168,8 @@ def test_two_hosts_form_a_ray_cluster_over_the_fabric(lab: simlab.Lab) -> None:
 def test_reimage_gives_a_bare_disk_and_new_host_keys(lab: simlab.Lab) -> None:
     host = lab.hosts[1]
     run_on(host, "sudo touch /etc/left-by-a-deploy")
+    twin = simlab.FABRIC_TWINS[0][0]
+    configure_twin(host, twin, "192.168.100.11/24")
     before = (host.dir / "upper/etc/ssh/ssh_host_ed25519_key.pub").read_text()
     simlab.reimage(host.name)
     after = (host.dir / "upper/etc/ssh/ssh_host_ed25519_key.pub").read_text()
@@ -181,6 +183,9 @@ def test_reimage_gives_a_bare_disk_and_new_host_keys(lab: simlab.Lab) -> None:
     simlab.write_ssh_files(lab)  # trust the new key, as the README's re-provisioning says
     simlab.wait_ready(host, time.monotonic() + simlab.BOOT_TIMEOUT)
     assert run_on(host, "test -e /etc/left-by-a-deploy && echo left || echo gone").strip() == "gone"
+    # As after a reboot, the NIC carries nothing of the old system.
+    assert run_on(host, f"cat /sys/class/net/{twin}/mtu").strip() == "1500"
+    assert "192.168.100.11" not in run_on(host, f"ip -4 addr show {twin}")
 
 
 def test_down_leaves_nothing_behind(lab: simlab.Lab) -> None:

@@ -15,22 +15,31 @@ import subprocess
 from pathlib import Path
 
 import pytest
+from pyinfra.api.exceptions import OperationError
 
 from operations import hygiene
 from tests.unit.harness import FakeHost, captured, file_facts, process, run_op
 
 DROP_IN = "/etc/systemd/logind.conf.d/spark-keep-ipc.conf"
-RESTART = "systemctl reload-or-restart systemd-logind.service"
+RESTART = (
+    "systemctl reload-or-restart systemd-logind.service"
+    " || { sleep 2; systemctl is-active --quiet systemd-logind.service; }"
+)
+LOGIND = hygiene.LogindRemoveIpc
+
+
+def logind_host(drop_in: str | None, config: str = "lab-logind-cat-config.txt") -> FakeHost:
+    return FakeHost(file_facts({DROP_IN: drop_in}) | {LOGIND: captured(config)})
 
 
 def drop_in_text() -> str:
-    host = FakeHost(file_facts({DROP_IN: None}))
+    host = logind_host(None)
     run_op(hygiene.logind_keep_ipc, host=host)
     return host.uploads[DROP_IN]
 
 
 def test_fresh_host_gets_the_drop_in_and_logind_rereads_it() -> None:
-    host = FakeHost(file_facts({DROP_IN: None}))
+    host = logind_host(None)
     commands = run_op(hygiene.logind_keep_ipc, host=host)
     assert commands[0].startswith("FileUploadCommand(") and DROP_IN in commands[0]
     assert commands[-1] == RESTART
@@ -38,14 +47,40 @@ def test_fresh_host_gets_the_drop_in_and_logind_rereads_it() -> None:
 
 
 def test_drop_in_in_place_yields_nothing() -> None:
-    host = FakeHost(file_facts({DROP_IN: drop_in_text()}))
+    host = logind_host(drop_in_text())
     assert run_op(hygiene.logind_keep_ipc, host=host) == []
 
 
 def test_an_edited_drop_in_is_rewritten_and_reread() -> None:
-    host = FakeHost(file_facts({DROP_IN: "[Login]\nRemoveIPC=yes\n"}))
+    host = logind_host("[Login]\nRemoveIPC=yes\n")
     commands = run_op(hygiene.logind_keep_ipc, host=host)
     assert commands[0].startswith("FileUploadCommand(") and commands[-1] == RESTART
+
+
+def test_logind_fact_reads_each_setting_with_its_file() -> None:
+    # Captured on lab host spark-2 (systemd 252) after a deploy, with a later drop-in added.
+    assert process(LOGIND, captured("lab-logind-cat-config-overridden.txt")) == [
+        (DROP_IN, "no"),
+        ("/etc/systemd/logind.conf.d/zz-local.conf", "yes"),
+    ]
+    assert process(LOGIND, captured("lab-logind-cat-config.txt")) == [(DROP_IN, "no")]
+    assert process(LOGIND, "") == []
+
+
+def test_a_later_drop_in_turning_removeipc_back_on_is_refused_by_name() -> None:
+    host = logind_host(drop_in_text(), "lab-logind-cat-config-overridden.txt")
+    with pytest.raises(OperationError, match=r"spark-test: .*zz-local\.conf sets RemoveIPC=yes"):
+        run_op(hygiene.logind_keep_ipc, host=host)
+
+
+def test_on_a_fresh_host_a_drop_in_named_to_be_read_later_is_refused_too() -> None:
+    fresh = "# /etc/systemd/logind.conf\n[Login]\n\n# /etc/systemd/logind.conf.d/zz.conf\n"
+    host = FakeHost(file_facts({DROP_IN: None}) | {LOGIND: fresh + "[Login]\nRemoveIPC=yes\n"})
+    with pytest.raises(OperationError, match=r"zz\.conf sets RemoveIPC=yes"):
+        run_op(hygiene.logind_keep_ipc, host=host)
+    earlier = fresh.replace("zz.conf", "10-vendor.conf") + "[Login]\nRemoveIPC=yes\n"
+    host = FakeHost(file_facts({DROP_IN: None}) | {LOGIND: earlier})
+    assert run_op(hygiene.logind_keep_ipc, host=host)[-1] == RESTART
 
 
 def test_sshd_oom_score_fact() -> None:
