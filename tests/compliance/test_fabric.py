@@ -1,0 +1,121 @@
+"""The fabric promise, per twin: its NetworkManager profile, address, MTU 9000 on the link, and
+the RoCE v2 GID entry NCCL is told to use."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from ipaddress import IPv6Address
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from operations.config import FabricLink
+    from tests.compliance.conftest import Box
+
+FIELDS = (
+    "connection.type",
+    "connection.interface-name",
+    "connection.autoconnect",
+    "ipv4.addresses",
+    "802-3-ethernet.mtu",
+    "GENERAL.STATE",
+    "GENERAL.DEVICES",
+)
+
+
+def profile_name(link: FabricLink) -> str:
+    return f"fabric-{link.ifname}"  # as deploy.py names it
+
+
+def _profile(box: Box, link: FabricLink) -> dict[str, str]:
+    """The profile's fields in nmcli's terse text; {} when there is no such profile."""
+    result = box.run(f"nmcli -t -f {','.join(FIELDS)} connection show id {profile_name(link)}")
+    if result.rc != 0:
+        return {}
+    return dict(line.split(":", 1) for line in result.stdout.splitlines() if ":" in line)
+
+
+def _sys(box: Box, link: FabricLink, attribute: str) -> str:
+    result = box.run(f"cat /sys/class/net/{link.ifname}/{attribute}")
+    return result.stdout.strip() if result.rc == 0 else "no such interface"
+
+
+def test_profile_active(box: Box, link: FabricLink, found: Callable[[object], None]) -> None:
+    """fabric profile {ifname} active"""
+    profile = _profile(box, link)
+    if not profile:
+        state = f"no profile {profile_name(link)}"
+    else:
+        state = (
+            f"{profile['connection.type']} on {profile['connection.interface-name'] or '(any)'},"
+            f" {profile.get('GENERAL.STATE') or 'inactive'} on"
+            f" {profile.get('GENERAL.DEVICES') or '(none)'}"
+        )
+    want = f"802-3-ethernet on {link.ifname}, activated on {link.ifname}"
+    found(state)
+    assert state == want, f"expected profile {profile_name(link)}: {want}, found {state}"
+
+
+def test_address(box: Box, link: FabricLink, found: Callable[[object], None]) -> None:
+    """fabric address {ifname}"""
+    profile = _profile(box, link).get("ipv4.addresses", "no profile")
+    live = box.run(f"ip -4 -o address show dev {link.ifname}").stdout.split()
+    on_link = [live[i + 1] for i, word in enumerate(live[:-1]) if word == "inet"]
+    want = str(link.address)
+    state = f"profile {profile}, link {' '.join(on_link) or 'none'}"
+    found(state)
+    assert profile == want and on_link == [want], (
+        f"expected {want} in the profile and alone on {link.ifname}, found {state}"
+    )
+
+
+def test_autoconnect(box: Box, link: FabricLink, found: Callable[[object], None]) -> None:
+    """fabric autoconnect {ifname}"""
+    autoconnect = _profile(box, link).get("connection.autoconnect", "no profile")
+    found(autoconnect)
+    assert autoconnect == "yes", f"expected autoconnect yes, found {autoconnect}"
+
+
+def test_mtu(box: Box, link: FabricLink, found: Callable[[object], None]) -> None:
+    """fabric MTU {ifname}"""
+    mtu = str(box.config.mtu)
+    live = _sys(box, link, "mtu")
+    profile = _profile(box, link).get("802-3-ethernet.mtu", "no profile")
+    state = f"link {live}, profile {profile}"
+    found(state)
+    assert (live, profile) == (mtu, mtu), f"expected MTU {mtu} on link and profile, found {state}"
+
+
+def test_link_up(box: Box, link: FabricLink, found: Callable[[object], None]) -> None:
+    """fabric link up {ifname}"""
+    state = _sys(box, link, "operstate")
+    found(state)
+    assert state == "up", f"expected {link.ifname} up (carrier), found {state}"
+
+
+def _gid_entry(line: str) -> str:
+    """ "gid|type|ndev" as "RoCE v2 192.168.100.10 on enp1s0f1np1" (IPv4-mapped GIDs as IPv4)."""
+    gid, kind, ndev = line.split("|")
+    try:
+        address = IPv6Address(gid)
+        shown = str(address.ipv4_mapped or address)
+    except ValueError:
+        shown = gid or "no GID"
+    return f"{kind or 'unused'} {shown} on {ndev or '-'}"
+
+
+def test_gid_index(box: Box, link: FabricLink, found: Callable[[object], None]) -> None:
+    """RoCE GID index {hca}"""
+    index = box.config.gid_index
+    ports = f"/sys/class/infiniband/{link.hca}/ports"
+    output = box.run(
+        f'for p in {ports}/*; do [ -d "$p" ] || continue; printf "%s|%s|%s\\n"'
+        f' "$(cat "$p/gids/{index}")" "$(cat "$p/gid_attrs/types/{index}")"'
+        f' "$(cat "$p/gid_attrs/ndevs/{index}")"; done 2>/dev/null'
+    ).stdout
+    entries = [_gid_entry(line) for line in output.splitlines()]  # one per port
+    want = f"RoCE v2 {link.address.ip} on {link.ifname}"
+    state = "; ".join(entries) or f"no {ports}"
+    found(f"{index}: {state}")
+    assert entries == [want], (
+        f"expected GID index {index} of {link.hca} (one port) to be {want}, found {state}"
+    )
