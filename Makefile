@@ -5,7 +5,9 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-$(shell sha256sum requirements.txt | cut -c1-12)
 
-.PHONY: demo test lint unit e2e bench lab-up lab-down
+INVENTORY ?= inventories/lab.py
+
+.PHONY: demo test unit compliance lab-up lab-down
 
 $(STAMP): requirements.txt
 	@command -v python3 >/dev/null && python3 -c 'import venv, ensurepip' 2>/dev/null \
@@ -28,6 +30,10 @@ test: $(STAMP)
 
 unit: $(STAMP)
 	$(PY) -m pytest -m "not lab" tests
+
+# Is every box still what the inventory says? Read-only; INVENTORY=inventories/sim.py for the lab.
+compliance: $(STAMP)
+	$(PY) -m pytest -p no:cacheprovider tests/compliance --inventory $(INVENTORY) -n 4 --dist loadgroup
 
 lab-up: $(STAMP)
 	$(PY) -m tests.simlab up

@@ -22,6 +22,14 @@ def demo() -> int:
                             stdin=subprocess.DEVNULL)  # fmt: skip
     if deploy.returncode != 0:
         return deploy.returncode
+    log("compliance: pytest tests/compliance --inventory inventories/sim.py")
+    compliance = subprocess.run(
+        [str(REPO / ".venv/bin/python"), "-m", "pytest", "-q", "-p", "no:cacheprovider",
+         "tests/compliance", "--inventory", "inventories/sim.py", "-n", "2", "--dist", "loadgroup"],
+        cwd=REPO, stdin=subprocess.DEVNULL,
+    )  # fmt: skip
+    if compliance.returncode != 0:
+        return compliance.returncode
     log("what the hosts look like now")
     for host in current.hosts:
         print(f"--- {host.name} ({host.mgmt_ip})")
