@@ -187,7 +187,7 @@ def serving_image_tar() -> Path:
     source = Path(serving.__file__).parent
     parts = [" ".join(SERVING_PACKAGES).encode()]
     parts += [path.read_bytes() for path in sorted(source.rglob("*.py"))]
-    parts += [path.read_bytes() for path in sorted((source.parent / "data").iterdir())]
+    parts.append(serving.OPTIONS_JSON.read_bytes())  # the one data file the image holds
     tar = IMAGES / f"serving-image-{_key(*parts)}.tar"
     if tar.exists():
         return tar

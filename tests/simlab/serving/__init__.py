@@ -13,7 +13,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from tests.simlab.paths import CACHE
+from tests.simlab.paths import CACHE, REPO
 from tests.simlab.serving.vllm_standin import IMAGE_OPTIONS_FILE
 
 SERVING_IMAGE_TAG = "nvcr.io/nvidia/vllm:26.04-py3"
@@ -21,7 +21,9 @@ RAY_VERSION = "2.60.0"
 # Bookworm's python3; Ray's wheels are chosen for this version and its ABI.
 IMAGE_PYTHON = "3.11"
 RAY_SITE = Path("opt/ray-site")
-OPTIONS_JSON = Path(__file__).parent.parent / "data" / "vllm-0.19.0-serve-options.json"
+# The option list the deploy validates lanes against (operations/data/) is the one the stand-in
+# accepts: one file, so the lab and the checks cannot drift apart.
+OPTIONS_JSON = REPO / "operations" / "data" / "vllm-0.19.0-serve-options.json"
 WHEELS = CACHE / "wheels"
 RAY_COMMAND = '''#!/usr/bin/python3
 """`ray` in the serving image (Ray is installed in /opt/ray-site, found through a .pth)."""
