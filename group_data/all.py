@@ -38,3 +38,55 @@ toolkit_repo_key_url = "https://nvidia.github.io/libnvidia-container/gpgkey"
 # NCCL_DEBUG=INFO shows whether NCCL uses NET/IB or silently fell back to NET/Socket
 # (vllm PR#42075); off by default because it is verbose.
 nccl_debug = False
+
+# What vLLM's --gpu-memory-utilization is a fraction of: the total CUDA reports, which on a
+# Spark's 128 GB LPDDR5X is 121.69 GiB (vLLM asks 105.87 GiB at 0.87:
+# MiaAI-Lab/GLM-5.3-Flash-EXL3-2x-DGX-Sparks#47). The OS sees ~119.7 GiB of it as MemTotal.
+unified_memory_gib = 121.69
+
+# The vLLM servers of each box, started in this order, one after the other (simultaneous
+# starts contend for memory: seed 003). The field's two-lane appliance (seed 003); a host's
+# inventory data may replace the whole list. Memory fractions add up to 0.80: at most 0.87 is
+# safe, above 0.90 is refused (seed 001). operations/recipes.py checks every lane.
+lanes = [
+    {
+        # Lane A: trusted work (tool calls, code, review); 54 tok/s (seed 003).
+        "name": "coder",
+        # NGC vLLM 0.19.0 (seed 004), the release every option here is checked against; seed 003
+        # ran 26.05.post1-py3.
+        "image": "nvcr.io/nvidia/vllm:26.04-py3",
+        # AWQ INT4 runs on Marlin's INT4 kernels, no NVFP4 path at all; ~40 GB (seed 003).
+        "model": "bullpoint/Qwen3-Coder-Next-AWQ-4bit",
+        "served_name": "qwen3-coder-next",
+        "port": 10101,  # seed 003
+        "memory_fraction": 0.45,  # seed 003
+        # 128K of its 256K: a long repository fits, and clients need >= 64K (seed 003). vLLM
+        # gives the rest of the share to the KV cache for more requests at once.
+        "max_model_len": 131072,
+        # KV cache in the model's bf16: FP8 KV turned Qwen3.5's hybrid attention into gibberish
+        # (ig1/Qwen3.5-35B-A3B-NVFP4 model card); bf16 costs 3 GiB here.
+        "kv_cache_dtype": None,
+        # Qwen3-Coder's XML tool calls (vLLM's parser for Qwen3-Coder and Qwen3.5/3.6).
+        "tool_call_parser": "qwen3_coder",
+        "extra_args": [],
+        "environment": {},
+        "api_key": True,  # generated and kept on the box; clients send it as a Bearer token
+    },
+    {
+        # Lane B: fast read-only work (triage, summaries); 30 tok/s (seed 003).
+        "name": "fast",
+        "image": "nvcr.io/nvidia/vllm:26.04-py3",
+        # Compressed-tensors NVFP4 (ModelOpt NVFP4 gives gibberish on SM121, seed 003); the
+        # lane adds VLLM_NVFP4_GEMM_BACKEND=marlin. ~20 GB (seed 003).
+        "model": "inference-optimization/Qwen3.6-35B-A3B-NVFP4",
+        "served_name": "qwen3.6-35b-a3b",
+        "port": 10102,  # seed 003
+        "memory_fraction": 0.35,  # seed 003
+        "max_model_len": 65536,  # the least clients like Hermes Agent accept (seed 003)
+        "kv_cache_dtype": None,  # as lane A
+        "tool_call_parser": "qwen3_coder",
+        "extra_args": [],
+        "environment": {},
+        "api_key": True,
+    },
+]

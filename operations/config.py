@@ -21,12 +21,15 @@ from pydantic import (
     field_validator,
     model_validator,
 )
+from pyinfra import logger
 from pyinfra.api.arguments import all_argument_meta
 from pyinfra.api.connectors import get_all_connectors
 from pyinfra.api.exceptions import PyinfraError
 from pyinfra.api.host import Host
 from pyinfra.api.inventory import Inventory
 from pyinfra.api.state import BaseStateCallback, State
+
+from operations.recipes import SLUG, Lane, ModelSpec, budget_problems, budget_warnings
 
 # host.data keys that pyinfra and its connectors read themselves: they pass unchecked and
 # are never echoed (`_sudo_password`, `ssh_password` are secrets).
@@ -90,6 +93,13 @@ class HostSettings(BaseModel):
     toolkit_repo_key_url: str = Field(description="an https:// or file:/// URL of the signing key")
     env_file: str = Field(description="an absolute path, e.g. /etc/spark/cluster.env")
     nccl_debug: bool = Field(description="True or False")
+    unified_memory_gib: float = Field(
+        ge=1, le=4096, description="the GiB CUDA reports as total memory (121.69 on a Spark)"
+    )
+    lanes: list[Lane] = Field(
+        description="a list of lanes, each a dict of name, image, model, served_name, port,"
+        " memory_fraction, max_model_len and optional keys (see group_data/all.py)"
+    )
 
     @field_validator("fabric_addresses")
     @classmethod
@@ -202,6 +212,15 @@ class HostSettings(BaseModel):
             )
         return path
 
+    @field_validator("lanes")
+    @classmethod
+    def _lanes(cls, lanes: list[Lane], info: ValidationInfo) -> list[Lane]:
+        unified_memory_gib = info.data.get("unified_memory_gib")  # absent when refused itself
+        problems = budget_problems(lanes, unified_memory_gib) if unified_memory_gib else []
+        if problems:
+            raise ValueError("\n".join(problems))
+        return lanes
+
 
 def _ifname_problems(ifname: str) -> list[str]:
     if IFNAME.fullmatch(ifname) and ifname not in (".", ".."):
@@ -287,6 +306,8 @@ class HostConfig(BaseModel):
     toolkit: Toolkit
     env_file: str
     nccl_debug: bool
+    unified_memory_gib: float
+    lanes: tuple[Lane, ...]  # in start order, each after the one before
 
     @classmethod
     def from_settings(
@@ -309,6 +330,14 @@ class HostConfig(BaseModel):
             ),
             env_file=data.env_file,
             nccl_debug=data.nccl_debug,
+            unified_memory_gib=data.unified_memory_gib,
+            # Without a priority, later lanes are stopped first by the memory guard.
+            lanes=tuple(
+                lane
+                if lane.priority is not None
+                else lane.model_copy(update={"priority": len(data.lanes) - index})
+                for index, lane in enumerate(data.lanes)
+            ),
         )
 
     def cluster_environment(self, head: HostConfig) -> dict[str, str]:
@@ -448,30 +477,53 @@ def _shown(value: Any) -> str:
     return text if len(text) <= 60 else f"{text[:57]}..."
 
 
-def _problems(name: str, error: ValidationError) -> list[str]:
+def _owner(loc: tuple[int | str, ...]) -> tuple[type[BaseModel], str]:
+    """The model and the field an error location ends in: lanes nest Lane and ModelSpec."""
+    if loc[0] == "lanes" and len(loc) > 2 and isinstance(loc[1], int):
+        if loc[2] == "model_spec" and len(loc) > 3:
+            return ModelSpec, str(loc[3])
+        return Lane, str(loc[2])
+    return HostSettings, str(loc[0])
+
+
+def _lane_label(data: dict[str, Any], index: int) -> str:
+    """A lane by its name where it has a usable one, else by its place (#1 is the first)."""
+    lanes = data.get("lanes")
+    lane = lanes[index] if isinstance(lanes, list | tuple) and index < len(lanes) else None
+    name = lane.get("name") if isinstance(lane, dict) else None
+    return name if isinstance(name, str) and SLUG.fullmatch(name) else f"#{index + 1}"
+
+
+def _problems(name: str, error: ValidationError, data: dict[str, Any]) -> list[str]:
     """pydantic's errors as "<host>: <key>: <what>; <allowed>" lines (values of unknown
     keys are never shown: a misspelt `_sudo_password` may hold a secret)."""
     problems = []
     for item in error.errors():
-        key, *inner = (str(part) for part in item["loc"])
-        where = f"{name}: {key}: " + "".join(f"{part}: " for part in inner)
+        loc = item["loc"]
+        parts = [str(part) for part in loc]
+        if len(loc) > 1 and loc[0] == "lanes" and isinstance(loc[1], int):
+            parts[1] = _lane_label(data, loc[1])
+        where = f"{name}: " + "".join(f"{part}: " for part in parts)
+        model, field = _owner(loc)
         if item["type"] == "extra_forbidden":
-            guess = difflib.get_close_matches(
-                key, [*HostSettings.model_fields, *_pyinfra_keys()], 1
-            )
-            known = ", ".join(HostSettings.model_fields)
+            candidates = [*model.model_fields]
+            if model is HostSettings:
+                candidates += _pyinfra_keys()
+            guess = difflib.get_close_matches(field, candidates, 1)
+            known = ", ".join(model.model_fields)
             hint = f"did you mean {guess[0]}?" if guess else f"known keys: {known}"
+            pyinfra_keys = f" (keys starting with {', '.join(PYINFRA_KEY_PREFIXES)} are pyinfra's)"
             problems.append(
-                f"{where}unknown key; {hint} (keys starting with"
-                f" {', '.join(PYINFRA_KEY_PREFIXES)} are pyinfra's)"
+                f"{where}unknown key; {hint}{pyinfra_keys if model is HostSettings else ''}"
             )
         elif item["type"] == "value_error":
             problems += [where + line for line in str(item["ctx"]["error"]).splitlines()]
         elif item["type"] == "missing":
-            allowed = HostSettings.model_fields[key].description
-            problems.append(f"{where}missing; set it in group_data/all.py ({allowed})")
+            allowed = model.model_fields[field].description
+            place = "group_data/all.py" if model is HostSettings else "the lane"
+            problems.append(f"{where}missing; set it in {place} ({allowed})")
         else:
-            allowed = HostSettings.model_fields[key].description
+            allowed = model.model_fields[field].description
             problems.append(
                 f"{where}{item['msg']} (got {_shown(item['input'])}); allowed: {allowed}"
             )
@@ -480,8 +532,9 @@ def _problems(name: str, error: ValidationError) -> list[str]:
 
 def load_from_dicts(hosts: dict[str, dict[str, Any]]) -> SparkConfig:
     """Validate every host's data (as host.data.dict() gives it); raise ConfigError listing
-    every problem. Cross-host checks run once each host is valid on its own: before that
-    they would mostly report the consequences of per-host mistakes."""
+    every problem, log a warning for what is allowed but risky. Cross-host checks run once
+    each host is valid on its own: before that they would mostly report the consequences of
+    per-host mistakes."""
     problems: list[str] = []
     configs = []
     for name, data in hosts.items():
@@ -494,7 +547,7 @@ def load_from_dicts(hosts: dict[str, dict[str, Any]]) -> SparkConfig:
                 }
             )
         except ValidationError as error:
-            problems += _problems(name, error)
+            problems += _problems(name, error, data)
             continue
         role = settings.spark_role or ("head" if len(hosts) == 1 else None)
         if role is None:
@@ -508,6 +561,10 @@ def load_from_dicts(hosts: dict[str, dict[str, Any]]) -> SparkConfig:
         problems.append("inventory: hosts: empty; list at least one Spark")
     if problems:
         raise ConfigError(problems)
+    for host in configs:
+        for warning in budget_warnings(host.lanes):
+            # Allowed but risky: in pyinfra's output (yellow) before the first connection.
+            logger.warning(f"{host.name}: lanes: {warning}")
     return SparkConfig(hosts=tuple(configs))
 
 

@@ -1,0 +1,748 @@
+"""What a vLLM lane may run on SM121: the lane model, the model catalog, the rules.
+
+A lane is one `vllm serve` in a container, on its own port, with its own share of the box's
+unified memory. Everything here is checked before any host is contacted: the options against
+vLLM 0.19.0's own option list (operations/data/, read from its parser), the settings known to
+break the GB10 (SM121) against the rules table, and the memory each lane needs against its share.
+"""
+
+from __future__ import annotations
+
+import difflib
+import json
+import math
+import re
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
+
+DATA = Path(__file__).parent / "data"
+# vLLM 0.19.0, the release in NGC's nvcr.io/nvidia/vllm:26.04-py3 (seed 004).
+SERVE_OPTIONS: dict[str, dict[str, Any]] = json.loads(
+    (DATA / "vllm-0.19.0-serve-options.json").read_text()
+)["options"]
+VLLM_ENV_VARS = frozenset(json.loads((DATA / "vllm-0.19.0-env-vars.json").read_text())["names"])
+
+SLUG = re.compile(r"[a-z0-9][a-z0-9-]{0,31}")
+# registry/repository:tag (a digest may follow the tag); the registry may carry a port.
+IMAGE = re.compile(
+    r"[a-z0-9]+(?:[._-][a-z0-9]+)*(?::\d+)?(?:/[a-z0-9]+(?:[._-][a-z0-9]+)*)+"
+    r":(?P<tag>[A-Za-z0-9_][A-Za-z0-9._-]{0,127})(?:@sha256:[0-9a-f]{64})?"
+)
+HF_ID = re.compile(r"(?P<org>[A-Za-z0-9][A-Za-z0-9._-]{0,95})/[A-Za-z0-9][A-Za-z0-9._-]{0,95}")
+MODEL_PATH = re.compile(r"(/[A-Za-z0-9_.-]+)+")
+SERVED_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:/-]{0,127}")
+ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+LINE_BREAK = re.compile(r"[\n\r\0]")  # would split the unit or env file that carries it
+NEGATIVE_NUMBER = re.compile(r"-\d+(\.\d*)?|-\.\d+")  # a value, not an option, to argparse
+
+# The sum of the lanes' fractions: never above 0.90, 0.85-0.87 safe (seed 001). vLLM checks at
+# each start that fraction x total is free, and a Spark shows only ~102 of 121.69 GiB free
+# after boot (MiaAI-Lab/GLM-5.3-Flash-EXL3-2x-DGX-Sparks#47): above 0.87 a later lane may not
+# start, and an overcommitted box freezes whole (seed 003).
+FRACTION_LIMIT = 0.90
+FRACTION_WARNING = 0.87
+# What vLLM holds beside weights and KV cache: CUDA context and cuBLAS/Marlin workspaces, the
+# CUDA graph pools, the activation peak of its profiling run. An estimate (no field figure
+# splits it out), on the side of refusing a lane that might just have fitted.
+OVERHEAD_GIB = 4.0
+# Ports other services of a Spark listen on (Ray: field-facts, "Security").
+RESERVED_PORTS = {6379: "Ray's GCS", 8265: "Ray's dashboard", 10001: "Ray's client server"}
+# NGC images whose vLLM fails to import fastsafetensors (field-facts, "vLLM on SM121").
+IMAGES_WITHOUT_FASTSAFETENSORS = frozenset(
+    {"nvcr.io/nvidia/vllm:26.03-py3", "nvcr.io/nvidia/vllm:26.04-py3"}
+)
+# Variables beside vLLM's own that a lane may set: libraries vLLM runs on.
+ENV_PREFIXES = ("CUDA_", "NCCL_", "HF_", "TORCH_", "PYTORCH_", "TRITON_", "TRANSFORMERS_", "OMP_")
+SECRET_ENV = frozenset(
+    {"VLLM_API_KEY", "HF_TOKEN", "HUGGING_FACE_HUB_TOKEN", "S3_SECRET_ACCESS_KEY"}
+)
+
+
+class ModelSpec(BaseModel):
+    """What the memory estimate and the rules need to know of a checkpoint (its config.json
+    and the size of its weights)."""
+
+    model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
+
+    weights_gib: float = Field(gt=0, le=1024, description="GiB the weights take once loaded")
+    attention_layers: int = Field(
+        ge=1,
+        le=1024,
+        description="layers whose KV cache grows with the context: every layer of a plain"
+        " transformer, only the full-attention ones of a hybrid (Gated DeltaNet, sliding window)",
+    )
+    kv_heads: int = Field(ge=1, le=1024, description="num_key_value_heads of config.json")
+    head_dim: int = Field(ge=1, le=4096, description="head_dim of config.json")
+    quantization: Literal["bf16", "fp8", "awq", "gptq", "mxfp4", "nvfp4", "nvfp4-modelopt"] = Field(
+        description="the checkpoint's format: bf16, fp8, awq, gptq, mxfp4, nvfp4"
+        " (compressed-tensors, from llm-compressor) or nvfp4-modelopt (NVIDIA ModelOpt)"
+    )
+    max_context: int | None = Field(
+        None, ge=1, description="max_position_embeddings of config.json (None: not checked)"
+    )
+
+    def kv_bytes_per_token(self, kv_cache_dtype: str | None) -> int:
+        """Keys and values of one token in every attention layer; "auto" keeps the model's
+        bf16 activations (2 bytes), the fp8 kinds take 1."""
+        size = 1 if (kv_cache_dtype or "auto").startswith("fp8") else 2
+        return 2 * self.attention_layers * self.kv_heads * self.head_dim * size
+
+
+# Known checkpoints. Weights are the field's figures (field-facts.md, seeds 003/004); where a
+# source wrote "GB" the number is taken as GiB, 7% on the safe side. Layer counts: the models'
+# config.json (Qwen3-Next/3.5/3.6 hybrids keep a KV cache in one layer of four; gpt-oss in the
+# full-attention half, the other half has a 128-token sliding window).
+CATALOG: dict[str, ModelSpec] = {
+    # Seed 003 lane A: ~40 GB, 256K native. Qwen3-Next: 48 layers, 12 full attention, 2x256.
+    "bullpoint/Qwen3-Coder-Next-AWQ-4bit": ModelSpec(
+        weights_gib=40, attention_layers=12, kv_heads=2, head_dim=256, quantization="awq",
+        max_context=262144,
+    ),
+    # Seed 003/004: the FP8 build takes ~75-85 GB; the upper figure.
+    "Qwen/Qwen3-Coder-Next-FP8": ModelSpec(
+        weights_gib=85, attention_layers=12, kv_heads=2, head_dim=256, quantization="fp8",
+        max_context=262144,
+    ),
+    # Seed 003 lane B: NVFP4 ~20 GB. 40 layers, 10 full attention, 2x256 (model card). The seed
+    # names no repository; this one is compressed-tensors (its Hugging Face tags).
+    "inference-optimization/Qwen3.6-35B-A3B-NVFP4": ModelSpec(
+        weights_gib=20, attention_layers=10, kv_heads=2, head_dim=256, quantization="nvfp4",
+        max_context=262144,
+    ),
+    # Seed 004: FP8 ~35 GB.
+    "Qwen/Qwen3.6-35B-A3B-FP8": ModelSpec(
+        weights_gib=35, attention_layers=10, kv_heads=2, head_dim=256, quantization="fp8",
+        max_context=262144,
+    ),
+    # Seed 003: loaded at ~73 GiB (seed 004: ~75 GB). 48 layers, 12 full attention, 2x256.
+    "RedHatAI/Qwen3.5-122B-A10B-NVFP4": ModelSpec(
+        weights_gib=73, attention_layers=12, kv_heads=2, head_dim=256, quantization="nvfp4",
+        max_context=262144,
+    ),
+    # Seed 004: mxfp4 ~61 GB, 128K context. 36 layers alternating sliding/full, 8x64.
+    "openai/gpt-oss-120b": ModelSpec(
+        weights_gib=61, attention_layers=18, kv_heads=8, head_dim=64, quantization="mxfp4",
+        max_context=131072,
+    ),
+    # Seed 004: 57.64 GiB of weights per node at TP=2, so twice that whole: two boxes only.
+    # 94 layers, 4x128.
+    "Qwen/Qwen3-235B-A22B-GPTQ-Int4": ModelSpec(
+        weights_gib=2 * 57.64, attention_layers=94, kv_heads=4, head_dim=128,
+        quantization="gptq", max_context=40960,
+    ),
+    # A small model for trying a lane out: 1.5 GB of bf16 weights; 28 layers, 8x128.
+    "Qwen/Qwen3-0.6B": ModelSpec(
+        weights_gib=1.5, attention_layers=28, kv_heads=8, head_dim=128, quantization="bf16",
+        max_context=40960,
+    ),
+}  # fmt: skip
+
+
+class MemoryEstimate(BaseModel):
+    """What a lane needs against what its memory fraction gives it, in GiB."""
+
+    model_config = ConfigDict(frozen=True)
+
+    weights_gib: float
+    kv_cache_gib: float  # one sequence of max_model_len: vLLM refuses to start without it
+    overhead_gib: float
+    share_gib: float
+
+    @property
+    def total_gib(self) -> float:
+        return self.weights_gib + self.kv_cache_gib + self.overhead_gib
+
+    @property
+    def fits(self) -> bool:
+        return self.total_gib <= self.share_gib
+
+
+class Lane(BaseModel):
+    """One vLLM server: a container of `image` serving `model` on `port`."""
+
+    model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
+
+    name: str = Field(description="a slug of a-z 0-9 -, at most 32, unique on the host")
+    image: str = Field(
+        description="registry/repository:tag with a pinned tag, e.g. nvcr.io/nvidia/vllm:26.04-py3"
+    )
+    model: str = Field(description='a Hugging Face id "org/name" or an absolute path')
+    served_name: str = Field(description="the model name clients ask for, e.g. coder")
+    port: int = Field(ge=1024, le=65535, description="an integer 1024..65535, unique on the host")
+    memory_fraction: float = Field(
+        gt=0, le=FRACTION_LIMIT, description="the lane's share of unified memory, 0 < f <= 0.90"
+    )
+    max_model_len: int = Field(
+        ge=1024,
+        le=10 * 2**20,
+        description="the longest request in tokens (1024..10M); clients need >= 65536",
+    )
+    kv_cache_dtype: str | None = Field(
+        None, description="one of vLLM's --kv-cache-dtype choices, or None for the model's"
+    )
+    tool_call_parser: str | None = Field(
+        None, description="one of vLLM's --tool-call-parser choices, or None: no tool calls"
+    )
+    extra_args: tuple[str, ...] = Field(
+        (), description='further `vllm serve` long options, e.g. ["--max-num-seqs", "8"]'
+    )
+    environment: dict[str, str] = Field(
+        default_factory=dict, description="variables for vLLM (names vLLM 0.19.0 reads)"
+    )
+    model_spec: ModelSpec | None = Field(
+        None,
+        description="for a model not in the catalog: {weights_gib, attention_layers, kv_heads,"
+        " head_dim, quantization}",
+    )
+    priority: int | None = Field(
+        None,
+        ge=0,
+        le=1000,
+        description="the memory guard stops the lowest first; None: by order, later lanes lower",
+    )
+    api_key: bool = Field(
+        True, description="True: clients need the lane's key, generated and kept on the box"
+    )
+
+    @field_validator("extra_args", mode="before")
+    @classmethod
+    def _list_is_fine(cls, value: Any) -> Any:
+        return tuple(value) if isinstance(value, list) else value
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, name: str) -> str:
+        if not SLUG.fullmatch(name):
+            raise ValueError(f"{name!r} is not a slug; use 1..32 of a-z 0-9 - (e.g. coder)")
+        return name
+
+    @field_validator("image")
+    @classmethod
+    def _image(cls, image: str) -> str:
+        match = IMAGE.fullmatch(image)
+        if not match:
+            raise ValueError(
+                f"{image!r} is not registry/repository:tag; pin a tag, e.g."
+                " nvcr.io/nvidia/vllm:26.04-py3"
+            )
+        if match["tag"] == "latest":
+            raise ValueError(
+                f"{image!r} moves with every release; pin a tag, e.g. nvcr.io/nvidia/vllm:26.04-py3"
+            )
+        return image
+
+    @field_validator("model")
+    @classmethod
+    def _model(cls, model: str) -> str:
+        parts = model.split("/")
+        is_path = MODEL_PATH.fullmatch(model) and not {".", ".."} & set(parts)
+        if not (HF_ID.fullmatch(model) or is_path):
+            raise ValueError(
+                f"{model!r} is neither a Hugging Face id nor an absolute path; write org/name"
+                " (e.g. openai/gpt-oss-120b) or /a/path"
+            )
+        return model
+
+    @field_validator("served_name")
+    @classmethod
+    def _served_name(cls, served_name: str) -> str:
+        if not SERVED_NAME.fullmatch(served_name):
+            raise ValueError(
+                f"{served_name!r} is not a model name clients can send; use 1..128 of"
+                " A-Z a-z 0-9 . _ : / -"
+            )
+        return served_name
+
+    @field_validator("kv_cache_dtype", "tool_call_parser")
+    @classmethod
+    def _choice(cls, value: str | None, info: ValidationInfo) -> str | None:
+        choices = SERVE_OPTIONS["--" + info.field_name.replace("_", "-")]["choices"]
+        if value is not None and value not in choices:
+            raise ValueError(
+                f"{value!r} is not a vLLM 0.19.0 choice{_guess(value, choices)}; one of:"
+                f" {', '.join(choices)}"
+            )
+        return value
+
+    @field_validator("extra_args")
+    @classmethod
+    def _extra_args(cls, extra_args: tuple[str, ...]) -> tuple[str, ...]:
+        problems = parse_options(extra_args)[1]
+        if problems:
+            raise ValueError("\n".join(problems))
+        return extra_args
+
+    @field_validator("environment")
+    @classmethod
+    def _environment(cls, environment: dict[str, str]) -> dict[str, str]:
+        problems = [problem for item in environment.items() for problem in _env_problems(*item)]
+        if problems:
+            raise ValueError("\n".join(problems))
+        return environment
+
+    @model_validator(mode="after")
+    def _rules_and_model(self) -> Lane:
+        problems = [
+            f"{rule.refused}; {rule.instead} ({rule.source})"
+            for rule in SM121_RULES
+            if rule.breaks(self)
+        ]
+        spec = self.spec
+        if spec is None:
+            problems.append(
+                f"{self.model} is not in the model catalog; give its model_spec ="
+                " {weights_gib, attention_layers, kv_heads, head_dim, quantization}"
+                " from its config.json and the size of its weights"
+            )
+        elif (
+            spec.max_context
+            and self.max_model_len > spec.max_context
+            and "VLLM_ALLOW_LONG_MAX_MODEL_LEN" not in self.environment
+        ):
+            problems.append(
+                f"max_model_len {self.max_model_len} is beyond the model's {spec.max_context};"
+                f" lower it to {spec.max_context} or less (vLLM refuses to start)"
+            )
+        if problems:
+            raise ValueError("\n".join(problems))
+        return self
+
+    @property
+    def spec(self) -> ModelSpec | None:
+        """The lane's model_spec, else the catalog's entry for its model."""
+        return self.model_spec or CATALOG.get(self.model)
+
+    def option(self, name: str) -> str | bool | None:
+        """The value extra_args give an option (True for a flag), the last one winning."""
+        found = [value for option, value in parse_options(self.extra_args)[0] if option == name]
+        return found[-1] if found else None
+
+    def vllm_args(self) -> list[str]:
+        """Everything after `vllm serve`: the model, the lane's settings, the additions SM121
+        needs, then extra_args. Never a key: the API key reaches vLLM as VLLM_API_KEY from a
+        root-only file on the box. The host is 0.0.0.0: lanes serve the LAN, behind the key."""
+        args = [
+            self.model,
+            "--served-model-name", self.served_name,
+            "--host", "0.0.0.0",
+            "--port", str(self.port),
+            "--gpu-memory-utilization", f"{self.memory_fraction:g}",
+            "--max-model-len", str(self.max_model_len),
+        ]  # fmt: skip
+        if self.kv_cache_dtype:
+            args += ["--kv-cache-dtype", self.kv_cache_dtype]
+        if self.tool_call_parser:
+            args += ["--tool-call-parser", self.tool_call_parser, "--enable-auto-tool-choice"]
+        for addition in SM121_ADDITIONS:
+            args += addition.args(self)
+        return [*args, *self.extra_args]
+
+    def container_env(self) -> dict[str, str]:
+        """The lane's environment plus what SM121 needs."""
+        environment = dict(self.environment)
+        for addition in SM121_ADDITIONS:
+            environment |= addition.env(self)
+        return environment
+
+    def estimate(self, unified_memory_gib: float) -> MemoryEstimate:
+        """Weights, the KV cache of one max_model_len sequence and the overhead, against
+        memory_fraction of the box's unified memory (the total CUDA reports)."""
+        spec = self.spec
+        assert spec is not None  # a validated lane has one
+        per_token = spec.kv_bytes_per_token(self.kv_cache_dtype)
+        return MemoryEstimate(
+            weights_gib=spec.weights_gib,
+            kv_cache_gib=per_token * self.max_model_len / 2**30,
+            overhead_gib=OVERHEAD_GIB,
+            share_gib=self.memory_fraction * unified_memory_gib,
+        )
+
+
+def _guess(value: str, known: Iterable[str]) -> str:
+    close = difflib.get_close_matches(value, list(known), 1)
+    return f" (did you mean {close[0]}?)" if close else ""
+
+
+# Options a lane sets from its own keys: extra_args may not set them again.
+LANE_KEYS = {
+    "--model": "model",
+    "--served-model-name": "served_name",
+    "--port": "port",
+    "--gpu-memory-utilization": "memory_fraction",
+    "--max-model-len": "max_model_len",
+    "--kv-cache-dtype": "kv_cache_dtype",
+    "--tool-call-parser": "tool_call_parser",
+    "--enable-auto-tool-choice": "tool_call_parser",
+    "--no-enable-auto-tool-choice": "tool_call_parser",
+}
+# Options extra_args may not carry at all, and why.
+NOT_IN_EXTRA_ARGS = {
+    "--api-key": "a secret in argv shows in `ps` and `docker inspect`; the key is generated"
+    " on the box (api_key = True)",
+    "--host": "lanes listen on 0.0.0.0 to serve the LAN, behind their API key; firewall the"
+    " port to narrow it",
+    "--config": "a config file would hide its options from these checks; list them here",
+    "--kv-cache-memory-bytes": "it sizes the KV cache past memory_fraction; set"
+    " memory_fraction and max_model_len",
+    "--tensor-parallel-size": "a lane runs on one GB10 (cluster lanes come later); leave it out",
+    "--pipeline-parallel-size": "a lane runs on one GB10 (cluster lanes come later); leave it out",
+    "--data-parallel-size": "a lane runs on one GB10 (cluster lanes come later); leave it out",
+    "--nnodes": "a lane runs on one GB10 (cluster lanes come later); leave it out",
+}
+
+
+def parse_options(tokens: Iterable[str]) -> tuple[list[tuple[str, str | bool]], list[str]]:
+    """extra_args read as vLLM 0.19.0's parser reads them: ([(--name, value or True)], problems).
+
+    `--name value` and `--name=value`; underscores count as dashes (vLLM's
+    FlexibleArgumentParser). Every problem names what to do instead.
+    """
+    tokens = list(tokens)
+    broken = [n for n, token in enumerate(tokens, 1) if LINE_BREAK.search(token)]
+    if broken:
+        return [], [f"item {n} has a line break or NUL; remove it" for n in broken]
+    options: list[tuple[str, str | bool]] = []
+    problems = []
+    i = 0
+    while i < len(tokens):
+        token = tokens[i]
+        i += 1
+        if not token.startswith("--"):
+            problems.append(
+                f"{token!r} is no long option; write --name value or --name=value"
+                " (short options and a second model are not accepted)"
+            )
+            continue
+        name, has_value, value = token.partition("=")
+        name = name.replace("_", "-")
+        spec = SERVE_OPTIONS.get(name)
+        # The value of an unknown option is taken too, so it is neither reported nor echoed.
+        wants_value = spec is None or spec["takes_value"]
+        if wants_value and not has_value and i < len(tokens) and _is_value(tokens[i]):
+            has_value, value = "=", tokens[i]
+            i += 1
+        problem = _option_problem(name, spec, has_value, value)
+        if problem:
+            problems.append(problem)
+        else:
+            assert spec is not None  # an unknown option is a problem
+            options.append((name, value if spec["takes_value"] else True))
+    return options, problems
+
+
+def _is_value(token: str) -> bool:
+    return not token.startswith("-") or bool(NEGATIVE_NUMBER.fullmatch(token))
+
+
+def _option_problem(name: str, spec: dict[str, Any] | None, has_value: str, value: str) -> str:
+    if spec is None:
+        return (
+            f"{name} is no option of vLLM 0.19.0's `vllm serve`{_guess(name, SERVE_OPTIONS)};"
+            " see `vllm serve --help`"
+        )
+    if name in LANE_KEYS:
+        return f"{name} comes from the lane; set {LANE_KEYS[name]}"
+    if name in NOT_IN_EXTRA_ARGS:
+        return f"{name} is refused: {NOT_IN_EXTRA_ARGS[name]}"
+    if not spec["takes_value"]:
+        return f"{name} takes no value; drop ={value}" if has_value else ""
+    if not has_value:
+        return f"{name} needs a value; put it after {name}"
+    choices = spec.get("choices")
+    if choices and value not in choices:
+        return (
+            f"{name} {value!r} is no choice of vLLM 0.19.0{_guess(value, choices)}; one of:"
+            f" {', '.join(choices)}"
+        )
+    return ""
+
+
+def _env_problems(name: str, value: str) -> list[str]:
+    if name in SECRET_ENV:
+        return [
+            f"{name} is a secret: here it would show in `docker inspect` and the"
+            " unit; the API key is generated on the box (api_key = True), a token goes in a"
+            " root-only file on the box"
+        ]
+    problems = []
+    known = name in VLLM_ENV_VARS or name.startswith(ENV_PREFIXES)
+    if not ENV_NAME.fullmatch(name) or not known:
+        problems.append(
+            f"{name!r} is no variable vLLM 0.19.0 reads"
+            f"{_guess(name, VLLM_ENV_VARS)}; use one of vLLM's or a"
+            f" {'/'.join(prefix + '*' for prefix in ENV_PREFIXES)} variable"
+        )
+    if LINE_BREAK.search(value):
+        problems.append(f"{name}: its value has a line break or NUL; remove it")
+    return problems
+
+
+def _is_gpt_oss(lane: Lane) -> bool:
+    return "gpt-oss" in lane.model.lower()
+
+
+def _is_qwen3(lane: Lane) -> bool:
+    """Qwen3 and its successors (3.5, 3.6, Next, Coder-Next)."""
+    return "qwen3" in lane.model.rsplit("/", 1)[-1].lower()
+
+
+def _quantization(lane: Lane) -> str | None:
+    spec = lane.spec
+    return spec.quantization if spec else None
+
+
+def _is_modelopt_nvfp4(lane: Lane) -> bool:
+    """NVIDIA's own FP4 checkpoints are ModelOpt exports (nvidia/Llama-3.3-70B-Instruct-NVFP4,
+    seed 003; nvidia/Qwen3.6-35B-A3B-NVFP4, its model card)."""
+    match = HF_ID.fullmatch(lane.model)
+    by_name = bool(match) and match["org"] == "nvidia" and "FP4" in lane.model.upper()
+    return (
+        by_name
+        or _quantization(lane) == "nvfp4-modelopt"
+        or lane.option("--quantization") == "modelopt_fp4"
+    )
+
+
+def _uses_cutlass_fp4(lane: Lane) -> bool:
+    gemm = lane.environment.get("VLLM_NVFP4_GEMM_BACKEND")
+    moe = lane.option("--moe-backend")
+    nvfp4 = _quantization(lane) in ("nvfp4", "nvfp4-modelopt")
+    return (gemm is not None and gemm != "marlin") or (
+        nvfp4 and moe in ("cutlass", "flashinfer_cutlass")
+    )
+
+
+def _offloads(lane: Lane) -> bool:
+    return any(
+        lane.option(name) is not None
+        for name in ("--cpu-offload-gb", "--kv-offloading-size", "--enable-sleep-mode")
+    )
+
+
+@dataclass(frozen=True)
+class Rule:
+    """A setting refused on the GB10: what, what to do instead, where we know it from."""
+
+    name: str
+    refused: str
+    instead: str
+    source: str
+    breaks: Callable[[Lane], bool]
+
+
+SM121_RULES = (
+    Rule(
+        "flashinfer-attention",
+        "--attention-backend FLASHINFER* is refused: FlashInfer has no sm_121 kernels",
+        "leave --attention-backend out: the lane adds TRITON_ATTN",
+        "seed 003; seed 004",
+        lambda lane: str(lane.option("--attention-backend") or "").startswith("FLASHINFER"),
+    ),
+    Rule(
+        "cutlass-fp4",
+        "CUTLASS FP4 (VLLM_NVFP4_GEMM_BACKEND other than marlin; --moe-backend cutlass or"
+        " flashinfer_cutlass on an NVFP4 checkpoint) is refused: silent garbage on SM121, which"
+        " lacks the TMEM it needs",
+        "leave both out: the lane sets VLLM_NVFP4_GEMM_BACKEND=marlin for NVFP4",
+        "seed 003; seed 004",
+        _uses_cutlass_fp4,
+    ),
+    Rule(
+        "enforce-eager",
+        "--enforce-eager is refused: without CUDA graphs SM121 loses ~55% of its throughput",
+        "leave it out; CUDA graphs work (size them with --max-cudagraph-capture-size)",
+        "seed 004",
+        lambda lane: lane.option("--enforce-eager") is True,
+    ),
+    Rule(
+        "fastsafetensors",
+        "--load-format fastsafetensors is refused on NGC vLLM 26.03/26.04: ImportError",
+        "leave --load-format out (safetensors), or use an image that ships fastsafetensors",
+        "seed 004",
+        lambda lane: (
+            lane.option("--load-format") == "fastsafetensors"
+            and lane.image in IMAGES_WITHOUT_FASTSAFETENSORS
+        ),
+    ),
+    Rule(
+        "mxfp4-beyond-gpt-oss",
+        "mxfp4 on a checkpoint other than gpt-oss is refused: it breaks on BF16 checkpoints",
+        "keep mxfp4 for openai/gpt-oss-*; use an AWQ, GPTQ or compressed-tensors NVFP4 build",
+        "seed 004",
+        lambda lane: (
+            "mxfp4" in (lane.option("--quantization"), _quantization(lane))
+            and not _is_gpt_oss(lane)
+        ),
+    ),
+    Rule(
+        "flashinfer-moe-fp4",
+        "VLLM_USE_FLASHINFER_MOE_FP4 is refused: =0 raises a ValueError on Qwen models, =1 picks"
+        " FlashInfer's CUTLASS FP4 MoE",
+        "leave it unset: VLLM_NVFP4_GEMM_BACKEND=marlin is the one variable NVFP4 needs",
+        "seed 003; seed 004",
+        lambda lane: "VLLM_USE_FLASHINFER_MOE_FP4" in lane.environment,
+    ),
+    Rule(
+        "force-fp8-marlin",
+        "VLLM_TEST_FORCE_FP8_MARLIN=1 is refused: it crashes on merged linear layers",
+        "leave it unset",
+        "seed 003",
+        lambda lane: lane.environment.get("VLLM_TEST_FORCE_FP8_MARLIN", "0") != "0",
+    ),
+    Rule(
+        "modelopt-nvfp4",
+        "a ModelOpt NVFP4 checkpoint is refused: it loads and answers gibberish on SM121",
+        "use a compressed-tensors NVFP4 build (llm-compressor, e.g. RedHatAI's) or AWQ/GPTQ",
+        "seed 003",
+        _is_modelopt_nvfp4,
+    ),
+    Rule(
+        "qwen3-generation-config",
+        "--generation-config other than vllm on a Qwen3 model is refused: thinking mode hides"
+        " its tool calls",
+        "leave --generation-config out: the lane adds --generation-config vllm",
+        "seed 003",
+        lambda lane: _is_qwen3(lane) and lane.option("--generation-config") not in (None, "vllm"),
+    ),
+    Rule(
+        "offload-on-unified-memory",
+        "--cpu-offload-gb, --kv-offloading-size and --enable-sleep-mode are refused: CPU and"
+        " GPU share one memory, offloading frees nothing",
+        "leave them out; size the lane with memory_fraction and max_model_len",
+        "seed 003",
+        _offloads,
+    ),
+)
+
+
+@dataclass(frozen=True)
+class Addition:
+    """A setting the lane adds on the GB10, and where we know it from."""
+
+    name: str
+    adds: str
+    source: str
+    args: Callable[[Lane], list[str]]
+    env: Callable[[Lane], dict[str, str]]
+
+
+def _no_args(lane: Lane) -> list[str]:
+    return []
+
+
+def _no_env(lane: Lane) -> dict[str, str]:
+    return {}
+
+
+SM121_ADDITIONS = (
+    Addition(
+        "triton-attention",
+        "--attention-backend TRITON_ATTN, unless extra_args choose another (e.g. TRITON_MLA)",
+        "seed 003; seed 004",
+        lambda lane: (
+            [] if lane.option("--attention-backend") else ["--attention-backend", "TRITON_ATTN"]
+        ),
+        _no_env,
+    ),
+    Addition(
+        "marlin-nvfp4",
+        "VLLM_NVFP4_GEMM_BACKEND=marlin for NVFP4 checkpoints",
+        "seed 003",
+        _no_args,
+        lambda lane: (
+            {"VLLM_NVFP4_GEMM_BACKEND": "marlin"} if _quantization(lane) == "nvfp4" else {}
+        ),
+    ),
+    Addition(
+        "qwen3-generation-config",
+        "--generation-config vllm for Qwen3 models",
+        "seed 003",
+        lambda lane: (
+            ["--generation-config", "vllm"]
+            if _is_qwen3(lane) and lane.option("--generation-config") is None
+            else []
+        ),
+        _no_env,
+    ),
+)
+
+
+def budget_problems(lanes: Iterable[Lane], unified_memory_gib: float) -> list[str]:
+    """What one host's lanes break together: names, ports, the memory they add up to, and
+    each lane's fit in its share."""
+    lanes = list(lanes)
+    problems = []
+    for key in ("name", "port"):
+        seen: dict[Any, list[str]] = {}
+        for lane in lanes:
+            seen.setdefault(getattr(lane, key), []).append(lane.name)
+        problems += [
+            f"{' and '.join(names)} share the {key} {value}; give each lane its own"
+            for value, names in seen.items()
+            if len(names) > 1
+        ]
+    problems += [
+        f"{lane.name}: port {lane.port} is {RESERVED_PORTS[lane.port]}'s; pick another port"
+        for lane in lanes
+        if lane.port in RESERVED_PORTS
+    ]
+    total = round(sum(lane.memory_fraction for lane in lanes), 6)
+    if total > FRACTION_LIMIT:
+        problems.append(
+            f"the memory fractions add up to {total:g} ({_fractions(lanes)}), above"
+            f" {FRACTION_LIMIT}: an out-of-memory on unified memory freezes the whole box;"
+            f" lower them to a total of {FRACTION_WARNING} or less"
+        )
+    problems += [_fit_problem(lane, unified_memory_gib) for lane in lanes]
+    return [problem for problem in problems if problem]
+
+
+def budget_warnings(lanes: Iterable[Lane]) -> list[str]:
+    """What is allowed but risky: a total above the 0.85-0.87 the field runs safely."""
+    lanes = list(lanes)
+    total = round(sum(lane.memory_fraction for lane in lanes), 6)
+    if FRACTION_WARNING < total <= FRACTION_LIMIT:
+        return [
+            f"the memory fractions add up to {total:g} ({_fractions(lanes)}), above"
+            f" {FRACTION_WARNING}: a Spark has ~102 GiB free after boot, a later lane may not"
+            f" start; a total of {FRACTION_WARNING} or less is safe"
+        ]
+    return []
+
+
+def _fractions(lanes: list[Lane]) -> str:
+    return ", ".join(f"{lane.name} {lane.memory_fraction:g}" for lane in lanes)
+
+
+def _fit_problem(lane: Lane, unified_memory_gib: float) -> str:
+    estimate = lane.estimate(unified_memory_gib)
+    if estimate.fits:
+        return ""
+    spec = lane.spec
+    assert spec is not None
+    per_token_gib = spec.kv_bytes_per_token(lane.kv_cache_dtype) / 2**30
+    room = estimate.share_gib - estimate.weights_gib - estimate.overhead_gib
+    longest = int(room / per_token_gib) // 1024 * 1024 if room > 0 else 0
+    needed = math.ceil(estimate.total_gib / unified_memory_gib * 100) / 100
+    remedies = [f"lower max_model_len to {longest} or less"] if longest >= 1024 else []
+    if needed <= FRACTION_LIMIT:
+        remedies.append(f"raise memory_fraction to {needed:g}")
+    else:
+        remedies.append("pick a smaller build: it does not fit one box (cluster lanes come later)")
+    return (
+        f"{lane.name}: needs ~{estimate.total_gib:.1f} GiB (weights {estimate.weights_gib:g}"
+        f" + KV cache {estimate.kv_cache_gib:.1f} for {lane.max_model_len} tokens +"
+        f" {estimate.overhead_gib:g} overhead) but memory_fraction {lane.memory_fraction:g} of"
+        f" {unified_memory_gib:g} GiB gives {estimate.share_gib:.1f}; {', or '.join(remedies)}"
+    )
