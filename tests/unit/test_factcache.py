@@ -1,0 +1,223 @@
+"""Batched fact reads (operations/factcache.py) with pyinfra's own machinery on @local.
+
+The hosts here are pyinfra's local connector: commands run on this machine, in a temporary
+directory, through the same State, operations, callbacks and fact processing as on a lab host.
+Round trips are counted at the connector, where a command leaves pyinfra.
+"""
+
+from __future__ import annotations
+
+import shlex
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from pyinfra import host
+from pyinfra.api import Config, FactBase, Inventory, State, StringCommand, operation
+from pyinfra.api.connect import connect_all
+from pyinfra.api.exceptions import PyinfraError
+from pyinfra.api.operation import add_op
+from pyinfra.api.operations import run_ops
+from pyinfra.api.state import StateStage
+
+from operations import factcache
+
+
+class FileText(FactBase):
+    """A file's text, or None when it is absent (a line break is kept as pyinfra keeps it)."""
+
+    def command(self, path: str) -> str:
+        return f"cat {shlex.quote(path)} 2>/dev/null || true"
+
+    def process(self, output: list[str]) -> str:
+        return "\n".join(output)
+
+
+class Fails(FactBase):
+    def command(self) -> str:
+        return "echo partial; exit 3"
+
+
+@operation()
+def text(path: str, content: str):
+    """The file holds exactly this text."""
+    if host.get_fact(FileText, path=path) == content:
+        host.noop(f"{path} is up to date")
+        return
+    yield f"printf %s {shlex.quote(content)} > {shlex.quote(path)}"
+
+
+@operation()
+def copy(src: str, dest: str):
+    """dest holds src's text as it is when this operation runs."""
+    wanted = host.get_fact(FileText, path=src) or ""
+    if host.get_fact(FileText, path=dest) != wanted:
+        yield f"printf %s {shlex.quote(wanted)} > {shlex.quote(dest)}"
+
+
+@operation()
+def follow(pointer: str, dest: str):
+    """dest holds the text of the file whose path the pointer file holds (a fact that depends
+    on another fact's answer)."""
+    target = host.get_fact(FileText, path=pointer)
+    wanted = (host.get_fact(FileText, path=target) if target else None) or ""
+    if host.get_fact(FileText, path=dest) != wanted:
+        yield f"printf %s {shlex.quote(wanted)} > {shlex.quote(dest)}"
+
+
+@operation()
+def write_then_copy(path: str, content: str, dest: str):
+    """Writes path, then reads it back within the same operation and copies it to dest."""
+    yield f"printf %s {shlex.quote(content)} > {shlex.quote(path)}"
+    yield f"printf %s {shlex.quote(host.get_fact(FileText, path=path) or '')} > {dest}"
+
+
+class Run:
+    """One pyinfra run on @local with batched fact reads, staged as the CLI stages it."""
+
+    def __init__(self, check_for_changes: bool):
+        self.state = State(check_for_changes=check_for_changes)
+        factcache.batch_fact_reads(self.state)
+        self.inventory = Inventory((["@local"], {}))
+        self.state.init(self.inventory, Config())
+        self.state.set_stage(StateStage.Connect)
+        connect_all(self.state)
+        self.host = self.inventory.get_host("@local")
+        self.sent: list[str] = []
+        run_shell_command = self.host.connector.run_shell_command
+
+        def counted(command, *args, **kwargs):
+            self.sent.append(str(command))
+            return run_shell_command(command, *args, **kwargs)
+
+        self.host.connector.run_shell_command = counted
+        self.state.set_stage(StateStage.Prepare)
+
+    def add(self, op, **kwargs):
+        return add_op(self.state, op, **kwargs)[self.host]
+
+    def execute(self) -> None:
+        self.state.set_stage(StateStage.Execute)
+        run_ops(self.state)
+        assert not self.state.failed_hosts
+
+
+@pytest.fixture
+def files(tmp_path: Path) -> Iterator[Path]:
+    (tmp_path / "a").write_text("one")
+    (tmp_path / "b").write_text("two")
+    (tmp_path / "pointer").write_text(str(tmp_path / "b"))
+    (tmp_path / "copy-of-b").write_text("two")
+    yield tmp_path
+
+
+def test_batch_answers_equal_what_each_command_answers_alone() -> None:
+    run = Run(check_for_changes=False)
+    commands = [
+        "printf 'a\\nb\\n'",  # ends with a line break
+        "printf 'a\\nb'",  # does not
+        "printf 'a\\n\\n\\n'",  # empty lines at its end
+        "printf '\\n'",
+        "true",  # no output
+        "echo out; echo err >&2; exit 3",  # fails, with output
+        "echo '# a comment ends no subshell'  # like this one",
+        "cat",  # reads its stdin: there is none, as for a single read
+    ]
+    alone = [run.host.run_shell_command(StringCommand(c)) for c in commands]
+    marker = "m-1"
+    status, output = run.host.run_shell_command(
+        StringCommand(factcache.batch_script(commands, marker))
+    )
+    assert status
+    answers = factcache.split_answers(output.stdout_lines, marker, len(commands))
+    assert answers == [(0 if ok else 3, out.stdout_lines) for ok, out in alone]
+
+
+def test_split_answers_refuses_output_it_cannot_account_for() -> None:
+    assert factcache.split_answers(["x", "m 0"], "m", 2) is None
+    assert factcache.split_answers(["m 0", "stray"], "m", 1) is None
+    assert factcache.split_answers(["x", "m 0"], "m", 1) == [(0, ["x"])]
+
+
+def test_no_change_run_asks_in_as_many_round_trips_as_facts_depend_on_facts(files: Path) -> None:
+    run = Run(check_for_changes=False)  # -y: no change-detection pass
+    ops = [
+        run.add(text, path=str(files / "a"), content="one"),
+        run.add(follow, pointer=str(files / "pointer"), dest=str(files / "copy-of-b")),
+    ]
+    run.execute()
+    # The pointer's answer decides the next question: two rounds, every fact in one of them.
+    assert len(run.sent) == 2
+    assert run.host.fact_answers.round_trips == 2
+    assert not any(op.did_change() for op in ops)
+
+
+def test_a_command_makes_later_reads_fresh(files: Path) -> None:
+    run = Run(check_for_changes=False)
+    run.add(text, path=str(files / "a"), content="changed")
+    run.add(copy, src=str(files / "a"), dest=str(files / "c"))
+    run.execute()
+    # The first walk read "one" for a; the second operation saw what the first one wrote.
+    assert (files / "c").read_text() == "changed"
+
+
+def test_a_read_after_a_command_in_the_same_operation_is_fresh(files: Path) -> None:
+    run = Run(check_for_changes=False)
+    run.add(write_then_copy, path=str(files / "a"), content="new", dest=str(files / "d"))
+    run.execute()
+    assert (files / "d").read_text() == "new"
+
+
+def test_execution_reads_afresh_what_change_detection_read(files: Path) -> None:
+    run = Run(check_for_changes=True)
+    op = run.add(text, path=str(files / "a"), content="one")
+    assert op.will_change is False
+    prepared = len(run.sent)
+    (files / "a").write_text("drifted while the user read the plan")
+    run.execute()
+    assert (files / "a").read_text() == "one"
+    # Everything the detection pass asked is asked again, at once, before the repair.
+    batch, write = run.sent[prepared:]
+    assert batch.startswith("(\ncat ") and write.startswith("printf %s one > ")
+
+
+def test_answers_do_not_outlive_their_stage(files: Path) -> None:
+    run = Run(check_for_changes=True)
+    assert run.host.get_fact(FileText, path=str(files / "a")) == "one"
+    (files / "a").write_text("two")
+    run.state.set_stage(StateStage.Execute)
+    assert run.host.get_fact(FileText, path=str(files / "a")) == "two"
+
+
+def test_repeated_questions_are_asked_once_per_stage(files: Path) -> None:
+    run = Run(check_for_changes=True)
+    for _ in range(3):
+        run.add(text, path=str(files / "a"), content="one")
+    assert len(run.sent) == 1
+
+
+def test_a_failing_fact_command_is_left_to_pyinfra(files: Path) -> None:
+    run = Run(check_for_changes=False)
+    answers = run.host.fact_answers
+    key = factcache.key("echo partial; exit 3", {})
+    answers.ask({key: ("echo partial; exit 3", {})})
+    assert key in answers.failed and key not in answers.answers
+    # Read as pyinfra reads it: its own command, its own failure (the only host fails).
+    run.state.set_stage(StateStage.Execute)
+    with pytest.raises(PyinfraError, match="No hosts remaining"):
+        run.host.get_fact(Fails)
+    assert run.sent[-1] == "echo partial; exit 3"
+    assert run.host in run.state.failed_hosts
+
+
+def test_off_leaves_pyinfra_alone(monkeypatch: pytest.MonkeyPatch, files: Path) -> None:
+    monkeypatch.setenv("SPARK_FACTCACHE", "off")
+    run = Run(check_for_changes=False)
+    run.add(text, path=str(files / "a"), content="one")
+    run.add(text, path=str(files / "b"), content="two")
+    run.execute()
+    assert not hasattr(run.host, "fact_answers")
+    assert run.sent == [
+        f"cat {files / 'a'} 2>/dev/null || true",
+        f"cat {files / 'b'} 2>/dev/null || true",
+    ]
