@@ -90,3 +90,19 @@ lanes = [
         "api_key": True,
     },
 ]
+
+# The memory guard stops the lowest-priority lane when MemAvailable falls below this many GiB.
+# On unified memory the box freezes (SSH too) before the OOM killer acts, and cgroup limits do
+# not hold CUDA allocations (field facts). The default appliance leaves about 14 GiB (114 of
+# 128 GB in use, seed 003): 8 stays clear of that steady state while leaving the kernel, docker
+# and sshd room to stop a lane.
+memory_guard_min_available_gib = 8
+
+# Minutes a lane may take from `docker run` until /health answers; a 120B model loads in about
+# 8 minutes, a 235B one over two boxes in about 15 (seed 004).
+lane_start_timeout_min = 20
+
+# A file on this machine holding a Hugging Face token, for gated models (None: no token). The
+# deploy copies it to /etc/spark/secrets/hf-token (root 0600) on each box; the lanes read it from
+# there, never from their command line or environment.
+hf_token_file = None

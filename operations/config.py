@@ -8,6 +8,7 @@ import weakref
 from collections import defaultdict
 from collections.abc import Iterable
 from ipaddress import AddressValueError, IPv4Interface, NetmaskValueError
+from pathlib import Path
 from typing import Any, Literal
 from urllib.parse import urlsplit
 
@@ -99,6 +100,15 @@ class HostSettings(BaseModel):
     lanes: list[Lane] = Field(
         description="a list of lanes, each a dict of name, image, model, served_name, port,"
         " memory_fraction, max_model_len and optional keys (see group_data/all.py)"
+    )
+    memory_guard_min_available_gib: float = Field(
+        gt=0, description="GiB of MemAvailable below which a lane is stopped, e.g. 8"
+    )
+    lane_start_timeout_min: int = Field(
+        ge=1, le=240, description="minutes a lane may take to load until /health answers (20)"
+    )
+    hf_token_file: str | None = Field(
+        description="None, or a file on this machine holding a Hugging Face token"
     )
 
     @field_validator("fabric_addresses")
@@ -212,6 +222,16 @@ class HostSettings(BaseModel):
             )
         return path
 
+    @field_validator("hf_token_file")
+    @classmethod
+    def _hf_token_file(cls, path: str | None) -> str | None:
+        if path is not None and not Path(path).expanduser().is_file():
+            raise ValueError(
+                f"{path!r} is no file on this machine; put the Hugging Face token in"
+                " one, or set None"
+            )
+        return path
+
     @field_validator("lanes")
     @classmethod
     def _lanes(cls, lanes: list[Lane], info: ValidationInfo) -> list[Lane]:
@@ -308,6 +328,9 @@ class HostConfig(BaseModel):
     nccl_debug: bool
     unified_memory_gib: float
     lanes: tuple[Lane, ...]  # in start order, each after the one before
+    memory_guard_min_available_gib: float
+    lane_start_timeout_min: int
+    hf_token_file: str | None  # on this machine
 
     @classmethod
     def from_settings(
@@ -338,6 +361,9 @@ class HostConfig(BaseModel):
                 else lane.model_copy(update={"priority": len(data.lanes) - index})
                 for index, lane in enumerate(data.lanes)
             ),
+            memory_guard_min_available_gib=data.memory_guard_min_available_gib,
+            lane_start_timeout_min=data.lane_start_timeout_min,
+            hf_token_file=data.hf_token_file and str(Path(data.hf_token_file).expanduser()),
         )
 
     def cluster_environment(self, head: HostConfig) -> dict[str, str]:

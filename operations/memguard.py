@@ -1,0 +1,85 @@
+"""The memory guard: stop the lowest-priority vLLM lane before unified memory runs out."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from pyinfra.api import operation
+from pyinfra.api.exceptions import OperationError
+from pyinfra.operations import files, systemd
+
+from operations.lanes import NAME, PREFIX, unit_name
+
+TEMPLATES = Path(__file__).parents[1] / "templates"
+SERVICE = "spark-memguard.service"
+
+
+def stop_order(lanes: list[tuple[str, int]]) -> list[dict]:
+    """The lanes as the guard stops them: lowest priority first; of equal priorities the one
+    started last first (it was the last one to fit)."""
+    order = sorted(range(len(lanes)), key=lambda i: (lanes[i][1], -i))
+    return [
+        {
+            "name": lanes[i][0],
+            "unit": unit_name(lanes[i][0]),
+            "container": PREFIX + lanes[i][0],
+            "priority": lanes[i][1],
+        }
+        for i in order
+    ]
+
+
+@operation()
+def memory_guard(
+    lanes: list[tuple[str, int]],
+    min_available_gib: float,
+    script: str = "/usr/local/lib/spark/memguard.py",
+    config: str = "/etc/spark/memguard.json",
+):
+    """
+    Run the memory guard: every second it reads MemAvailable and, below the threshold, stops
+    the running lane of the lowest priority, logging why in its journal (spark-memguard).
+
+    + lanes: (name, priority) of each lane in start order; the guard stops the lowest first
+    + min_available_gib: the MemAvailable below which a lane is stopped
+    + script: where the guard's program goes
+    + config: its configuration (threshold and stop order), root:root 0644
+
+    It runs with no lanes too (it then only watches), so it is in place before the first one
+    loads. A changed script, configuration or unit restarts it; it holds no state.
+    """
+    if not min_available_gib > 0:
+        raise OperationError(f"min_available_gib must be above 0 (got {min_available_gib})")
+    bad = [name for name, _priority in lanes if not NAME.fullmatch(name)]
+    if bad:
+        raise OperationError(f"lane names are 1-32 of a-z 0-9 - (got {bad})")
+    settings = {"min_available_gib": min_available_gib, "lanes": stop_order(lanes)}
+    rendered = [
+        ("spark-memguard.py.j2", script, "755", {}),
+        ("spark-memguard.json.j2", config, "644", {"config": json.dumps(settings, indent=2)}),
+        (
+            "spark-memguard.service.j2",
+            f"/etc/systemd/system/{SERVICE}",
+            "644",
+            {"script": script, "config": config},
+        ),
+    ]
+    changes = [
+        command
+        for template, dest, mode, variables in rendered
+        for command in files.template._inner(
+            src=str(TEMPLATES / template),
+            dest=dest,
+            user="root",
+            group="root",
+            mode=mode,
+            **variables,
+        )
+    ]
+    yield from changes
+    if changes:
+        yield "systemctl daemon-reload"
+        yield f"systemctl enable {SERVICE} && systemctl restart {SERVICE}"
+    else:
+        yield from systemd.service._inner(service=SERVICE, running=True, enabled=True)

@@ -1,0 +1,613 @@
+"""vLLM lanes: the LaneHost fact, the lane unit, removal, image, HF token, memory guard, and
+the endpoints report.
+
+Captures (LaneHost's own command, run under sudo on the simulated lab, Debian 12, systemd 252,
+docker 20.10, the serving stand-in image):
+- lab-lanehost-serving.txt: spark-1 after a deploy of the two default lanes.
+- lab-lanehost-port-taken.txt: spark-2 with lane fast stopped and `python3 -m http.server 10102`
+  (a transient unit) holding its port.
+- lab-lanehost-bare.txt: spark-2 freshly reimaged (no docker image, no lane, no secrets).
+- lanehost-full-caps.sample.txt: lab-lanehost-serving.txt with CapEff edited by hand to a full
+  root set (CAP_SYS_RESOURCE included), as on a real box; the lab's sandbox withholds it.
+- lab-systemctl-memguard-*.txt: pyinfra's SystemdStatus/SystemdEnabled commands for the guard on
+  spark-1 (running, then stopped by hand).
+- lab-stat-memguard-script-0755.txt: pyinfra's File stat line for the deployed guard script.
+- lab-proc-meminfo.txt, lab-systemctl-lane-states.txt: what the guard reads on spark-1 (lane fast
+  stopped by hand; spark-lane-gone has no unit file).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import subprocess
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+from pyinfra.api.exceptions import OperationError
+from pyinfra.api.state import StateStage
+from pyinfra.facts.files import File, Sha1File
+from pyinfra.facts.systemd import SystemdEnabled, SystemdStatus
+
+from operations import lanes, memguard
+from operations.config import ConfigError, load_from_dicts
+from tests.unit.harness import FakeHost, captured, file_facts, process, run_op
+from tests.unit.test_config import TWO_SPARKS, merged
+
+UNIT = "/etc/systemd/system/spark-lane-coder.service"
+ENV = "/etc/spark/lanes/coder.env"
+IMAGE = "nvcr.io/nvidia/vllm:26.04-py3"
+ARGS = ["org/model", "--served-model-name", "coder", "--port", "10101", "--max-model-len", "8192"]
+ENVIRONMENT = {"RAY_memory_monitor_refresh_ms": "0", "VLLM_NVFP4_GEMM_BACKEND": "marlin"}
+RESTART = (
+    "systemctl restart spark-lane-coder.service || { journalctl -u spark-lane-coder.service"
+    " -n 40 --no-pager >&2; exit 1; }"
+)
+
+
+def lane_kwargs(**changes: Any) -> dict[str, Any]:
+    return {
+        "lane": "coder",
+        "image": IMAGE,
+        "serve_args": ARGS,
+        "port": 10101,
+        "environment": ENVIRONMENT,
+        "after": None,
+        "start_timeout_s": 600,
+    } | changes
+
+
+def lane_host(fact: str, files: dict[str, str | None]) -> FakeHost:
+    return FakeHost(file_facts(files) | {lanes.LaneHost: captured(fact)})
+
+
+def paths(lane: str = "coder") -> tuple[str, str]:
+    """A lane's unit and environment file."""
+    return UNIT.replace("coder", lane), ENV.replace("coder", lane)
+
+
+def rendered(fact: str = "lab-lanehost-bare.txt", **changes: Any) -> dict[str, str]:
+    """The unit and environment file the operation writes on a box without them."""
+    kwargs = lane_kwargs(**changes)
+    host = lane_host(fact, dict.fromkeys(paths(kwargs["lane"])))
+    run_op(lanes.serving, host=host, **kwargs)
+    return {path: host.uploads[path] for path in paths(kwargs["lane"])}
+
+
+def exec_start(unit: str) -> str:
+    return next(line for line in unit.splitlines() if line.startswith("ExecStart="))
+
+
+# --- the fact ------------------------------------------------------------------------------------
+
+
+def test_lane_host_fact_on_a_serving_box() -> None:
+    fact = process(lanes.LaneHost, captured("lab-lanehost-serving.txt"))
+    assert fact["units"] == {
+        "coder": {"ActiveState": "active", "UnitFileState": "enabled"},
+        "fast": {"ActiveState": "active", "UnitFileState": "enabled"},
+    }
+    assert fact["keys"] == {"coder": "root 600", "fast": "root 600"}
+    assert fact["secrets_dir"] == "root 700"
+    assert fact["images"] == {IMAGE}
+    assert fact["listeners"] == {
+        22: "sshd",
+        10101: "spark-lane-coder",
+        10102: "spark-lane-fast",
+        33371: "containerd",
+    }
+    assert fact["rdma"] is True
+    assert fact["unlimited_memlock"] is False  # the lab's sandbox: no CAP_SYS_RESOURCE
+
+
+def test_lane_host_fact_on_a_bare_box_and_a_taken_port() -> None:
+    bare = process(lanes.LaneHost, captured("lab-lanehost-bare.txt"))
+    assert (bare["units"], bare["keys"], bare["secrets_dir"], bare["images"]) == (
+        {},
+        {},
+        None,
+        set(),
+    )
+    assert bare["listeners"] == {22: "sshd", 35293: "containerd"}
+    taken = process(lanes.LaneHost, captured("lab-lanehost-port-taken.txt"))
+    assert taken["listeners"][10102] == "python3"
+    assert taken["units"]["fast"]["ActiveState"] == "inactive"
+    assert process(lanes.LaneHost, captured("lanehost-full-caps.sample.txt"))["unlimited_memlock"]
+
+
+def test_lane_host_command_never_fails_where_nothing_is_there() -> None:
+    result = subprocess.run(
+        ["sh", "-c", lanes.LaneHost().command()], capture_output=True, text=True, check=False
+    )
+    assert result.returncode == 0, result.stderr
+    assert isinstance(process(lanes.LaneHost, result.stdout)["listeners"], dict)
+
+
+# --- quoting ------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("arg", "word"),
+    [
+        ("--port", "--port"),
+        ("org/model-1.5", "org/model-1.5"),
+        ("a b", '"a b"'),
+        ('{"k": 1}', '"{\\"k\\": 1}"'),
+        ("50%", '"50%%"'),
+        ("$HOME", '"$$HOME"'),
+        ("back\\slash", '"back\\\\slash"'),
+    ],
+)
+def test_systemd_word(arg: str, word: str) -> None:
+    # Read back as systemd 252 does on the lab (tests/e2e/test_lanes.py sends such arguments).
+    assert lanes.systemd_word(arg) == word
+
+
+def test_systemd_word_refuses_line_breaks() -> None:
+    with pytest.raises(OperationError, match="line break"):
+        lanes.systemd_word("a\nb")
+
+
+def test_serve_script_reads_the_key_into_vllms_variable_and_quotes_each_argument(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    key = tmp_path / "api-key"
+    key.write_text("s3cret")
+    monkeypatch.setattr(lanes, "KEY_IN_CONTAINER", str(key))
+    vllm = tmp_path / "vllm"
+    vllm.write_text(
+        "#!/usr/bin/env python3\nimport json, os, sys\n"
+        'print(json.dumps([sys.argv[1:], os.environ.get("VLLM_API_KEY")]))\n'
+    )
+    vllm.chmod(0o755)
+    args = ["org/m", "--served-model-name", "a b", "--x", "$(touch pwned)", "'q'"]
+    for api_key, expected in ((True, "s3cret"), (False, None)):
+        script = lanes.serve_script(args, api_key)
+        assert "s3cret" not in script
+        result = subprocess.run(
+            ["sh", "-c", script], capture_output=True, text=True, check=True,
+            env={"PATH": f"{tmp_path}:/usr/bin:/bin"}, cwd=tmp_path,
+        )  # fmt: skip
+        assert json.loads(result.stdout) == [["serve", *args], expected]
+    assert not (tmp_path / "pwned").exists()
+    key.unlink()  # an unreadable key stops the container instead of serving without one
+    failed = subprocess.run(["sh", "-c", lanes.serve_script(args, True)], capture_output=True)
+    assert failed.returncode == 1
+
+
+# --- one lane -------------------------------------------------------------------------------------
+
+
+def test_fresh_box_gets_key_files_and_a_started_lane() -> None:
+    host = lane_host("lab-lanehost-bare.txt", {UNIT: None, ENV: None})
+    commands = run_op(lanes.serving, host=host, **lane_kwargs())
+    assert commands[0] == "install -d -m 700 -o root -g root /etc/spark/secrets"
+    assert commands[1].startswith("[ -s /etc/spark/secrets/coder.key ] || ( umask 077;")
+    assert commands[-3:] == [
+        "systemctl daemon-reload",
+        "systemctl enable spark-lane-coder.service",
+        RESTART,
+    ]
+    unit, env = host.uploads[UNIT], host.uploads[ENV]
+    assert env.splitlines()[-2:] == [
+        "RAY_memory_monitor_refresh_ms=0",
+        "VLLM_NVFP4_GEMM_BACKEND=marlin",
+    ]
+    start = exec_start(unit)
+    assert start.startswith(
+        "ExecStart=/usr/bin/docker run --rm --name spark-lane-coder --gpus all --network host"
+        " --ipc host --oom-score-adj 500 --device /dev/infiniband"
+        " --env-file /etc/spark/lanes/coder.env -v /var/lib/spark/models:/root/.cache/huggingface"
+        " -v /etc/spark/secrets/coder.key:/run/secrets/api-key:ro nvcr.io/nvidia/vllm:26.04-py3"
+        ' /bin/sh -c "VLLM_API_KEY=$$(cat /run/secrets/api-key) || exit 1; export VLLM_API_KEY;'
+        " exec vllm serve org/model --served-model-name coder --port 10101"
+    )
+    assert "--ulimit" not in start  # the lab cannot lift memlock: docker would refuse to start
+    assert "TimeoutStartSec=600\n" in unit
+    assert "After=docker.service network-online.target\n" in unit
+    assert "http://127.0.0.1:10101/health" in unit
+
+
+def test_lane_in_place_and_serving_yields_nothing() -> None:
+    host = lane_host("lab-lanehost-serving.txt", rendered())
+    assert run_op(lanes.serving, host=host, **lane_kwargs()) == []
+    assert host.noops[-1] == "lane coder is serving on port 10101"
+
+
+def test_a_changed_model_rewrites_the_unit_and_restarts_only_this_lane() -> None:
+    host = lane_host("lab-lanehost-serving.txt", rendered())
+    other = ["org/other", *ARGS[1:]]
+    commands = run_op(lanes.serving, host=host, **lane_kwargs(serve_args=other))
+    assert commands[0].startswith("FileUploadCommand(") and UNIT in commands[0]
+    assert commands[-2:] == ["systemctl daemon-reload", RESTART]
+    assert "vllm serve org/other " in exec_start(host.uploads[UNIT])
+    assert not any("spark-lane-fast" in command for command in commands)
+
+
+def test_a_changed_environment_restarts_the_lane_without_a_daemon_reload() -> None:
+    host = lane_host("lab-lanehost-serving.txt", rendered())
+    commands = run_op(lanes.serving, host=host, **lane_kwargs(environment={"HF_HUB_OFFLINE": "1"}))
+    assert ENV in commands[0]
+    assert commands[-1] == RESTART
+    assert "systemctl daemon-reload" not in commands
+    assert host.uploads[ENV].splitlines()[-1] == "HF_HUB_OFFLINE=1"
+
+
+def test_a_stopped_lane_is_started_not_rewritten() -> None:
+    files = rendered(lane="fast", port=10102)
+    # The serving capture with lane fast's state edited by hand to "failed".
+    failed = captured("lab-lanehost-serving.txt").replace(
+        "unit ActiveState=active\nunit UnitFileState=enabled\nsecrets",
+        "unit ActiveState=failed\nunit UnitFileState=enabled\nsecrets",
+    )
+    host = FakeHost(file_facts(files) | {lanes.LaneHost: failed})
+    commands = run_op(lanes.serving, host=host, **lane_kwargs(lane="fast", port=10102))
+    assert commands == [RESTART.replace("coder", "fast").replace("restart", "start", 1)]
+
+
+def test_a_port_held_by_another_service_is_refused_by_name() -> None:
+    host = lane_host("lab-lanehost-port-taken.txt", {})
+    with pytest.raises(OperationError, match=r"spark-test: port 10102 of lane fast is taken by"
+                       r" python3; stop that service or give the lane another port"):  # fmt: skip
+        run_op(lanes.serving, host=host, **lane_kwargs(lane="fast", port=10102))
+
+
+def test_a_key_with_a_loose_mode_is_tightened_without_a_restart() -> None:
+    host = lane_host("lab-lanehost-serving.txt", rendered())
+    # The serving capture with the key's mode changed by hand.
+    host.outputs[lanes.LaneHost] = captured("lab-lanehost-serving.txt").replace(
+        "coder.key root 600", "coder.key root 644"
+    )
+    commands = run_op(lanes.serving, host=host, **lane_kwargs())
+    key = "/etc/spark/secrets/coder.key"
+    assert commands == [f"chown root:root {key} && chmod 600 {key}"]
+
+
+def test_a_lane_without_a_key_mounts_none_and_a_token_when_asked() -> None:
+    files = rendered(api_key=False, hf_token=True)
+    start = exec_start(files[UNIT])
+    assert "api-key" not in start and "VLLM_API_KEY" not in start
+    assert "-v /etc/spark/secrets/hf-token:/run/secrets/hf-token:ro" in start
+    assert "HF_TOKEN_PATH=/run/secrets/hf-token\n" in files[ENV]
+    host = lane_host("lab-lanehost-bare.txt", {UNIT: None, ENV: None})
+    commands = run_op(lanes.serving, host=host, **lane_kwargs(api_key=False))
+    assert not any("secrets" in command for command in commands)
+
+
+def test_memlock_is_lifted_where_root_may_and_the_order_is_in_the_unit() -> None:
+    host = lane_host("lanehost-full-caps.sample.txt", {UNIT: None, ENV: None})
+    run_op(lanes.serving, host=host, **lane_kwargs(after="coder-a"))
+    unit = host.uploads[UNIT]
+    assert " --ulimit memlock=-1 --device /dev/infiniband " in exec_start(unit)
+    assert "After=docker.service network-online.target spark-lane-coder-a.service\n" in unit
+    assert "\nWants=spark-lane" not in unit  # ordered only: a stopped lane stays stopped
+
+
+@pytest.mark.parametrize(
+    ("changes", "message"),
+    [
+        ({"lane": "Coder"}, "lane names are 1-32 of a-z 0-9 -"),
+        ({"after": "a b"}, "lane names are 1-32 of a-z 0-9 -"),
+        ({"environment": {"A": "x\ny"}}, r"environment A='x\\ny'"),
+        ({"environment": {"1A": "x"}}, "environment 1A='x'"),
+        ({"serve_args": ["org/m", "--x", "a\nb"]}, "line break"),
+    ],
+)
+def test_refusals(changes: dict[str, Any], message: str) -> None:
+    host = lane_host("lab-lanehost-bare.txt", {UNIT: None, ENV: None})
+    with pytest.raises(OperationError, match=message):
+        run_op(lanes.serving, host=host, **lane_kwargs(**changes))
+
+
+# --- removal, image, token ------------------------------------------------------------------------
+
+
+def test_a_lane_no_longer_configured_is_stopped_disabled_and_removed() -> None:
+    host = FakeHost({lanes.LaneHost: captured("lab-lanehost-serving.txt")})
+    assert run_op(lanes.lanes_removed, host=host, keep=["coder"]) == [
+        "systemctl disable --now spark-lane-fast.service",
+        "rm -f /etc/systemd/system/spark-lane-fast.service /etc/spark/lanes/fast.env",
+        "systemctl daemon-reload",
+        "systemctl reset-failed spark-lane-fast.service || true",
+    ]
+
+
+def test_configured_lanes_are_left_alone() -> None:
+    host = FakeHost({lanes.LaneHost: captured("lab-lanehost-serving.txt")})
+    assert run_op(lanes.lanes_removed, host=host, keep=["coder", "fast", "new"]) == []
+    assert host.noops == ["no lane unit to remove"]
+
+
+def test_image_pulled_only_when_absent() -> None:
+    present = FakeHost({lanes.LaneHost: captured("lab-lanehost-serving.txt")})
+    assert run_op(lanes.image_present, host=present, image=IMAGE) == []
+    bare = FakeHost({lanes.LaneHost: captured("lab-lanehost-bare.txt")})
+    assert run_op(lanes.image_present, host=bare, image=IMAGE) == [f"docker pull --quiet {IMAGE}"]
+
+
+def test_hf_token_is_uploaded_into_a_file_that_is_0600_first(tmp_path: Path) -> None:
+    token = tmp_path / "hf-token"
+    token.write_text("hf_sentinel")
+    host = FakeHost({(Sha1File, (("path", lanes.HF_TOKEN),)): None})
+    commands = run_op(lanes.hf_token, host=host, src=str(token))
+    temporary = host.get_temp_filename()
+    assert commands[0] == (
+        "install -d -m 700 -o root -g root /etc/spark/secrets && { [ -e /etc/spark/secrets/"
+        "hf-token ] || install -m 600 /dev/null /etc/spark/secrets/hf-token; } && chown root:root"
+        " /etc/spark/secrets/hf-token && chmod 600 /etc/spark/secrets/hf-token"
+        f' && install -m 600 -o "${{SUDO_USER:-root}}" /dev/null {temporary}'
+    )
+    assert host.uploads == {lanes.HF_TOKEN: "hf_sentinel"}
+    assert "hf_sentinel" not in " ".join(commands)
+    same = hashlib.sha1(b"hf_sentinel").hexdigest()
+    host = FakeHost({(Sha1File, (("path", lanes.HF_TOKEN),)): f"{same}  {lanes.HF_TOKEN}"})
+    assert run_op(lanes.hf_token, host=host, src=str(token)) == []
+
+
+# --- the memory guard ---------------------------------------------------------------------------
+
+GUARD_FILES = (
+    "/usr/local/lib/spark/memguard.py",
+    "/etc/spark/memguard.json",
+    "/etc/systemd/system/spark-memguard.service",
+)
+
+
+def guard_host(files: dict[str, str | None], state: str = "running") -> FakeHost:
+    host = FakeHost(file_facts(files))
+    if files[GUARD_FILES[0]] is not None:
+        host.outputs[(File, (("path", GUARD_FILES[0]),))] = captured(
+            "lab-stat-memguard-script-0755.txt"
+        )
+    host.outputs[SystemdStatus] = captured(f"lab-systemctl-memguard-{state}.txt")
+    host.outputs[SystemdEnabled] = captured("lab-systemctl-memguard-enabled.txt")
+    return host
+
+
+def guard_files(**kwargs: Any) -> dict[str, str]:
+    host = guard_host(dict.fromkeys(GUARD_FILES))
+    run_op(memguard.memory_guard, host=host, **kwargs)
+    return host.uploads
+
+
+GUARD = {"lanes": [("coder", 2), ("fast", 1)], "min_available_gib": 8.0}
+
+
+def test_stop_order_lowest_priority_first_then_the_later_lane() -> None:
+    order = memguard.stop_order([("a", 5), ("b", 1), ("c", 5), ("d", 1)])
+    assert [lane["name"] for lane in order] == ["d", "b", "c", "a"]
+    assert order[0] == {
+        "name": "d",
+        "unit": "spark-lane-d.service",
+        "container": "spark-lane-d",
+        "priority": 1,
+    }
+
+
+def test_guard_installed_and_started_on_a_fresh_box() -> None:
+    host = guard_host(dict.fromkeys(GUARD_FILES))
+    commands = run_op(memguard.memory_guard, host=host, **GUARD)
+    assert commands[-2:] == [
+        "systemctl daemon-reload",
+        "systemctl enable spark-memguard.service && systemctl restart spark-memguard.service",
+    ]
+    config = json.loads(host.uploads[GUARD_FILES[1]])
+    assert config["min_available_gib"] == 8.0
+    assert [lane["name"] for lane in config["lanes"]] == ["fast", "coder"]
+    assert (
+        "ExecStart=/usr/bin/python3 /usr/local/lib/spark/memguard.py /etc/spark/memguard.json"
+        in (host.uploads[GUARD_FILES[2]])
+    )
+
+
+def test_guard_in_place_and_running_yields_nothing() -> None:
+    host = guard_host(guard_files(**GUARD))
+    assert run_op(memguard.memory_guard, host=host, **GUARD) == []
+
+
+def test_a_stopped_guard_is_started_and_a_new_threshold_restarts_it() -> None:
+    host = guard_host(guard_files(**GUARD), state="dead")
+    assert run_op(memguard.memory_guard, host=host, **GUARD) == [
+        "systemctl start spark-memguard.service"
+    ]
+    host = guard_host(guard_files(**GUARD))
+    commands = run_op(memguard.memory_guard, host=host, **(GUARD | {"min_available_gib": 12}))
+    assert GUARD_FILES[1] in commands[0]
+    assert commands[-1].endswith("systemctl restart spark-memguard.service")
+
+
+@pytest.mark.parametrize(
+    ("changes", "message"),
+    [
+        ({"min_available_gib": 0}, "above 0"),
+        ({"lanes": [("Bad Name", 1)]}, "lane names"),
+    ],
+)
+def test_guard_refusals(changes: dict[str, Any], message: str) -> None:
+    with pytest.raises(OperationError, match=message):
+        run_op(
+            memguard.memory_guard, host=guard_host(dict.fromkeys(GUARD_FILES)), **(GUARD | changes)
+        )
+
+
+class Stop(Exception):
+    """Ends the guard's loop in a test."""
+
+
+@pytest.fixture
+def guard_program() -> dict[str, Any]:
+    """The guard's program as the deploy writes it, loaded without running it."""
+    namespace: dict[str, Any] = {"__name__": "memguard"}
+    text = guard_files(**GUARD)[GUARD_FILES[0]]
+    exec(compile(text, "memguard.py", "exec"), namespace)
+    return namespace
+
+
+def test_guard_reads_memavailable_and_systemd_states(guard_program: dict[str, Any]) -> None:
+    assert guard_program["available_gib"](captured("lab-proc-meminfo.txt")) == pytest.approx(
+        23527300 / 2**20
+    )
+    shown = captured("lab-systemctl-lane-states.txt")
+    run = SimpleNamespace(stdout=shown)
+    guard_program["subprocess"] = SimpleNamespace(run=lambda *args, **kwargs: run)
+    assert guard_program["unit_states"](["x"]) == {
+        "spark-lane-fast.service": "inactive",
+        "spark-lane-coder.service": "active",
+        "spark-lane-gone.service": "inactive",
+    }
+
+
+def test_guard_stops_the_lowest_running_lane_and_says_why(
+    guard_program: dict[str, Any], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    config = tmp_path / "memguard.json"
+    config.write_text(guard_files(**GUARD)[GUARD_FILES[1]])
+    stopped: list[str] = []
+    states = {"spark-lane-fast.service": "inactive", "spark-lane-coder.service": "activating"}
+
+    def sleep(seconds: float) -> None:
+        if stopped:
+            raise Stop
+
+    guard_program |= {
+        "available_gib": lambda meminfo: 3.5,
+        "unit_states": lambda units: states,
+        "stop": lambda lane: stopped.append(lane["name"]),
+        "time": SimpleNamespace(sleep=sleep),
+    }
+    with pytest.raises(Stop):
+        guard_program["main"](str(config))
+    assert stopped == ["coder"]  # fast (lowest) is not running: the next one is stopped
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0] == "<6>below 8 GiB MemAvailable, lanes are stopped in this order: fast, coder"
+    assert lines[1] == (
+        "<4>MemAvailable 3.5 GiB is below 8 GiB: stopping lane coder (spark-lane-coder.service,"
+        " priority 2, the lowest running) before the box runs out of memory"
+    )
+
+
+def test_guard_waits_while_a_lane_is_stopping_and_says_once_when_none_is_left(
+    guard_program: dict[str, Any], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    config = tmp_path / "memguard.json"
+    config.write_text(guard_files(**GUARD)[GUARD_FILES[1]])
+    rounds = iter(
+        [
+            {"spark-lane-fast.service": "deactivating", "spark-lane-coder.service": "active"},
+            {"spark-lane-fast.service": "inactive", "spark-lane-coder.service": "failed"},
+            {"spark-lane-fast.service": "inactive", "spark-lane-coder.service": "inactive"},
+        ]
+    )
+    sleeps: list[float] = []
+
+    def sleep(seconds: float) -> None:
+        sleeps.append(seconds)
+        if len(sleeps) == 3:
+            raise Stop
+
+    guard_program |= {
+        "available_gib": lambda meminfo: 1.0,
+        "unit_states": lambda units: next(rounds),
+        "stop": lambda lane: pytest.fail(f"stopped {lane}"),
+        "time": SimpleNamespace(sleep=sleep),
+    }
+    with pytest.raises(Stop):
+        guard_program["main"](str(config))
+    notices = [line for line in capsys.readouterr().out.splitlines() if line.startswith("<5>")]
+    assert notices == ["<5>MemAvailable 1.0 GiB is below 8 GiB and no lane is left to stop"]
+
+
+# --- after the run ------------------------------------------------------------------------------
+
+ENDPOINTS = [
+    lanes.Endpoint("coder", "qwen3-coder-next", "http://spark-1:10101/v1", 0.45, 131072, True),
+    lanes.Endpoint("fast", "qwen3.6-35b-a3b", "http://spark-1:10102/v1", 0.35, 8192, False),
+]
+
+
+def test_opencode_config_names_the_key_file_never_the_key() -> None:
+    config = lanes.opencode_config("Spark-1.local", ENDPOINTS)
+    coder = config["provider"]["spark-1-local-coder"]
+    assert coder["options"] == {
+        "baseURL": "http://spark-1:10101/v1",
+        "apiKey": "{file:~/.config/opencode/spark-1-local-coder.key}",
+    }
+    assert coder["npm"] == "@ai-sdk/openai-compatible"
+    assert coder["models"] == {
+        "qwen3-coder-next": {
+            "name": "qwen3-coder-next",
+            "limit": {"context": 131072, "output": 16384},
+        }
+    }
+    fast = config["provider"]["spark-1-local-fast"]
+    assert "apiKey" not in fast["options"]
+    assert fast["models"]["qwen3.6-35b-a3b"]["limit"] == {"context": 8192, "output": 2048}
+
+
+def test_endpoints_table() -> None:
+    assert lanes.endpoints_table({"spark-1": ENDPOINTS}).splitlines() == [
+        "    box      lane   served name       URL                      memory  API key",
+        "    spark-1  coder  qwen3-coder-next  http://spark-1:10101/v1  0.45"
+        "    /etc/spark/secrets/coder.key",
+        "    spark-1  fast   qwen3.6-35b-a3b   http://spark-1:10102/v1  0.35    none",
+    ]
+
+
+def test_report_after_a_run_only_for_boxes_that_succeeded(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    report = lanes.EndpointsReport()
+    report.endpoints = {"spark-1": ENDPOINTS, "spark-2": ENDPOINTS}
+    state = SimpleNamespace(
+        current_stage=StateStage.Prepare,
+        failed_hosts=[SimpleNamespace(name="spark-2")],
+        cwd=tmp_path,
+    )
+    report.host_disconnect(state, None)  # a --dry run, or one that stopped early: nothing
+    assert not (tmp_path / "clients").exists()
+    state.current_stage = StateStage.Disconnect
+    report.host_disconnect(state, None)
+    report.host_disconnect(state, None)  # the next host's disconnect: once is enough
+    assert sorted(path.name for path in (tmp_path / "clients").iterdir()) == ["spark-1.json"]
+    written = json.loads((tmp_path / "clients/spark-1.json").read_text())
+    assert written == lanes.opencode_config("spark-1", ENDPOINTS)
+    shown = capsys.readouterr().err
+    assert shown.count("--> vLLM lanes serving:") == 1
+    assert "spark-1  coder" in shown and "spark-2" not in shown.split("OpenCode")[0]
+    assert "sudo cat /etc/spark/secrets/<lane>.key > ~/.config/opencode/<box>-<lane>.key" in shown
+
+
+# --- the configuration keys of the lanes' host side ---------------------------------------------
+
+
+def test_lane_settings_defaults_and_a_token_file(tmp_path: Path) -> None:
+    spark = load_from_dicts(merged(TWO_SPARKS))
+    box = spark.host("spark-1")
+    assert (box.memory_guard_min_available_gib, box.lane_start_timeout_min) == (8, 20)
+    assert box.hf_token_file is None
+    token = tmp_path / "hf-token"
+    token.write_text("hf_x")
+    with_token = {name: data | {"hf_token_file": str(token)} for name, data in TWO_SPARKS.items()}
+    assert load_from_dicts(merged(with_token)).host("spark-2").hf_token_file == str(token)
+
+
+@pytest.mark.parametrize(
+    ("key", "value", "problem"),
+    [
+        (
+            "hf_token_file",
+            "/nonexistent/hf-token",
+            "spark-1: hf_token_file: '/nonexistent/hf-token' is no file on this machine;",
+        ),
+        ("memory_guard_min_available_gib", 0, "spark-1: memory_guard_min_available_gib: Input"),
+        ("lane_start_timeout_min", 0, "spark-1: lane_start_timeout_min: Input should be"),
+        ("memory_guard_min_available_gib", "8", "spark-1: memory_guard_min_available_gib: Input"),
+    ],
+)
+def test_lane_settings_refused(key: str, value: object, problem: str) -> None:
+    hosts = {name: data | {key: value} for name, data in TWO_SPARKS.items()}
+    with pytest.raises(ConfigError) as refused:
+        load_from_dicts(merged(hosts))
+    assert any(line.startswith(problem) for line in refused.value.problems), refused.value
