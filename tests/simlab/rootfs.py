@@ -7,12 +7,14 @@ them (the package list or the files baked in) changes their key and builds them 
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import inspect
-import os
 import re
 import shutil
 import subprocess
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 from tests.simlab.paths import CACHE, HARDWARE_DIR, log
@@ -101,6 +103,16 @@ def _debootstrap(target: Path, packages: list[str]) -> None:
     tmp.rename(target)
 
 
+@contextmanager
+def _building(target: Path) -> Iterator[bool]:
+    """Hold the cache's build lock; yields whether `target` still has to be built (labs
+    started side by side wait for one build instead of racing through the same directories)."""
+    CACHE.mkdir(parents=True, exist_ok=True)
+    with open(CACHE / ".build.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        yield not target.exists()
+
+
 def _chroot(root: Path, script: str) -> None:
     subprocess.run(["chroot", str(root), "/bin/sh", "-euc", script], check=True,
                    stdin=subprocess.DEVNULL)  # fmt: skip
@@ -148,15 +160,17 @@ def spark_base() -> Path:
     target = CACHE / f"spark-base-{_key(*parts)}"
     if target.exists():
         return target
-    ensure_host_tools()
-    for stale in CACHE.glob("spark-base-*"):
-        shutil.rmtree(stale, ignore_errors=True)
-    staging = CACHE / "spark-base.staging"
-    shutil.rmtree(staging, ignore_errors=True)
-    _debootstrap(staging, SPARK_PACKAGES)
-    log("customizing the bare Spark image")
-    _customize_spark(staging)
-    staging.rename(target)
+    with _building(target) as needed:
+        if needed:
+            ensure_host_tools()
+            for stale in CACHE.glob("spark-base-*"):
+                shutil.rmtree(stale, ignore_errors=True)
+            staging = CACHE / "spark-base.staging"
+            shutil.rmtree(staging, ignore_errors=True)
+            _debootstrap(staging, SPARK_PACKAGES)
+            log("customizing the bare Spark image")
+            _customize_spark(staging)
+            staging.rename(target)
     return target
 
 
@@ -170,13 +184,12 @@ def stand_in_repositories() -> Path:
     target = CACHE / f"repos-{_key(*(path.read_bytes() for path in inputs))}"
     if target.exists():
         return target
-    staging = CACHE / f"repos.staging-{os.getpid()}"
-    shutil.rmtree(staging, ignore_errors=True)
-    standins.build_repositories(staging)
-    try:
-        staging.rename(target)
-    except OSError:  # another lab finished the same build first
-        shutil.rmtree(staging, ignore_errors=True)
+    with _building(target) as needed:
+        if needed:
+            staging = CACHE / "repos.staging"
+            shutil.rmtree(staging, ignore_errors=True)
+            standins.build_repositories(staging)
+            staging.rename(target)
     return target
 
 
@@ -191,18 +204,20 @@ def serving_image_tar() -> Path:
     tar = IMAGES / f"serving-image-{_key(*parts)}.tar"
     if tar.exists():
         return tar
-    ensure_host_tools()
-    IMAGES.mkdir(parents=True, exist_ok=True)
-    for stale in IMAGES.glob("serving-image-*.tar"):
-        stale.unlink()
-    root = CACHE / "serving-rootfs"
-    shutil.rmtree(root, ignore_errors=True)
-    _debootstrap(root, SERVING_PACKAGES)
-    log("adding Ray and the vllm stand-in to the serving image")
-    serving.assemble_serving_rootfs(root)
-    partial = tar.with_suffix(".partial")
-    subprocess.run(["tar", "-C", str(root), "--numeric-owner", "-cf", str(partial), "."],
-                   check=True)  # fmt: skip
-    partial.rename(tar)
-    shutil.rmtree(root, ignore_errors=True)
+    with _building(tar) as needed:
+        if needed:
+            ensure_host_tools()
+            IMAGES.mkdir(parents=True, exist_ok=True)
+            for stale in IMAGES.glob("serving-image-*.tar"):
+                stale.unlink()  # a lab importing it keeps its open file
+            root = CACHE / "serving-rootfs"
+            shutil.rmtree(root, ignore_errors=True)
+            _debootstrap(root, SERVING_PACKAGES)
+            log("adding Ray and the vllm stand-in to the serving image")
+            serving.assemble_serving_rootfs(root)
+            partial = tar.with_suffix(".partial")
+            subprocess.run(["tar", "-C", str(root), "--numeric-owner", "-cf", str(partial), "."],
+                           check=True)  # fmt: skip
+            partial.rename(tar)
+            shutil.rmtree(root, ignore_errors=True)
     return tar
