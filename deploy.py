@@ -2,19 +2,20 @@
 
     pyinfra inventories/lab.py deploy.py [--dry] [--limit HOST]
 
-The order matters: the driver check runs first so that a box on the wrong branch is refused
-before anything changes; the fabric comes up before its GID entries are checked; docker is
-restarted only when its runtime configuration changed.
+The order matters: what an interrupted run left dpkg in the middle of is finished first (apt
+installs nothing until it is); then the driver check, so that a box on the wrong branch is
+refused before anything else changes; the fabric comes up before its GID entries and its peers
+are checked; docker is restarted whenever the running daemon lacks the nvidia runtime.
 """
 
 from pyinfra import host, inventory
-from pyinfra.operations import systemd
 
-from operations import config, driver, environment, hygiene, nmcli, roce, toolkit
+from operations import config, debpkg, driver, environment, hygiene, nmcli, preflight, roce, toolkit
 
 spark = config.load(inventory)  # already checked before connecting (config.py): cached
 me = spark.host(host.name)
 
+debpkg.completed(name="dpkg: nothing left half installed")
 driver.branch_held(
     name=f"Driver branch {me.driver.branch}: installed, held, apt pinned",
     branch=me.driver.branch,
@@ -37,6 +38,11 @@ for link in me.fabric:
         address=str(link.address),
         index=me.gid_index,
     )
+preflight.fabric_peers(
+    name=f"Fabric twins reach the other boxes' twins ({me.mtu}-byte frames)",
+    peers=preflight.peers_of(me, spark.hosts),
+    mtu=me.mtu,
+)
 
 environment.cluster_env(
     name=f"Cluster environment in {me.env_file}",
@@ -50,13 +56,7 @@ toolkit.repository(
     key_url=me.toolkit.key_url,
 )
 toolkit.installed(name=f"NVIDIA container toolkit {me.toolkit.version}", version=me.toolkit.version)
-runtime = toolkit.docker_runtime(name="docker's nvidia runtime (nvidia-ctk)")
-systemd.service(
-    name="Restart docker for its new runtime",
-    service="docker",
-    restarted=True,
-    _if=runtime.did_change,
-)
+toolkit.docker_runtime(name="docker's nvidia runtime (nvidia-ctk), in the running daemon")
 
 hygiene.logind_keep_ipc(name="logind keeps IPC of logged-out users (RemoveIPC=no)")
 hygiene.sshd_oom_protected(name="sshd's listener out of the OOM killer's reach (-1000)")

@@ -43,6 +43,26 @@ class LogindRemoveIpc(FactBase):
 REMOVE_IPC = re.compile(r"^\s*RemoveIPC\s*=\s*(\S*)")
 
 
+class LogindRunningRemoveIpc(FactBase):
+    """Whether the running logind removes a logged-out user's IPC objects (its RemoveIPC
+    property on D-Bus); None when logind does not answer.
+
+    .. code:: python
+
+        False
+    """
+
+    def command(self) -> str:
+        return (
+            "busctl get-property org.freedesktop.login1 /org/freedesktop/login1"
+            " org.freedesktop.login1.Manager RemoveIPC 2>/dev/null || true"
+        )
+
+    def process(self, output: list[str]) -> bool | None:
+        value = output[0].strip() if output else ""
+        return {"b true": True, "b false": False}.get(value)
+
+
 def _read_after(settings: list[tuple[str, str]], path: str) -> list[tuple[str, str]]:
     """The settings logind reads after our drop-in: drop-ins are read in the order of their
     file names, whichever directory holds them (systemd.syntax(7))."""
@@ -60,7 +80,8 @@ def logind_keep_ipc(path: str = "/etc/systemd/logind.conf.d/spark-keep-ipc.conf"
 
     + path: the logind.conf drop-in
 
-    logind reads it when it starts: when the drop-in changed, logind is reloaded where it supports
+    logind reads it when it starts: when the drop-in changed, or the running logind still removes
+    IPC (a run cut off between the two leaves it so), logind is reloaded where it supports
     that, restarted otherwise (an Xorg session on the box may not survive a logind restart:
     systemd/systemd#18484; Wayland sessions and SSH logins do).
     """
@@ -78,7 +99,7 @@ def logind_keep_ipc(path: str = "/etc/systemd/logind.conf.d/spark-keep-ipc.conf"
         )
     )
     yield from changes
-    if changes:
+    if changes or host.get_fact(LogindRunningRemoveIpc):
         # A restart whose first start fails (seen in containers: status 219/CGROUP) is retried
         # by the unit itself (Restart=always): what counts is logind running on the new file.
         yield (

@@ -60,6 +60,25 @@ class DockerDaemonConfig(FactBase):
         return config if isinstance(config, dict) else None
 
 
+class DockerRuntimes(FactBase):
+    """The runtimes of the running docker daemon, or None when it does not answer.
+
+    .. code:: python
+
+        ["io.containerd.runc.v2", "nvidia", "runc"]
+    """
+
+    def command(self) -> str:
+        return "docker info --format '{{json .Runtimes}}' 2>/dev/null || true"
+
+    def process(self, output: list[str]) -> list[str] | None:
+        try:
+            runtimes = json.loads("\n".join(output))
+        except ValueError:
+            return None
+        return sorted(runtimes) if isinstance(runtimes, dict) else None
+
+
 @operation()
 def repository(
     url: str,
@@ -138,23 +157,22 @@ def installed(version: str):
 
 
 @operation()
-def docker_runtime():
+def docker_runtime(service: str = "docker.service"):
     """
-    Register the toolkit's ``nvidia`` runtime in docker's daemon.json (with nvidia-ctk).
+    Register the toolkit's ``nvidia`` runtime in docker's daemon.json (with nvidia-ctk) and make
+    sure the running docker has it.
 
-    Docker reads daemon.json when it starts: restart it when this changed something.
+    + service: docker's unit, restarted when the running daemon lacks the runtime
+
+    Docker reads daemon.json only when it starts, so the restart follows a change of the file, and
+    also comes on its own when the file has the runtime and the daemon does not: a run cut off
+    between the two leaves the box so, and a later run must still finish the job.
 
     **Example:**
 
     .. code:: python
 
-        runtime = toolkit.docker_runtime(name="Register the nvidia runtime with docker")
-        systemd.service(
-            name="Restart docker to load the nvidia runtime",
-            service="docker.service",
-            restarted=True,
-            _if=runtime.did_change,
-        )
+        toolkit.docker_runtime(name="docker's nvidia runtime")
     """
     config = host.get_fact(DockerDaemonConfig)
     if config is None:
@@ -164,6 +182,11 @@ def docker_runtime():
         )
     runtimes = config.get("runtimes")
     if isinstance(runtimes, dict) and "nvidia" in runtimes:
-        host.noop("docker has the nvidia runtime")
-        return
-    yield "nvidia-ctk runtime configure --runtime=docker"
+        running = host.get_fact(DockerRuntimes)
+        if running is not None and "nvidia" in running:
+            host.noop("docker has the nvidia runtime")
+            return
+    else:
+        yield "nvidia-ctk runtime configure --runtime=docker"
+    # Also when docker does not answer at all: a restart starts it, with the runtime.
+    yield f"systemctl restart {shlex.quote(service)}"

@@ -90,9 +90,10 @@ def test_fresh_host_gets_pin_then_install_then_hold() -> None:
     host = FakeHost({driver.DriverPackages: "", driver.NvidiaSmi: "", **file_facts({PIN: None})})
     commands = run_op(driver.branch_held, 580, "nvidia-driver-580-open", host=host)
     assert commands[0].startswith("FileUploadCommand(") and PIN in commands[0]
-    install = next(i for i, c in enumerate(commands) if "apt-get install" in c)
+    install = next(i for i, c in enumerate(commands) if "install -y" in c)
     assert commands[install] == (
-        "apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y"
+        "apt-get update -qq && DEBIAN_FRONTEND=noninteractive"
+        " apt-get -o DPkg::Lock::Timeout=600 install -y"
         " -o Dpkg::Options::=--force-confdef"
         " -o Dpkg::Options::=--force-confold nvidia-driver-580-open"
     )

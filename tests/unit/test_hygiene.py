@@ -4,6 +4,8 @@ Captures:
 - lab-sshd-oom-no-cap-sys-resource.txt: SshdOomScore's command on lab host spark-2 (Debian 12 in
   systemd-nspawn on a machine whose capability bounding set lacks CAP_SYS_RESOURCE): sshd could
   not lower its own score there.
+- lab-logind-running-{remove,keep}.txt: LogindRunningRemoveIpc's command on lab host spark-2
+  freshly reimaged (logind's default, RemoveIPC=yes) and on spark-1 after a deploy.
 - sshd-oom-*.sample.txt: written by hand in the same "<pid> <oom_score_adj> <CapEff>" line, with
   a root shell's full capability set; the command itself runs below against a stand-in systemctl.
 """
@@ -26,10 +28,16 @@ RESTART = (
     " || { sleep 2; systemctl is-active --quiet systemd-logind.service; }"
 )
 LOGIND = hygiene.LogindRemoveIpc
+RUNNING = hygiene.LogindRunningRemoveIpc
 
 
-def logind_host(drop_in: str | None, config: str = "lab-logind-cat-config.txt") -> FakeHost:
-    return FakeHost(file_facts({DROP_IN: drop_in}) | {LOGIND: captured(config)})
+def logind_host(
+    drop_in: str | None,
+    config: str = "lab-logind-cat-config.txt",
+    running: str = "lab-logind-running-keep.txt",
+) -> FakeHost:
+    facts = {LOGIND: captured(config), RUNNING: captured(running)}
+    return FakeHost(file_facts({DROP_IN: drop_in}) | facts)
 
 
 def drop_in_text() -> str:
@@ -49,6 +57,19 @@ def test_fresh_host_gets_the_drop_in_and_logind_rereads_it() -> None:
 def test_drop_in_in_place_yields_nothing() -> None:
     host = logind_host(drop_in_text())
     assert run_op(hygiene.logind_keep_ipc, host=host) == []
+
+
+def test_drop_in_in_place_but_logind_not_on_it_gets_the_reload() -> None:
+    # A run cut off between writing the drop-in and the reload leaves the box so.
+    host = logind_host(drop_in_text(), running="lab-logind-running-remove.txt")
+    assert run_op(hygiene.logind_keep_ipc, host=host) == [RESTART]
+
+
+def test_running_logind_fact() -> None:
+    assert process(RUNNING, captured("lab-logind-running-remove.txt")) is True
+    assert process(RUNNING, captured("lab-logind-running-keep.txt")) is False
+    assert process(RUNNING, "") is None  # logind does not answer: nothing to reload
+    assert RUNNING().command().endswith("2>/dev/null || true")
 
 
 def test_an_edited_drop_in_is_rewritten_and_reread() -> None:

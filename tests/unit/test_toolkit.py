@@ -7,6 +7,8 @@ Captures:
   --admindir) over a private dpkg status database whose stanzas we wrote: 1.18.0-1, not held.
 - docker-daemon-json-nvidia.sample.txt: written by hand after NVIDIA's install guide, which shows
   the daemon.json that `nvidia-ctk runtime configure --runtime=docker` leaves.
+- lab-docker-runtimes-{bare,nvidia}.txt: DockerRuntimes' command on lab host spark-2 freshly
+  reimaged, and on spark-1 after a deploy.
 """
 
 from __future__ import annotations
@@ -34,12 +36,14 @@ LIST_TEXT = (
     f"deb [signed-by={KEYRING}] {URL} /\n"
 )
 INSTALL_1_19 = (
-    "apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y"
+    "apt-get update -qq && DEBIAN_FRONTEND=noninteractive"
+    " apt-get -o DPkg::Lock::Timeout=600 install -y"
     " -o Dpkg::Options::=--force-confdef"
     " -o Dpkg::Options::=--force-confold --allow-downgrades --allow-change-held-packages"
     " nvidia-container-toolkit=1.19.0-1 nvidia-container-toolkit-base=1.19.0-1"
     " libnvidia-container-tools=1.19.0-1 libnvidia-container1=1.19.0-1"
 )
+RESTART_DOCKER = "systemctl restart docker.service"
 HOLD_ALL = (
     "apt-mark hold nvidia-container-toolkit nvidia-container-toolkit-base"
     " libnvidia-container-tools libnvidia-container1"
@@ -123,18 +127,39 @@ def test_right_version_not_held_is_only_held() -> None:
     ]
 
 
-def test_docker_without_the_runtime_gets_it() -> None:
+def test_docker_runtimes_fact() -> None:
+    # Captured on lab host spark-2, bare and after a deploy.
+    bare = process(toolkit.DockerRuntimes, captured("lab-docker-runtimes-bare.txt"))
+    assert bare == ["io.containerd.runc.v2", "io.containerd.runtime.v1.linux", "runc"]
+    deployed = process(toolkit.DockerRuntimes, captured("lab-docker-runtimes-nvidia.txt"))
+    assert deployed == [*bare[:2], "nvidia", "runc"]
+    assert process(toolkit.DockerRuntimes, "") is None  # docker does not answer
+    assert toolkit.DockerRuntimes().command().endswith("2>/dev/null || true")
+
+
+def test_docker_without_the_runtime_gets_it_then_a_restart() -> None:
     for daemon_json in ("", '{"log-driver": "journald"}'):
+        # The running daemon is not asked: it is restarted whatever it has.
         host = FakeHost({toolkit.DockerDaemonConfig: daemon_json})
         commands = run_op(toolkit.docker_runtime, host=host)
-        assert commands == ["nvidia-ctk runtime configure --runtime=docker"]
+        assert commands == ["nvidia-ctk runtime configure --runtime=docker", RESTART_DOCKER]
 
 
 def test_docker_with_the_runtime_yields_nothing() -> None:
     sample = captured("docker-daemon-json-nvidia.sample.txt")
-    host = FakeHost({toolkit.DockerDaemonConfig: sample})
+    running = captured("lab-docker-runtimes-nvidia.txt")
+    host = FakeHost({toolkit.DockerDaemonConfig: sample, toolkit.DockerRuntimes: running})
     assert run_op(toolkit.docker_runtime, host=host) == []
     assert host.noops == ["docker has the nvidia runtime"]
+
+
+def test_runtime_in_the_file_but_not_in_the_daemon_gets_the_restart() -> None:
+    # A run cut off between nvidia-ctk and the restart leaves the box so (seen in the lab); and
+    # a docker that does not answer is started by the restart.
+    sample = captured("docker-daemon-json-nvidia.sample.txt")
+    for running in (captured("lab-docker-runtimes-bare.txt"), ""):
+        host = FakeHost({toolkit.DockerDaemonConfig: sample, toolkit.DockerRuntimes: running})
+        assert run_op(toolkit.docker_runtime, host=host) == [RESTART_DOCKER]
 
 
 def test_docker_config_that_is_not_json_is_refused() -> None:
