@@ -28,6 +28,9 @@ TOOLKIT = "nvidia-container-toolkit"
 # Driver branch -> (package version, CUDA version its nvidia-smi reports).
 DRIVER_BRANCHES = {"580": ("580.142-0ubuntu1", "13.0"), "590": ("590.48-0ubuntu1", "13.1")}
 TOOLKIT_VERSIONS = ["1.19.0-1", "1.18.0-1"]
+# Ubuntu packages the deploy installs and a box's archive serves (the firewall's nft): the real
+# Debian packages of this machine's release, which the lab's hosts run.
+DISTRIBUTION_PACKAGES = ["nftables", "libnftables1"]
 # Fixed timestamps make the .debs byte-identical from build to build, so a rebuild never
 # changes a package behind a host's cached package lists.
 SOURCE_DATE_EPOCH = 1767225600  # 2026-01-01
@@ -151,6 +154,8 @@ def build_repositories(dest: Path) -> None:
         log(f"standins: building {len(packages)} packages into {repo_dir}")
         for package in packages:
             _build_deb(package, repo_dir)
+        if repo == DGX:
+            _download(DISTRIBUTION_PACKAGES, repo_dir)
         with _gnupg_home(dest / f".gnupg-{repo}") as home:
             fingerprint = _signing_key(home, f"{origin} signing key")
             _write_indexes(repo_dir, origin)
@@ -162,6 +167,15 @@ def build_repositories(dest: Path) -> None:
                 # Like NVIDIA's gpgkey URL: ASCII-armored, dearmored by whoever installs it.
                 _export(home, fingerprint, repo_dir / "gpgkey", "--armor")
         log(f"standins: {repo} signed with key {fingerprint}")
+
+
+def _download(names: list[str], repo_dir: Path) -> None:
+    """This machine's .debs of these packages into repo_dir (apt's lists refreshed if need be)."""
+    command = ["apt-get", "download", "-qq", *names]
+    quiet = {"stdin": subprocess.DEVNULL, "capture_output": True}
+    if subprocess.run(command, cwd=repo_dir, check=False, **quiet).returncode != 0:
+        subprocess.run(["apt-get", "update", "-qq"], check=True, **quiet)
+        subprocess.run(command, cwd=repo_dir, check=True, **quiet)
 
 
 def _build_deb(package: Package, repo_dir: Path) -> None:
