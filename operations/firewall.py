@@ -1,0 +1,149 @@
+"""nftables: cluster ports only from the fabric."""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from io import StringIO
+from ipaddress import IPv4Network
+from pathlib import Path
+
+from jinja2 import Template
+from pyinfra import host
+from pyinfra.api import FactBase, operation
+from pyinfra.api.exceptions import OperationError
+from pyinfra.operations import files
+
+from operations import debpkg
+
+TEMPLATES = Path(__file__).parents[1] / "templates"
+TABLE = "inet spark"  # our own table: docker's and anyone else's rules stay untouched
+UNIT = "spark-firewall.service"
+# The distributed back-end's fixed ports (vLLM docs, usage/security.md): torch's TCPStore and
+# the data-parallel master at MASTER_PORT 29500, KV cache transfer at 14579. NCCL, Gloo and
+# vLLM's other sockets take ports from the kernel's ephemeral range, which the rules add.
+BACKEND_PORTS = [(14579, 14579), (29500, 29500)]
+DIGEST = re.compile(r'comment "spark:([0-9a-f]{64})"')
+
+
+class FirewallState(FactBase):
+    """Whether nft is installed, the kernel's ephemeral port range, the digest of the loaded
+    `inet spark` table (from its comment) and the state of its unit.
+
+    .. code:: python
+
+        {"nft": True, "ephemeral": (32768, 60999), "loaded": "5be1...", "enabled": "enabled",
+         "active": "active"}
+    """
+
+    def command(self) -> str:
+        return (
+            "command -v nft >/dev/null && echo nft;"
+            ' echo "ephemeral $(cat /proc/sys/net/ipv4/ip_local_port_range)";'
+            f' echo "loaded $(nft list table {TABLE} 2>/dev/null | head -n 3)";'
+            f' echo "enabled $(systemctl is-enabled {UNIT} 2>/dev/null)";'
+            f' echo "active $(systemctl is-active {UNIT} 2>/dev/null)"; true'
+        )
+
+    def process(self, output: list[str]) -> dict:
+        text = "\n".join(output)
+        fields = dict(line.partition(" ")[::2] for line in output)
+        low, high = (int(port) for port in fields["ephemeral"].split())
+        digest = DIGEST.search(text)
+        return {
+            "nft": "nft" in fields,
+            "ephemeral": (low, high),
+            "loaded": digest[1] if digest else None,
+            "enabled": fields.get("enabled") or None,
+            "active": fields.get("active") or None,
+        }
+
+
+def merged(ranges: list[tuple[int, int]]) -> list[tuple[int, int]]:
+    """Port ranges sorted, overlapping and adjacent ones joined (nft refuses overlaps in a set)."""
+    result: list[tuple[int, int]] = []
+    for low, high in sorted(ranges):
+        if result and low <= result[-1][1] + 1:
+            result[-1] = (result[-1][0], max(high, result[-1][1]))
+        else:
+            result.append((low, high))
+    return result
+
+
+def ruleset(fabric: dict[str, str], ports: list[tuple[int, int]]) -> str:
+    """The `inet spark` table, its comment the SHA-256 of the rest (what the fact compares)."""
+    template = Template(
+        (TEMPLATES / "spark-firewall.nft.j2").read_text(), keep_trailing_newline=True
+    )
+    variables = {
+        "ifnames": sorted(fabric),
+        "subnets": sorted({str(IPv4Network(subnet)) for subnet in fabric.values()}),
+        "ports": [str(low) if low == high else f"{low}-{high}" for low, high in ports],
+    }
+    digest = hashlib.sha256(template.render(digest="", **variables).encode()).hexdigest()
+    return template.render(digest=digest, **variables)
+
+
+@operation()
+def cluster_ports_fabric_only(
+    fabric: dict[str, str],
+    ports: list[tuple[int, int]],
+    open_ports: list[int],
+    path: str = "/etc/spark/firewall.nft",
+):
+    """
+    Let the cluster's ports accept connections only from the fabric; everything else is left
+    as it is (own table, default accept).
+
+    + fabric: fabric interface -> its subnet ("192.168.100.0/24"): only these interfaces, from
+      these subnets, reach the cluster's ports
+    + ports: the cluster's ports as (low, high) ranges (Ray's, the distributed back-end's); the
+      kernel's ephemeral range is added (NCCL, Gloo and vLLM listen there)
+    + open_ports: ports that must stay reachable from anywhere (SSH, the lanes' APIs): refused
+      when a cluster port range holds one
+    + path: the ruleset file; ``spark-firewall.service`` loads it at boot
+
+    From elsewhere, a connection to a cluster port is refused (TCP reset, ICMP unreachable) rather
+    than dropped, so a client fails at once. The table is replaced whole, in one transaction,
+    when its digest differs from the file's.
+    """
+    state = host.get_fact(FirewallState)
+    ranges = merged([*ports, *BACKEND_PORTS, state["ephemeral"]])
+    closed = [port for port in open_ports if any(low <= port <= high for low, high in ranges)]
+    if closed:
+        raise OperationError(
+            f"{host.name}: port(s) {', '.join(map(str, sorted(closed)))} must stay open (SSH,"
+            " a lane's API) but fall among the cluster's ports"
+            f" ({', '.join(f'{low}-{high}' for low, high in ranges)}); move them out of these"
+            " ranges (a lane's `port`, ray_port, the kernel's net.ipv4.ip_local_port_range)"
+        )
+    rules = ruleset(fabric, ranges)
+    if not state["nft"]:
+        yield debpkg.apt_install("nftables")
+    ruleset_file = list(
+        files.put._inner(src=StringIO(rules), dest=path, user="root", group="root", mode="644")
+    )
+    yield from ruleset_file
+    unit = list(
+        files.template._inner(
+            src=str(TEMPLATES / "spark-firewall.service.j2"),
+            dest=f"/etc/systemd/system/{UNIT}",
+            user="root",
+            group="root",
+            mode="644",
+            path=path,
+            table=TABLE,
+        )
+    )
+    yield from unit
+    if unit:
+        yield "systemctl daemon-reload"
+    if state["enabled"] != "enabled":
+        yield f"systemctl enable {UNIT}"
+    digest = DIGEST.search(rules)[1]
+    if state["active"] != "active":
+        yield f"systemctl start {UNIT}"  # loads the file
+    elif state["loaded"] != digest:
+        yield f"nft -f {path}"  # replaces the table in one transaction: no gap
+    elif not (ruleset_file or unit) and state["enabled"] == "enabled":
+        host.noop(f"{TABLE} admits the cluster's ports from the fabric only")
