@@ -39,6 +39,15 @@ toolkit_repo_key_url = "https://nvidia.github.io/libnvidia-container/gpgkey"
 # (vllm PR#42075); off by default because it is verbose.
 nccl_debug = False
 
+# Ray joins the boxes of a cluster over the fabric (operations/ray.py): the head's GCS port
+# (Ray's next six ports follow it), the image Ray runs in (the lanes' serving image: NGC's may
+# ship without Ray, dgx-spark-playbooks#109, which the deploy refuses), and Ray's token
+# authentication (Ray 2.52 and later; the token is made once on this machine and copied to
+# every box root-only). Without it only the firewall keeps others off Ray (CVE-2023-48022).
+ray_port = 6379
+ray_image = "nvcr.io/nvidia/vllm:26.04-py3"
+ray_auth = True
+
 # What vLLM's --gpu-memory-utilization is a fraction of: the total CUDA reports, which on a
 # Spark's 128 GB LPDDR5X is 121.69 GiB (vLLM asks 105.87 GiB at 0.87:
 # MiaAI-Lab/GLM-5.3-Flash-EXL3-2x-DGX-Sparks#47). The OS sees ~119.7 GiB of it as MemTotal.

@@ -41,6 +41,11 @@ HCA = re.compile(r"[A-Za-z0-9_.-]{1,63}")  # the kernel's IB_DEVICE_NAME_MAX les
 DRIVER_PACKAGE = re.compile(r"nvidia-driver-(\d+)(-open)?")
 DEBIAN_VERSION = re.compile(r"(\d+:)?\d[A-Za-z0-9.+~]*(-[A-Za-z0-9.+~]+)*")
 ABSOLUTE_PATH = re.compile(r"(/[A-Za-z0-9_.-]+)+")
+# registry/repository:tag, as docker reads it (a registry may carry a port, a digest may follow).
+IMAGE = re.compile(
+    r"[a-z0-9]+(?:[._-][a-z0-9]+)*(?::\d+)?(?:/[a-z0-9]+(?:[._-][a-z0-9]+)*)+"
+    r":[A-Za-z0-9_][A-Za-z0-9._-]{0,127}(?:@sha256:[0-9a-f]{64})?"
+)
 SUPPORTED_BRANCH = 580
 
 
@@ -94,6 +99,14 @@ class HostSettings(BaseModel):
     toolkit_repo_key_url: str = Field(description="an https:// or file:/// URL of the signing key")
     env_file: str = Field(description="an absolute path, e.g. /etc/spark/cluster.env")
     nccl_debug: bool = Field(description="True or False")
+    ray_port: int = Field(
+        ge=1024, le=32000, description="an integer 1024..32000, the head's GCS port (6379)"
+    )
+    ray_image: str = Field(
+        description="registry/repository:tag of the image Ray runs in, with Ray in it,"
+        " e.g. nvcr.io/nvidia/vllm:26.04-py3"
+    )
+    ray_auth: bool = Field(description="True or False (Ray's token authentication)")
     unified_memory_gib: float = Field(
         ge=1, le=4096, description="the GiB CUDA reports as total memory (121.69 on a Spark)"
     )
@@ -241,6 +254,16 @@ class HostSettings(BaseModel):
             raise ValueError("\n".join(problems))
         return lanes
 
+    @field_validator("ray_image")
+    @classmethod
+    def _ray_image(cls, image: str) -> str:
+        if not IMAGE.fullmatch(image):
+            raise ValueError(
+                f"{image!r} is not registry/repository:tag; pin a tag, e.g."
+                " nvcr.io/nvidia/vllm:26.04-py3"
+            )
+        return image
+
 
 def _ifname_problems(ifname: str) -> list[str]:
     if IFNAME.fullmatch(ifname) and ifname not in (".", ".."):
@@ -312,6 +335,16 @@ class Toolkit(BaseModel):
     key_url: str
 
 
+class Ray(BaseModel):
+    """The Ray cluster the boxes form over the fabric (operations/ray.py)."""
+
+    model_config = ConfigDict(frozen=True)
+
+    port: int
+    image: str
+    auth: bool
+
+
 class HostConfig(BaseModel):
     """One host's validated configuration, grouped by concern."""
 
@@ -326,6 +359,7 @@ class HostConfig(BaseModel):
     toolkit: Toolkit
     env_file: str
     nccl_debug: bool
+    ray: Ray
     unified_memory_gib: float
     lanes: tuple[Lane, ...]  # in start order, each after the one before
     memory_guard_min_available_gib: float
@@ -353,6 +387,7 @@ class HostConfig(BaseModel):
             ),
             env_file=data.env_file,
             nccl_debug=data.nccl_debug,
+            ray=Ray(port=data.ray_port, image=data.ray_image, auth=data.ray_auth),
             unified_memory_gib=data.unified_memory_gib,
             # Without a priority, later lanes are stopped first by the memory guard.
             lanes=tuple(

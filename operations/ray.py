@@ -1,0 +1,290 @@
+"""Ray over the fabric: head and workers as systemd units."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+import secrets
+import shlex
+from io import StringIO
+from pathlib import Path
+from typing import Literal
+
+from pyinfra import host
+from pyinfra.api import FactBase, operation
+from pyinfra.api.command import FileUploadCommand
+from pyinfra.api.exceptions import OperationError
+from pyinfra.operations import files
+
+TEMPLATES = Path(__file__).parents[1] / "templates"
+UNIT = "spark-ray.service"  # what the cluster lane orders itself after
+CONTAINER = "spark-ray"
+UNIT_PATH = f"/etc/systemd/system/{UNIT}"
+# `spark-ray-nodes N [SECONDS]`: exits 0 once N Ray nodes are alive (waiting up to SECONDS).
+NODES_COMMAND = "/usr/local/sbin/spark-ray-nodes"
+TOKEN_PATH = "/etc/spark/secrets/ray-auth-token"
+TOKEN_IN_CONTAINER = "/run/secrets/ray-auth-token"
+# The controller keeps the cluster's token: every box must hold the same one.
+CONTROLLER_TOKEN = Path("~/.config/spark-provisioning/ray-auth-token")
+TOKEN_AUTH_SINCE = (2, 52)  # Ray's RAY_AUTH_MODE=token (field-facts, "Security")
+# Ray's defaults, pinned so that the firewall can name every port (field-facts, "Security").
+DASHBOARD_PORT = 8265  # bound to 127.0.0.1 only: its job API runs code (CVE-2023-48022)
+CLIENT_PORT = 10001
+# Out of Ray's default 10002-19999, which holds the lanes' API ports (10101, 10102: seed 003).
+WORKER_PORTS = (20000, 20999)
+# Ray's own ports after the GCS port, in this order, each one above the one before.
+PORT_OPTIONS = (
+    "--node-manager-port",
+    "--object-manager-port",
+    "--dashboard-agent-grpc-port",
+    "--dashboard-agent-listen-port",
+    "--runtime-env-agent-port",
+    "--metrics-export-port",
+)
+RAY_VERSION = re.compile(r"version (\d+)\.(\d+)")
+PLAIN = re.compile(r"[A-Za-z0-9_./:=,@+-]+")
+CAP_SYS_RESOURCE = 24  # `--ulimit memlock=-1` needs it (linux/capability.h)
+
+
+class Secret(str):
+    """A string that never shows itself in a repr (pyinfra may log operation arguments)."""
+
+    def __repr__(self) -> str:
+        return "<secret>"
+
+
+def controller_token(path: Path = CONTROLLER_TOKEN) -> Secret:
+    """The cluster's Ray token, made once on this machine (256 random bits in hex, as Ray's own
+    `ray get-auth-token --generate` makes them) and kept there, readable by its user only."""
+    path = path.expanduser()
+    if not path.exists():
+        path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        try:
+            descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        except FileExistsError:  # another run made it first: use that one
+            pass
+        else:
+            with os.fdopen(descriptor, "w") as file:
+                file.write(secrets.token_hex(32))
+    return Secret(path.read_text().strip())
+
+
+def listen_ports(port: int) -> list[tuple[int, int]]:
+    """Every port (as ranges) Ray listens on with `port` as its GCS port."""
+    return [
+        (port, port + len(PORT_OPTIONS)),
+        (DASHBOARD_PORT, DASHBOARD_PORT),
+        (CLIENT_PORT, CLIENT_PORT),
+        WORKER_PORTS,
+    ]
+
+
+def ray_start(role: Literal["head", "worker"], node_ip: str, head_ip: str, port: int) -> list[str]:
+    """The `ray start` command line of a head or a worker, in the foreground for systemd."""
+    args = ["ray", "start", "--block", f"--node-ip-address={node_ip}", "--num-gpus=1"]
+    if role == "head":
+        # Its client server (CLIENT_PORT) starts where the image has ray[client]; naming the
+        # port where it has not fails the start.
+        args += ["--head", f"--port={port}", "--dashboard-host=127.0.0.1"]
+        args.append(f"--dashboard-port={DASHBOARD_PORT}")
+    else:
+        args.append(f"--address={head_ip}:{port}")
+    args += [f"{option}={port + n}" for n, option in enumerate(PORT_OPTIONS, 1)]
+    args += [f"--min-worker-port={WORKER_PORTS[0]}", f"--max-worker-port={WORKER_PORTS[1]}"]
+    return [*args, "--disable-usage-stats"]
+
+
+def docker_run(
+    image: str,
+    ray_args: list[str],
+    env_names: list[str],
+    auth: bool,
+    rdma: bool,
+    unlimited_memlock: bool,
+) -> list[str]:
+    """The container of a Ray node: host network and IPC, the GPU, the RDMA devices, the
+    cluster environment passed by name (systemd reads the file: docker's --env-file would keep
+    its quotes), the token as a read-only file."""
+    args = ["/usr/bin/docker", "run", "--rm", "--name", CONTAINER, "--network", "host"]
+    args += ["--ipc", "host", "--shm-size", "10.24g", "--gpus", "all"]
+    if rdma:  # or NCCL silently falls back to sockets (vllm PR#42075)
+        args += ["--device", "/dev/infiniband"]
+    if unlimited_memlock:  # RDMA pins memory; without CAP_SYS_RESOURCE docker may not raise it
+        args += ["--ulimit", "memlock=-1"]
+    for name in env_names:
+        args += ["-e", name]
+    if auth:
+        args += ["-e", "RAY_AUTH_MODE=token", "-e", f"RAY_AUTH_TOKEN_PATH={TOKEN_IN_CONTAINER}"]
+        args += ["-v", f"{TOKEN_PATH}:{TOKEN_IN_CONTAINER}:ro"]
+    return [*args, image, *ray_args]
+
+
+def _systemd_word(arg: str) -> str:
+    """An argument as it stands in ExecStart=; only plain words are made here (validated
+    addresses, image names, variable names), "%" and "$" would be expanded by systemd."""
+    if not PLAIN.fullmatch(arg):
+        raise OperationError(f"{arg!r} cannot stand unquoted in a systemd unit")
+    return arg
+
+
+class RayNode(FactBase):
+    """What a Ray node needs from the box: the image (and its Ray's version), the unit's
+    state, the token's SHA-256 (never the token), RDMA devices and whether memlock may be raised.
+
+    .. code:: python
+
+        {"image": "sha256:0f3c...", "ray": (2, 60), "enabled": "enabled", "active": "active",
+         "token": "9e1c...", "rdma": True, "unlimited_memlock": True}
+    """
+
+    def command(self, image: str) -> str:
+        image = shlex.quote(image)
+        return (
+            f"id=$(docker image inspect --format '{{{{.Id}}}}' {image} 2>/dev/null);"
+            ' echo "image ${id:--}";'
+            f' [ -n "$id" ] && echo "ray $(docker run --rm --network none --entrypoint ray'
+            f' {image} --version 2>/dev/null | head -n 1)";'
+            f' echo "enabled $(systemctl is-enabled {UNIT} 2>/dev/null)";'
+            f' echo "active $(systemctl is-active {UNIT} 2>/dev/null)";'
+            f' echo "token $(sha256sum {TOKEN_PATH} 2>/dev/null | cut -d" " -f1)";'
+            " [ -d /dev/infiniband ] && echo rdma;"
+            " sed -n 's/^CapEff:[[:space:]]*/capeff /p' /proc/self/status; true"
+        )
+
+    def process(self, output: list[str]) -> dict:
+        fields = dict(line.partition(" ")[::2] for line in output)
+        version = RAY_VERSION.search(fields.get("ray", ""))
+        return {
+            "image": None if fields.get("image", "-") == "-" else fields["image"],
+            "ray": (int(version[1]), int(version[2])) if version else None,
+            "enabled": fields.get("enabled") or None,
+            "active": fields.get("active") or None,
+            "token": fields.get("token") or None,
+            "rdma": "rdma" in fields,
+            "unlimited_memlock": bool(int(fields.get("capeff", "0"), 16) >> CAP_SYS_RESOURCE & 1),
+        }
+
+
+def _token_commands(token: Secret, current: str | None) -> list:
+    """Commands that put the token on the box, readable by root only at every moment: the file
+    is 0600 before the upload writes into it (a copy keeps the mode of the file it overwrites)
+    and pyinfra's temporary copy is made 0600 for the login user first. Not files.put: its
+    --diff would print the token."""
+    if current == hashlib.sha256(token.encode()).hexdigest():
+        return []
+    temporary = host.get_temp_filename(TOKEN_PATH)
+    directory = shlex.quote(os.path.dirname(TOKEN_PATH))
+    return [
+        f"install -d -m 700 -o root -g root {directory}"
+        f" && {{ [ -e {TOKEN_PATH} ] || install -m 600 /dev/null {TOKEN_PATH}; }}"
+        f" && chown root:root {TOKEN_PATH} && chmod 600 {TOKEN_PATH}"
+        f' && install -m 600 -o "${{SUDO_USER:-root}}" /dev/null {temporary}',
+        FileUploadCommand(StringIO(token), TOKEN_PATH, remote_temp_filename=temporary),
+    ]
+
+
+@operation()
+def node(
+    role: Literal["head", "worker"],
+    node_ip: str,
+    head_ip: str,
+    image: str,
+    environment: dict[str, str],
+    env_file: str = "/etc/spark/cluster.env",
+    port: int = 6379,
+    token: Secret | None = None,
+):
+    """
+    Run this box's Ray node (the head, or a worker joining it) as ``spark-ray.service``.
+
+    + role: "head" on one box, "worker" on the others
+    + node_ip: this box's address on the first fabric twin: Ray binds to it
+    + head_ip: the head's address on the first fabric twin
+    + image: the serving image Ray runs in (pulled when absent)
+    + environment: the cluster environment (the file env_file holds), passed to the container
+    + env_file: the cluster environment file the unit reads
+    + port: the GCS port of the head; Ray's next six ports follow it
+    + token: Ray's token authentication with this token (Ray 2.52 or later); None: without
+
+    A worker started before its head keeps retrying (Restart=always, no start limit); one that
+    lost its head (the head restarted) exits, and systemd starts it again: it rejoins. A change
+    of the unit, the token or the environment restarts the node.
+
+    **Example:**
+
+    .. code:: python
+
+        ray.node(name="Ray", role="head", node_ip="192.168.100.10", head_ip="192.168.100.10",
+                 image="nvcr.io/nvidia/vllm:26.04-py3", environment=env, token=token)
+    """
+    state = host.get_fact(RayNode, image=image)
+    changes: list = []
+    quoted = shlex.quote(image)
+    if state["image"] is None:
+        # The version is checked on the next run; today a missing Ray stops this one here.
+        yield f"docker pull --quiet {quoted}"
+        yield f"docker run --rm --network none --entrypoint ray {quoted} --version"
+    elif state["ray"] is None:
+        raise OperationError(
+            f"{host.name}: {image} has no Ray (some NGC vLLM images ship without it:"
+            " dgx-spark-playbooks#109); set ray_image to an image whose `ray --version` works"
+        )
+    elif token is not None and state["ray"] < TOKEN_AUTH_SINCE:
+        raise OperationError(
+            f"{host.name}: {image} has Ray {'.'.join(map(str, state['ray']))}, without token"
+            " authentication (Ray 2.52 and later); use an image with a newer Ray, or set"
+            " ray_auth = False (then only the firewall keeps others off Ray's ports)"
+        )
+    if token is not None:
+        changes += _token_commands(token, state["token"])
+    script = list(
+        files.template._inner(
+            src=str(TEMPLATES / "spark-ray-nodes.sh.j2"),
+            dest=NODES_COMMAND,
+            user="root",
+            group="root",
+            mode="755",
+            container=CONTAINER,
+        )
+    )
+    exec_start = docker_run(
+        image,
+        ray_start(role, node_ip, head_ip, port),
+        sorted(environment),
+        auth=token is not None,
+        rdma=state["rdma"],
+        unlimited_memlock=state["unlimited_memlock"],
+    )
+    unit = list(
+        files.template._inner(
+            src=str(TEMPLATES / "spark-ray.service.j2"),
+            dest=UNIT_PATH,
+            user="root",
+            group="root",
+            mode="644",
+            role=role,
+            node_ip=node_ip,
+            head=f"{head_ip}:{port}",
+            env_file=env_file,
+            # Values are not in the unit: their digest is, so that a change restarts Ray.
+            env_digest=hashlib.sha256(repr(sorted(environment.items())).encode()).hexdigest(),
+            container=CONTAINER,
+            exec_start=" \\\n    ".join(_systemd_word(arg) for arg in exec_start),
+        )
+    )
+    yield from script
+    yield from changes
+    yield from unit
+    if unit:
+        yield "systemctl daemon-reload"
+    if state["enabled"] != "enabled":
+        yield f"systemctl enable {UNIT}"
+    # "activating": between two tries of a worker whose head is not up yet.
+    running = state["active"] in ("active", "activating")
+    if running and (unit or changes):
+        yield f"systemctl restart {UNIT}"
+    elif not running:
+        yield f"systemctl start {UNIT}"
+    elif state["enabled"] == "enabled" and not script:
+        host.noop(f"Ray {role} runs on {node_ip} ({UNIT})")

@@ -1,0 +1,254 @@
+"""Ray over the fabric: the node fact, the unit a head or a worker gets, the token, refusals.
+
+Captures (RayNode's command, run with sudo on the simulated lab, image = the stand-in of
+nvcr.io/nvidia/vllm:26.04-py3 with Ray 2.60.0; the lab withholds CAP_SYS_RESOURCE):
+- lab-head-deployed-raynode.txt, lab-worker-deployed-raynode.txt: spark-1 / spark-2 after a deploy.
+- lab-bare-raynode.txt: spark-2 freshly reimaged (no image, no unit, no token).
+- lab-stat-spark-ray-nodes-0755.txt: pyinfra's stat of the deployed spark-ray-nodes on spark-1.
+- lab-ray-status-2-nodes.txt, lab-ray-status-1-node.txt: `docker exec spark-ray ray status` on
+  spark-1 with both nodes joined, and after spark-2 was reimaged.
+- raynode-image-without-ray.sample.txt, raynode-ray-2.51.sample.txt: written by hand in the
+  fact's line format (an image without Ray: dgx-spark-playbooks#109; a Ray without token auth)
+  with a root shell's full capability set.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import stat
+import subprocess
+from pathlib import Path
+
+import pytest
+from jinja2 import Template
+from pyinfra.api.exceptions import OperationError
+from pyinfra.facts.files import File
+
+from operations import ray
+from tests.unit.harness import FakeHost, captured, file_facts, process, run_op
+
+IMAGE = "nvcr.io/nvidia/vllm:26.04-py3"
+TOKEN = ray.Secret("f" * 64)
+ENVIRONMENT = {"NCCL_IB_HCA": "rocep1s0f1,roceP2p1s0f1", "RAY_memory_monitor_refresh_ms": "0"}
+HEAD = {"role": "head", "node_ip": "192.168.100.10", "head_ip": "192.168.100.10"}
+WORKER = {"role": "worker", "node_ip": "192.168.100.11", "head_ip": "192.168.100.10"}
+FILES = (ray.UNIT_PATH, ray.NODES_COMMAND)
+
+
+def with_token(text: str, token: str = TOKEN) -> str:
+    """A captured fact output whose token line is the hash of our test token (the lab's token
+    stays on the lab)."""
+    digest = hashlib.sha256(token.encode()).hexdigest()
+    return "\n".join(
+        f"token {digest}" if line.startswith("token ") else line for line in text.splitlines()
+    )
+
+
+def node_host(fact: str, files: dict[str, str | None] | None = None) -> FakeHost:
+    outputs = file_facts(files or dict.fromkeys(FILES)) | {ray.RayNode: fact}
+    if files and files.get(ray.NODES_COMMAND) is not None:  # the script is root 0755
+        outputs[(File, (("path", ray.NODES_COMMAND),))] = captured(
+            "lab-stat-spark-ray-nodes-0755.txt"
+        )
+    return FakeHost(outputs)
+
+
+def deployed_files(role: dict, environment: dict[str, str] = ENVIRONMENT, **kwargs) -> dict:
+    """The unit and script a first deploy writes, as the box then holds them."""
+    host = node_host(captured("lab-bare-raynode.txt"))
+    run_op(ray.node, **role, image=IMAGE, environment=environment, token=TOKEN, host=host, **kwargs)
+    return {path: host.uploads[path] for path in FILES}
+
+
+def test_fact_reads_a_deployed_node() -> None:
+    assert process(ray.RayNode, captured("lab-head-deployed-raynode.txt")) == {
+        "image": "sha256:2f742bedc35e89dbabba622d5b28408c03e3684eaac1be9163d12b7b53ed819d",
+        "ray": (2, 60),
+        "enabled": "enabled",
+        "active": "active",
+        "token": "a19f71aa06d65dfd19d089aed0af60a22d12b1d0803b0a650e07a2b449463b79",
+        "rdma": True,
+        "unlimited_memlock": False,  # the lab's sandbox
+    }
+
+
+def test_fact_reads_a_bare_box() -> None:
+    assert process(ray.RayNode, captured("lab-bare-raynode.txt")) == {
+        "image": None,
+        "ray": None,
+        "enabled": None,
+        "active": "inactive",
+        "token": None,
+        "rdma": True,
+        "unlimited_memlock": False,
+    }
+    without = process(ray.RayNode, captured("raynode-image-without-ray.sample.txt"))
+    assert without["image"] and without["ray"] is None and without["unlimited_memlock"]
+
+
+def test_bare_box_pulls_checks_ray_writes_token_unit_and_starts() -> None:
+    host = node_host(captured("lab-bare-raynode.txt"))
+    commands = run_op(
+        ray.node, **HEAD, image=IMAGE, environment=ENVIRONMENT, token=TOKEN, host=host
+    )
+    assert commands[:2] == [
+        f"docker pull --quiet {IMAGE}",
+        f"docker run --rm --network none --entrypoint ray {IMAGE} --version",
+    ]
+    assert commands[-3:] == [
+        "systemctl daemon-reload",
+        "systemctl enable spark-ray.service",
+        "systemctl start spark-ray.service",
+    ]
+    assert host.uploads[ray.TOKEN_PATH] == TOKEN
+    # The token file is root 0600 before the upload writes into it, and so is the temporary copy.
+    secure = next(c for c in commands if c.startswith("install -d -m 700"))
+    assert f"install -m 600 /dev/null {ray.TOKEN_PATH}" in secure
+    assert 'install -m 600 -o "${SUDO_USER:-root}" /dev/null /tmp/pyinfra-test' in secure
+    assert not any(TOKEN in command for command in commands)
+
+
+def test_head_unit_binds_to_the_fabric_with_dashboard_on_loopback_and_token_by_file() -> None:
+    unit = deployed_files(HEAD)[ray.UNIT_PATH]
+    words = unit.replace("\\\n", " ").split()
+    assert "--head" in words and "--port=6379" in words
+    assert "--node-ip-address=192.168.100.10" in words
+    assert "--dashboard-host=127.0.0.1" in words
+    assert "--min-worker-port=20000" in words and "--max-worker-port=20999" in words
+    assert words[words.index("NCCL_IB_HCA") - 1 : words.index("NCCL_IB_HCA") + 1] == [
+        "-e",
+        "NCCL_IB_HCA",
+    ]
+    assert "RAY_AUTH_MODE=token" in words
+    assert f"{ray.TOKEN_PATH}:{ray.TOKEN_IN_CONTAINER}:ro" in words
+    assert words[words.index("/dev/infiniband") - 1 :][:2] == ["--device", "/dev/infiniband"]
+    assert "memlock=-1" not in words  # the lab's sandbox cannot raise it
+    assert "EnvironmentFile=/etc/spark/cluster.env" in unit
+    assert "Restart=always" in unit and "StartLimitIntervalSec=0" in unit
+    assert "Requires=docker.service spark-firewall.service" in unit
+    # Values stay in the environment file (the unit names them): never the token either.
+    assert "rocep1s0f1" not in unit and TOKEN not in unit
+
+
+def test_worker_joins_the_head_and_has_no_head_options() -> None:
+    unit = deployed_files(WORKER, port=7000)[ray.UNIT_PATH]
+    words = unit.replace("\\\n", " ").split()
+    assert "--address=192.168.100.10:7000" in words
+    assert "--node-ip-address=192.168.100.11" in words
+    assert "--head" not in words and not any(w.startswith("--dashboard-host") for w in words)
+    assert "--node-manager-port=7001" in words and "--metrics-export-port=7006" in words
+
+
+def test_full_capabilities_raise_memlock() -> None:
+    fact = captured("raynode-ray-2.51.sample.txt").replace("2.51.1", "2.60.0")
+    host = node_host(fact)
+    run_op(ray.node, **HEAD, image=IMAGE, environment=ENVIRONMENT, host=host)
+    assert "--ulimit memlock=-1" in host.uploads[ray.UNIT_PATH].replace("\\\n    ", "")
+
+
+def test_node_in_place_yields_nothing() -> None:
+    host = node_host(with_token(captured("lab-head-deployed-raynode.txt")), deployed_files(HEAD))
+    commands = run_op(
+        ray.node, **HEAD, image=IMAGE, environment=ENVIRONMENT, token=TOKEN, host=host
+    )
+    assert commands == []
+    assert host.noops[-1] == "Ray head runs on 192.168.100.10 (spark-ray.service)"
+
+
+def test_a_worker_between_two_tries_is_left_to_systemd() -> None:
+    fact = with_token(captured("lab-worker-deployed-raynode.txt")).replace(
+        "active active", "active activating"
+    )
+    host = node_host(fact, deployed_files(WORKER))
+    assert (
+        run_op(ray.node, **WORKER, image=IMAGE, environment=ENVIRONMENT, token=TOKEN, host=host)
+        == []
+    )
+
+
+def test_a_changed_environment_value_rewrites_the_unit_and_restarts() -> None:
+    host = node_host(with_token(captured("lab-head-deployed-raynode.txt")), deployed_files(HEAD))
+    environment = ENVIRONMENT | {"NCCL_IB_HCA": "rocep1s0f1"}
+    commands = run_op(
+        ray.node, **HEAD, image=IMAGE, environment=environment, token=TOKEN, host=host
+    )
+    assert commands[-2:] == ["systemctl daemon-reload", "systemctl restart spark-ray.service"]
+
+
+def test_a_new_token_is_written_and_restarts_the_node() -> None:
+    host = node_host(with_token(captured("lab-head-deployed-raynode.txt")), deployed_files(HEAD))
+    other = ray.Secret("0" * 64)
+    commands = run_op(
+        ray.node, **HEAD, image=IMAGE, environment=ENVIRONMENT, token=other, host=host
+    )
+    assert host.uploads[ray.TOKEN_PATH] == other
+    assert commands[-1] == "systemctl restart spark-ray.service"
+
+
+def test_an_image_without_ray_is_refused() -> None:
+    host = node_host(captured("raynode-image-without-ray.sample.txt"))
+    with pytest.raises(OperationError, match=r"spark-test: .* has no Ray .*#109.*ray_image"):
+        run_op(ray.node, **HEAD, image=IMAGE, environment=ENVIRONMENT, token=TOKEN, host=host)
+
+
+def test_a_ray_without_token_auth_is_refused_unless_auth_is_off() -> None:
+    host = node_host(captured("raynode-ray-2.51.sample.txt"))
+    with pytest.raises(OperationError, match=r"Ray 2\.51, without token .* ray_auth = False"):
+        run_op(ray.node, **HEAD, image=IMAGE, environment=ENVIRONMENT, token=TOKEN, host=host)
+    commands = run_op(ray.node, **HEAD, image=IMAGE, environment=ENVIRONMENT, host=host)
+    assert commands[-1] == "systemctl start spark-ray.service"
+    assert "RAY_AUTH_MODE" not in host.uploads[ray.UNIT_PATH]
+
+
+def test_listen_ports_cover_every_port_ray_start_names() -> None:
+    ranges = ray.listen_ports(6379)
+    for role in (HEAD, WORKER):
+        for arg in ray.ray_start(**role, port=6379):
+            if arg.endswith("-port=20000") or not arg.split("=")[0].endswith("port"):
+                continue
+            port = int(arg.rpartition("=")[2])
+            assert any(low <= port <= high for low, high in ranges), arg
+    assert (ray.CLIENT_PORT, ray.CLIENT_PORT) in ranges and ray.WORKER_PORTS in ranges
+
+
+def test_controller_token_is_made_once_private_and_never_shown(tmp_path: Path) -> None:
+    path = tmp_path / "conf" / "ray-auth-token"
+    token = ray.controller_token(path)
+    assert len(token) == 64 and int(token, 16) >= 0
+    assert stat.S_IMODE(path.stat().st_mode) == 0o600
+    assert ray.controller_token(path) == token
+    assert repr(token) == "<secret>" and token not in repr({"token": token})
+
+
+@pytest.mark.parametrize(
+    ("status", "want", "code", "said"),
+    [
+        ("lab-ray-status-2-nodes.txt", 2, 0, "2 of 2 Ray nodes are alive"),
+        (
+            "lab-ray-status-1-node.txt",
+            2,
+            1,
+            "1 of 2 Ray nodes are alive (see: journalctl -u spark-ray on each box)",
+        ),
+        ("lab-ray-status-1-node.txt", 1, 0, "1 of 1 Ray nodes are alive"),
+    ],
+)
+def test_nodes_command_counts_the_alive_nodes(
+    tmp_path: Path, status: str, want: int, code: int, said: str
+) -> None:
+    script = tmp_path / "spark-ray-nodes"
+    source = (ray.TEMPLATES / "spark-ray-nodes.sh.j2").read_text()
+    script.write_text(Template(source).render(container=ray.CONTAINER))
+    docker = tmp_path / "docker"  # answers `docker exec spark-ray ray status` as the lab did
+    docker.write_text(f"#!/bin/sh\ncat {tmp_path / 'status.txt'}\n")
+    (tmp_path / "status.txt").write_text(captured(status))
+    docker.chmod(0o755)
+    result = subprocess.run(
+        ["sh", str(script), str(want)],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PATH": f"{tmp_path}:{os.environ['PATH']}"},
+        timeout=30,
+    )
+    assert (result.returncode, (result.stdout + result.stderr).splitlines()[0]) == (code, said)
