@@ -10,7 +10,19 @@ are checked; docker is restarted whenever the running daemon lacks the nvidia ru
 
 from pyinfra import host, inventory
 
-from operations import config, debpkg, driver, environment, hygiene, nmcli, preflight, roce, toolkit
+from operations import (
+    config,
+    debpkg,
+    driver,
+    environment,
+    firewall,
+    hygiene,
+    nmcli,
+    preflight,
+    ray,
+    roce,
+    toolkit,
+)
 
 spark = config.load(inventory)  # already checked before connecting (config.py): cached
 me = spark.host(host.name)
@@ -60,3 +72,24 @@ toolkit.docker_runtime(name="docker's nvidia runtime (nvidia-ctk), in the runnin
 
 hygiene.logind_keep_ipc(name="logind keeps IPC of logged-out users (RemoveIPC=no)")
 hygiene.sshd_oom_protected(name="sshd's listener out of the OOM killer's reach (-1000)")
+
+# --- a cluster: Ray over the fabric, its ports closed to all but the fabric ----------------
+
+if len(spark.hosts) > 1:
+    firewall.cluster_ports_fabric_only(
+        name="Firewall: Ray's and the distributed back-end's ports from the fabric only",
+        fabric={link.ifname: str(link.address.network) for link in me.fabric},
+        ports=ray.listen_ports(me.ray.port),
+        open_ports=[host.data.get("ssh_port") or 22, *(lane.port for lane in me.lanes)],
+    )
+    ray.node(
+        name=f"Ray {me.role} on {me.fabric[0].address.ip} ({ray.UNIT})",
+        role=me.role,
+        node_ip=str(me.fabric[0].address.ip),
+        head_ip=str(spark.head.fabric[0].address.ip),
+        image=me.ray.image,
+        environment=me.cluster_environment(spark.head),
+        env_file=me.env_file,
+        port=me.ray.port,
+        token=ray.controller_token() if me.ray.auth else None,
+    )

@@ -42,12 +42,14 @@ def lab() -> Iterator[simlab.Lab]:
 
 
 def reimage_all(lab: simlab.Lab) -> simlab.Lab:
-    """Every host of the session's lab back to the bare image (about 5 s), trusted again."""
+    """Every host of the session's lab back to the bare image (about 5 s), trusted again, with
+    the serving image in its docker as a Spark that pulled it (the lab reaches no registry)."""
     for host in lab.hosts:
         simlab.reimage(host.name)
     simlab.write_ssh_files(lab)
     for host in lab.hosts:
         simlab.wait_ready(host, time.monotonic() + simlab.BOOT_TIMEOUT)
+        simlab.load_serving_image(host)
     return lab
 
 

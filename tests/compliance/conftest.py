@@ -83,6 +83,7 @@ class Box:
         self.name = host.name
         self.config: HostConfig = spark.host(host.name)
         self.head: HostConfig = spark.head
+        self.cluster: tuple[HostConfig, ...] = spark.hosts  # every box, also under --limit
         self._pyinfra_host = host
         self._testinfra: TestinfraHost | None = None
         self._failure: str | None = None

@@ -1,0 +1,65 @@
+"""The Ray cluster over the fabric: each box's Ray unit running, every box joined (as each box
+sees it), the firewall's table loaded as the deploy renders it, the token root-only. Boxes of a
+one-box inventory have no cluster: these checks skip there."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+import pytest
+
+from operations import firewall, ray
+
+if TYPE_CHECKING:
+    from tests.compliance.conftest import Box
+
+
+@pytest.fixture(autouse=True)
+def _cluster_only(box: Box) -> None:
+    if len(box.cluster) < 2:
+        pytest.skip("a single box: no Ray cluster")
+
+
+def test_ray_unit(box: Box, found: Callable[[object], None]) -> None:
+    """Ray unit enabled and running"""
+    state = box.run(f"systemctl is-enabled {ray.UNIT}; systemctl is-active {ray.UNIT}").stdout
+    found(" ".join(state.split()) or "no unit")
+    assert state.split() == ["enabled", "active"], f"expected {ray.UNIT} enabled, active: {state}"
+
+
+def test_ray_nodes(box: Box, found: Callable[[object], None]) -> None:
+    """Ray nodes all joined"""
+    # Asked on every box (any node's `ray status` reads the head's GCS); waits a minute at most
+    # for a worker that is (re)joining: it retries every 10 s.
+    result = box.run(f"{ray.NODES_COMMAND} {len(box.cluster)} 60 2>&1")
+    said = result.stdout.strip().splitlines()[0] if result.stdout.strip() else f"rc {result.rc}"
+    found(said)
+    assert result.rc == 0, f"expected {len(box.cluster)} Ray nodes alive, found: {said}"
+
+
+def test_firewall_table(box: Box, found: Callable[[object], None]) -> None:
+    """firewall table as deployed"""
+    low, high = box.run("cat /proc/sys/net/ipv4/ip_local_port_range").stdout.split()
+    ports = [*ray.listen_ports(box.config.ray.port), *firewall.BACKEND_PORTS]
+    fabric = {link.ifname: str(link.address.network) for link in box.config.fabric}
+    rules = firewall.ruleset(fabric, firewall.merged([*ports, (int(low), int(high))]))
+    want = firewall.DIGEST.search(rules)[1]
+    loaded = firewall.DIGEST.search(box.run(f"nft list table {firewall.TABLE}").stdout)
+    unit = box.run(f"systemctl is-enabled {firewall.UNIT}").stdout.strip() or "no unit"
+    state = f"table {'absent' if loaded is None else loaded[1][:12]}, unit {unit}"
+    found(state)
+    assert loaded and loaded[1] == want and unit == "enabled", (
+        f"expected table {firewall.TABLE} with digest {want[:12]} and its unit enabled,"
+        f" found {state}"
+    )
+
+
+def test_ray_token(box: Box, found: Callable[[object], None]) -> None:
+    """Ray token root-only"""
+    if not box.config.ray.auth:
+        pytest.skip("ray_auth is off")
+    file = box.host.file(ray.TOKEN_PATH)
+    state = f"{file.user}:{file.group} {file.mode:04o}" if file.exists else "absent"
+    found(state)
+    assert state == "root:root 0600", f"expected {ray.TOKEN_PATH} root:root 0600, found {state}"

@@ -1,0 +1,167 @@
+"""The Ray cluster and its firewall on the simulated lab: two bare hosts, one deploy.
+
+Tests in this module run in order on the session's lab; each later one stands on the deploy
+made by the `cluster` fixture (and on what the test before it left: every test ends with both
+nodes joined).
+"""
+
+from __future__ import annotations
+
+import re
+import socket
+import subprocess
+import time
+from collections.abc import Callable
+
+import pytest
+
+from operations import ray
+from tests.conftest import pyinfra, reimage_all, run_on
+from tests.simlab import lab as simlab
+
+pytestmark = pytest.mark.lab
+
+INVENTORY = "inventories/sim.py"
+HEAD_IP, WORKER_IP = "192.168.100.10", "192.168.100.11"  # inventories/sim.py's first twin
+IMAGE = "nvcr.io/nvidia/vllm:26.04-py3"
+# A port of the distributed back-end's (torch's TCPStore), listened on by the test on every
+# interface: the firewall, not a bind address, is what keeps the management network off it.
+PROBE_PORT = 29500
+
+
+def changes(result: subprocess.CompletedProcess) -> int:
+    """The number of host-operations pyinfra reports as changed (its results table)."""
+    text = re.sub(r"\x1b\[[0-9;]*m", "", result.stdout + result.stderr)
+    total = re.search(r"Grand total\s+(\S+)\s+(\S+)\s+(\S+)\s+(\S+)", text)
+    assert total, f"no results table in pyinfra's output:\n{text}"
+    assert total[3] == "-", f"pyinfra reported errors:\n{text}"
+    return 0 if total[2] == "-" else int(total[2])
+
+
+def until(condition: Callable[[], bool], seconds: float, what: str) -> None:
+    deadline = time.monotonic() + seconds
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"not within {seconds:g} s: {what}")
+        time.sleep(2)
+
+
+def alive(head: simlab.Host) -> str:
+    """What spark-ray-nodes says on the head right now ("N of 2 Ray nodes are alive")."""
+    return run_on(head, f"sudo {ray.NODES_COMMAND} 2 2>&1", check=False).strip()
+
+
+def connects(host_ip: str, port: int, source: simlab.Host | None = None) -> str:
+    """'open', 'refused' or 'timeout': a TCP connection from this machine (the management
+    network's side) or from a lab host."""
+    if source is None:
+        try:
+            socket.create_connection((host_ip, port), timeout=3).close()
+        except ConnectionRefusedError:
+            return "refused"
+        except TimeoutError:
+            return "timeout"
+        return "open"
+    probe = (
+        f"timeout 3 bash -c '</dev/tcp/{host_ip}/{port}' 2>/dev/null && echo open"
+        " || { [ $? -eq 124 ] && echo timeout || echo refused; }"
+    )
+    return run_on(source, probe, check=False).strip()
+
+
+@pytest.fixture(scope="module")
+def cluster(lab: simlab.Lab) -> simlab.Lab:
+    reimage_all(lab)
+    for host in lab.hosts:
+        simlab.load_serving_image(host)  # as a real Spark would pull it
+    pyinfra(INVENTORY, "deploy.py")
+    return lab
+
+
+def test_deploy_forms_a_two_node_cluster_over_the_fabric(cluster: simlab.Lab) -> None:
+    head = cluster.hosts[0]
+    until(lambda: alive(head) == "2 of 2 Ray nodes are alive", 120, "both nodes joined")
+    status = run_on(head, f"sudo docker exec {ray.CONTAINER} ray status")
+    assert "0.0/2.0 GPU" in status, status  # one GPU on each box
+    # Each node is known by its fabric address (the token comes from the container's env).
+    addresses = run_on(
+        head,
+        f'sudo docker exec {ray.CONTAINER} python3 -c \'import ray; ray.init(address="auto",'
+        ' logging_level="ERROR"); print(sorted(n["NodeManagerAddress"] for n in ray.nodes()'
+        ' if n["Alive"]))\'',
+    )
+    assert addresses.strip().splitlines()[-1] == str([HEAD_IP, WORKER_IP])
+    for host in cluster.hosts:
+        assert run_on(host, f"systemctl is-enabled {ray.UNIT} spark-firewall.service").split() == [
+            "enabled",
+            "enabled",
+        ]
+
+
+def test_ray_ports_answer_over_the_fabric_only(cluster: simlab.Lab) -> None:
+    head, worker = cluster.hosts
+    run_on(head, f"sudo systemd-run --unit=probe-listener python3 -m http.server {PROBE_PORT}")
+    try:
+        until(lambda: connects(HEAD_IP, PROBE_PORT, worker) == "open", 20, "probe listening")
+        for port in (6379, PROBE_PORT):
+            assert connects(head.mgmt_ip, port) == "refused", port  # from this machine
+            assert connects(head.mgmt_ip, port, worker) == "refused", port  # worker, management
+            assert connects(HEAD_IP, port, worker) == "open", port  # worker, fabric
+        assert connects(head.mgmt_ip, 22) == "open"  # SSH is left alone
+    finally:
+        run_on(head, "sudo systemctl stop probe-listener", check=False)
+    # Ray's dashboard never listens beyond the box.
+    listeners = run_on(head, "sudo ss -Hltn")
+    assert not re.search(
+        rf"^\S+\s+\d+\s+\d+\s+(?!127\.0\.0\.1)\S+:{ray.DASHBOARD_PORT}\s", listeners, re.M
+    )
+
+
+def test_ray_refuses_a_client_without_the_token(cluster: simlab.Lab) -> None:
+    _head, worker = cluster.hosts
+    client = f"sudo docker run --rm --network host {IMAGE} ray status --address {HEAD_IP}:6379"
+    refused = run_on(worker, f"{client} 2>&1", check=False)
+    assert "2 node" not in refused and re.search(r"(?i)auth|token", refused), refused
+    with_token = (
+        f"sudo docker run --rm --network host -e RAY_AUTH_MODE=token"
+        f" -e RAY_AUTH_TOKEN_PATH=/t -v {ray.TOKEN_PATH}:/t:ro {IMAGE}"
+        f" ray status --address {HEAD_IP}:6379"
+    )
+    assert "Active:" in run_on(worker, with_token)
+
+
+def test_the_token_is_root_only_and_shown_nowhere(cluster: simlab.Lab) -> None:
+    for host in cluster.hosts:
+        assert run_on(host, f"sudo stat -c '%U %a' {ray.TOKEN_PATH}").strip() == "root 600"
+        token = run_on(host, f"sudo cat {ray.TOKEN_PATH}").strip()
+        assert len(token) == 64
+        seen = run_on(
+            host,
+            f"sudo docker inspect {ray.CONTAINER}; cat {ray.UNIT_PATH} /etc/spark/cluster.env;"
+            f" ps -eo args; sudo journalctl -u {ray.UNIT} --no-pager",
+        )
+        assert token not in seen
+
+
+def test_a_stopped_worker_leaves_and_rejoins_when_started(cluster: simlab.Lab) -> None:
+    head, worker = cluster.hosts
+    run_on(worker, f"sudo systemctl stop {ray.UNIT}")
+    until(lambda: alive(head).startswith("1 of 2"), 120, "the head sees the worker gone")
+    run_on(worker, f"sudo systemctl start {ray.UNIT}")
+    until(lambda: alive(head) == "2 of 2 Ray nodes are alive", 120, "the worker rejoined")
+
+
+def test_a_worker_started_before_its_head_keeps_trying_until_it_joins(cluster: simlab.Lab) -> None:
+    head, worker = cluster.hosts
+    run_on(head, f"sudo systemctl stop {ray.UNIT}")
+    run_on(worker, f"sudo systemctl restart {ray.UNIT}")
+    time.sleep(20)
+    # Still trying (ray start waits for the head, then systemd starts it again), not given up.
+    state = run_on(worker, f"systemctl is-active {ray.UNIT}", check=False).strip()
+    assert state in ("active", "activating"), state
+    run_on(head, f"sudo systemctl start {ray.UNIT}")
+    until(lambda: alive(head) == "2 of 2 Ray nodes are alive", 180, "the worker joined")
+
+
+def test_second_deploy_changes_nothing(cluster: simlab.Lab) -> None:
+    assert changes(pyinfra(INVENTORY, "deploy.py")) == 0
