@@ -204,8 +204,10 @@ def test_down_leaves_nothing_behind(lab: simlab.Lab) -> None:
 
 
 def test_three_hosts_share_the_fabric_through_a_switch(tmp_path) -> None:
-    """More than two boxes: each twin goes into a switch port. A lab of its own (id 9)."""
-    env = dict(os.environ, SIMLAB_ID="9", SIMLAB_STATE=str(tmp_path / "state"))
+    """More than two boxes: each twin goes into a switch port. A lab of its own, whose id
+    follows the session's, so suites run side by side keep apart."""
+    own_id = str(100 + simlab.LAB_ID)
+    env = dict(os.environ, SIMLAB_ID=own_id, SIMLAB_STATE=str(tmp_path / "state"))
 
     def lab9(*args: str) -> str:
         return subprocess.run(
