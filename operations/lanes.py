@@ -312,12 +312,15 @@ def serving(
     current = state["units"].get(lane, {})
     if current.get("UnitFileState") != "enabled":
         yield f"systemctl enable {unit}"
-    # A failed start shows the lane's own log (which holds no secret) where pyinfra shows errors.
+    # A deploy's start is deliberate: reset-failed keeps it from counting toward the unit's start
+    # limit (meant for crash loops). A failed start shows the lane's own log (which holds no
+    # secret) where pyinfra shows errors.
+    start = f"systemctl reset-failed {unit}; systemctl {{}} {unit}"
     show_log = f"{{ journalctl -u {unit} -n 40 --no-pager >&2; exit 1; }}"
     if unit_changes or env_changes or new_key:
-        yield f"systemctl restart {unit} || {show_log}"
+        yield f"{start.format('restart')} || {show_log}"
     elif current.get("ActiveState") != "active":
-        yield f"systemctl start {unit} || {show_log}"
+        yield f"{start.format('start')} || {show_log}"
     else:
         host.noop(f"lane {lane} is serving on port {port}")
 

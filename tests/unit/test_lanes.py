@@ -42,8 +42,8 @@ IMAGE = "nvcr.io/nvidia/vllm:26.04-py3"
 ARGS = ["org/model", "--served-model-name", "coder", "--port", "10101", "--max-model-len", "8192"]
 ENVIRONMENT = {"RAY_memory_monitor_refresh_ms": "0", "VLLM_NVFP4_GEMM_BACKEND": "marlin"}
 RESTART = (
-    "systemctl restart spark-lane-coder.service || { journalctl -u spark-lane-coder.service"
-    " -n 40 --no-pager >&2; exit 1; }"
+    "systemctl reset-failed spark-lane-coder.service; systemctl restart spark-lane-coder.service"
+    " || { journalctl -u spark-lane-coder.service -n 40 --no-pager >&2; exit 1; }"
 )
 
 
@@ -244,7 +244,7 @@ def test_a_stopped_lane_is_started_not_rewritten() -> None:
     )
     host = FakeHost(file_facts(files) | {lanes.LaneHost: failed})
     commands = run_op(lanes.serving, host=host, **lane_kwargs(lane="fast", port=10102))
-    assert commands == [RESTART.replace("coder", "fast").replace("restart", "start", 1)]
+    assert commands == [RESTART.replace("coder", "fast").replace("restart ", "start ")]
 
 
 def test_a_port_held_by_another_service_is_refused_by_name() -> None:
