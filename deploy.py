@@ -5,10 +5,12 @@
 The order matters: what an interrupted run left dpkg in the middle of is finished first (apt
 installs nothing until it is); then the driver check, so that a box on the wrong branch is
 refused before anything else changes; the fabric comes up before its GID entries and its peers
-are checked; docker is restarted whenever the running daemon lacks the nvidia runtime.
+are checked; docker is restarted whenever the running daemon lacks the nvidia runtime. The
+lanes come last: the memory guard first, so it watches while they load, then each lane once the
+one before it serves.
 """
 
-from pyinfra import host, inventory
+from pyinfra import host, inventory, state
 
 from operations import (
     config,
@@ -17,6 +19,8 @@ from operations import (
     environment,
     firewall,
     hygiene,
+    lanes,
+    memguard,
     nmcli,
     preflight,
     ray,
@@ -93,3 +97,51 @@ if len(spark.hosts) > 1:
         port=me.ray.port,
         token=ray.controller_token() if me.ray.auth else None,
     )
+
+# --- the lanes: vLLM servers under systemd ---------------------------------------------------
+
+memguard.memory_guard(
+    name=f"Memory guard: a lane stopped below {me.memory_guard_min_available_gib:g} GiB available",
+    lanes=[(lane.name, lane.priority) for lane in me.lanes],
+    min_available_gib=me.memory_guard_min_available_gib,
+)
+if me.hf_token_file:
+    lanes.hf_token(name="Hugging Face token (root 0600)", src=me.hf_token_file)
+lanes.lanes_removed(
+    name="Lanes no longer configured: removed", keep=[lane.name for lane in me.lanes]
+)
+for image in dict.fromkeys(lane.image for lane in me.lanes):
+    lanes.image_present(name=f"Serving image {image}", image=image)
+previous = None
+for lane in me.lanes:
+    lanes.serving(
+        name=f"Lane {lane.name}: {lane.served_name} on port {lane.port}",
+        lane=lane.name,
+        image=lane.image,
+        serve_args=lane.vllm_args(),
+        port=lane.port,
+        environment=me.cluster_environment(spark.head) | lane.container_env(),
+        api_key=lane.api_key,
+        after=previous,
+        hf_token=bool(me.hf_token_file),
+        start_timeout_s=me.lane_start_timeout_min * 60,
+    )
+    previous = lane.name
+
+# Clients reach a box at the address the inventory connects to.
+address = host.data.get("ssh_hostname") or host.name
+lanes.report_endpoints(
+    state,
+    host.name,
+    [
+        lanes.Endpoint(
+            lane=lane.name,
+            served_name=lane.served_name,
+            url=f"http://{address}:{lane.port}/v1",
+            memory_fraction=lane.memory_fraction,
+            max_model_len=lane.max_model_len,
+            api_key=lane.api_key,
+        )
+        for lane in me.lanes
+    ],
+)

@@ -17,6 +17,9 @@ if not (_state / "lab.json").exists():
     raise SystemExit("no simulated lab is up: run `python -m tests.simlab up` first (as root)")
 
 _lab_hosts = json.loads((_state / "lab.json").read_text())["hosts"]
+# A Hugging Face token for the lab's lanes, when one is put there (the end-to-end tests put a
+# sentinel, to show it never shows up where it must not); the stand-in downloads nothing.
+_hf_token = _state / "hf-token"
 
 spark = [
     (
@@ -37,6 +40,12 @@ spark = [
             # The lab's hosts reach no registry: NVIDIA's repository is a local stand-in.
             "toolkit_repo_url": "file:/srv/simlab-repos/nvidia-container-toolkit",
             "toolkit_repo_key_url": "file:///srv/simlab-repos/nvidia-container-toolkit/gpgkey",
+            # The lanes are group_data's appliance as it is: the stand-in checks their command
+            # lines against vLLM 0.19.0's options and reserves no memory for them. The lab's
+            # machine is small and shared by other labs, whose load must not make the memory
+            # guard stop lanes here; the tests raise the threshold to see it act.
+            "memory_guard_min_available_gib": 1,
+            "hf_token_file": str(_hf_token) if _hf_token.exists() else None,
         },
     )
     for host in _lab_hosts

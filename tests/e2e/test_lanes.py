@@ -1,0 +1,265 @@
+"""The lanes on the simulated lab: group_data's two-lane appliance served by the stand-in image.
+
+Tests in this module run in order on the session's lab; each later one stands on the state the
+one before left (all lanes serving, as the inventory says, at the end of each).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import runpy
+import subprocess
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.conftest import pyinfra, reimage_all, run_on
+from tests.e2e.test_host_layer import changes
+from tests.simlab import lab as simlab
+from tests.simlab.paths import REPO, STATE
+
+pytestmark = pytest.mark.lab
+
+INVENTORY = "inventories/sim.py"
+LANES: list[dict[str, Any]] = runpy.run_path(str(Path(REPO) / "group_data" / "all.py"))["lanes"]
+A, B = LANES  # started in this order; B has the lower priority (the later lane)
+HTTP = urllib.request.build_opener(urllib.request.ProxyHandler({}))  # the lab is no proxy's
+
+
+def unit(lane: dict[str, Any]) -> str:
+    return f"spark-lane-{lane['name']}.service"
+
+
+def request(url: str, key: str | None = None, body: Any = None) -> tuple[int, Any]:
+    req = urllib.request.Request(url, data=None if body is None else json.dumps(body).encode())
+    if key is not None:
+        req.add_header("Authorization", f"Bearer {key}")
+    try:
+        with HTTP.open(req, timeout=10) as response:
+            text = response.read().decode()
+            return response.status, json.loads(text) if text else None
+    except urllib.error.HTTPError as error:
+        return error.code, json.loads(error.read().decode() or "null")
+
+
+def key_of(host: simlab.Host, lane: dict[str, Any]) -> str:
+    return run_on(host, f"sudo cat /etc/spark/secrets/{lane['name']}.key")
+
+
+def show(host: simlab.Host, lane: dict[str, Any], *properties: str) -> dict[str, str]:
+    text = run_on(host, f"systemctl show -p {','.join(properties)} {unit(lane)}")
+    return dict(line.split("=", 1) for line in text.splitlines())
+
+
+def container_id(host: simlab.Host, lane: dict[str, Any]) -> str:
+    name = f"spark-lane-{lane['name']}"
+    return run_on(host, f"sudo docker inspect -f '{{{{.Id}}}}' {name}", check=False).strip()
+
+
+def wait_for(predicate: Any, timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, f"{what}: not within {timeout:g} s"
+        time.sleep(0.5)
+
+
+def deploy(*data: str) -> subprocess.CompletedProcess:
+    """The deploy with `--data key=value` overrides, as a user tries a change on all boxes."""
+    return pyinfra(INVENTORY, "deploy.py", *(arg for item in data for arg in ("--data", item)))
+
+
+def lanes_data(*lanes: dict[str, Any]) -> str:
+    return "lanes=" + json.dumps(list(lanes))
+
+
+@pytest.fixture(scope="module")
+def deployed(lab: simlab.Lab) -> dict[str, Any]:
+    reimage_all(lab)
+    (STATE / "hf-token").unlink(missing_ok=True)
+    result = deploy()
+    return {"lab": lab, "output": result.stdout + result.stderr}
+
+
+def test_lanes_come_up_in_order_and_serving(deployed: dict[str, Any]) -> None:
+    for host in deployed["lab"].hosts:
+        a, b = (
+            show(host, lane, "ActiveState", "UnitFileState", "ActiveEnterTimestampMonotonic",
+                 "ExecMainStartTimestampMonotonic")
+            for lane in (A, B)
+        )  # fmt: skip
+        assert (a["ActiveState"], a["UnitFileState"]) == ("active", "enabled")
+        assert (b["ActiveState"], b["UnitFileState"]) == ("active", "enabled")
+        # B's container started only once A served ("active" is reached after /health).
+        assert int(b["ExecMainStartTimestampMonotonic"]) >= int(a["ActiveEnterTimestampMonotonic"])
+        for lane in (A, B):
+            assert request(f"http://{host.mgmt_ip}:{lane['port']}/health")[0] == 200
+    # Started in one transaction, as at boot (multi-user.target wants both), systemd starts
+    # them one after the other.
+    host = deployed["lab"].hosts[0]
+    run_on(
+        host, f"sudo systemctl stop {unit(A)} {unit(B)} && sudo systemctl start multi-user.target"
+    )
+    wait_for(
+        lambda: all(show(host, lane, "ActiveState")["ActiveState"] == "active" for lane in (A, B)),
+        60,
+        "both lanes serving again",
+    )
+    a = show(host, A, "ActiveEnterTimestampMonotonic", "NRestarts")
+    b = show(host, B, "ExecMainStartTimestampMonotonic", "NRestarts")
+    assert (a["NRestarts"], b["NRestarts"]) == ("0", "0")
+    assert int(b["ExecMainStartTimestampMonotonic"]) >= int(a["ActiveEnterTimestampMonotonic"])
+
+
+def test_the_endpoints_table_and_the_client_configuration(deployed: dict[str, Any]) -> None:
+    output = re.sub(r"\x1b\[[0-9;]*m", "", deployed["output"])
+    table = output.split("--> vLLM lanes serving:")[1]
+    for host in deployed["lab"].hosts:
+        for lane in (A, B):
+            row = rf"{host.name}\s+{lane['name']}\s+{re.escape(lane['served_name'])}\s+"
+            url = f"http://{host.mgmt_ip}:{lane['port']}/v1"
+            assert re.search(row + re.escape(url), table), table
+        client = json.loads((Path(REPO) / "clients" / f"{host.name}.json").read_text())
+        provider = client["provider"][f"{host.name}-{A['name']}"]
+        assert provider["options"]["baseURL"] == f"http://{host.mgmt_ip}:{A['port']}/v1"
+        assert A["served_name"] in provider["models"]
+
+
+def test_models_listed_with_the_key_and_401_without(deployed: dict[str, Any]) -> None:
+    for host in deployed["lab"].hosts:
+        for lane in (A, B):
+            base = f"http://{host.mgmt_ip}:{lane['port']}/v1"
+            key = key_of(host, lane)
+            status, listing = request(f"{base}/models", key)
+            assert status == 200
+            assert [model["id"] for model in listing["data"]] == [lane["served_name"]]
+            assert listing["data"][0]["max_model_len"] == lane["max_model_len"]
+            assert request(f"{base}/models")[0] == 401
+            assert request(f"{base}/models", "not-the-key")[0] == 401
+            chat = {"model": lane["served_name"], "messages": [{"role": "user", "content": "hi"}]}
+            assert request(f"{base}/chat/completions", key, chat)[0] == 200
+        other = key_of(host, B)
+        assert request(f"http://{host.mgmt_ip}:{A['port']}/v1/models", other)[0] == 401
+
+
+def test_second_deploy_changes_nothing(deployed: dict[str, Any]) -> None:
+    before = {host.name: container_id(host, A) for host in deployed["lab"].hosts}
+    assert changes(deploy()) == 0
+    assert {host.name: container_id(host, A) for host in deployed["lab"].hosts} == before
+
+
+def test_changing_lane_b_model_restarts_lane_b_alone(deployed: dict[str, Any]) -> None:
+    hosts = deployed["lab"].hosts
+    a_before = {host.name: container_id(host, A) for host in hosts}
+    b_before = {host.name: container_id(host, B) for host in hosts}
+    deploy(lanes_data(A, B | {"model": "Qwen/Qwen3-0.6B", "max_model_len": 32768}))
+    for host in hosts:
+        assert container_id(host, A) == a_before[host.name]
+        assert container_id(host, B) not in ("", b_before[host.name])
+        status, listing = request(
+            f"http://{host.mgmt_ip}:{B['port']}/v1/models", key_of(host, B)
+        )  # the same key: clients keep working
+        assert (status, listing["data"][0]["root"]) == (200, "Qwen/Qwen3-0.6B")
+    deploy()  # back to the inventory's lanes
+
+
+def test_a_killed_container_is_brought_back_by_systemd(deployed: dict[str, Any]) -> None:
+    host = deployed["lab"].hosts[0]
+    before = container_id(host, A)
+    restarts = int(show(host, A, "NRestarts")["NRestarts"])
+    run_on(host, "sudo docker kill spark-lane-" + A["name"])
+
+    def back() -> bool:
+        state = show(host, A, "ActiveState", "NRestarts")
+        return state["ActiveState"] == "active" and int(state["NRestarts"]) == restarts + 1
+
+    wait_for(back, 60, f"{unit(A)} restarted by systemd")
+    assert container_id(host, A) not in ("", before)
+    assert request(f"http://{host.mgmt_ip}:{A['port']}/health")[0] == 200
+
+
+def test_removing_a_lane_from_group_data_removes_its_unit(deployed: dict[str, Any]) -> None:
+    hosts = deployed["lab"].hosts
+    a_before = {host.name: container_id(host, A) for host in hosts}
+    deploy(lanes_data(A))
+    for host in hosts:
+        listed = run_on(host, "ls /etc/systemd/system /etc/spark/lanes")
+        assert unit(B) not in listed and f"{B['name']}.env" not in listed
+        assert container_id(host, B) == ""
+        assert show(host, B, "LoadState")["LoadState"] == "not-found"
+        assert container_id(host, A) == a_before[host.name]
+        # Its key stays: a lane added back keeps its clients.
+        assert run_on(host, f"sudo stat -c %a /etc/spark/secrets/{B['name']}.key").strip() == "600"
+    deploy()
+    for host in hosts:
+        assert show(host, B, "ActiveState")["ActiveState"] == "active"
+
+
+def test_secrets_appear_nowhere_but_their_files(deployed: dict[str, Any]) -> None:
+    sentinel = "hf_SENTINEL" + "x7Q2" * 6
+    (STATE / "hf-token").write_text(sentinel)
+    try:
+        result = deploy()
+        output = result.stdout + result.stderr
+        for host in deployed["lab"].hosts:
+            keys = [key_of(host, lane) for lane in (A, B)]
+            assert all(len(key) >= 40 for key in keys)
+            names = " ".join(f"spark-lane-{lane['name']}" for lane in (A, B))
+            places = {
+                "argv on the box": run_on(host, "ps -eo args"),
+                "argv in the containers": run_on(
+                    host, f"for c in {names}; do sudo docker exec $c ps -eo args; done"
+                ),
+                "unit and environment files": run_on(
+                    host, "cat /etc/systemd/system/spark-*.service /etc/spark/lanes/*.env"
+                    " /etc/spark/memguard.json /etc/spark/cluster.env"
+                ),
+                "the journal": run_on(host, "sudo journalctl --no-pager -o cat"),
+                "docker inspect": run_on(host, f"sudo docker inspect {names}"),
+                "docker logs": run_on(
+                    host, f"for c in {names}; do sudo docker logs $c 2>&1; done"
+                ),
+                "pyinfra's output": output,
+                "the client configuration": (Path(REPO) / "clients" / f"{host.name}.json")
+                .read_text(),
+            }  # fmt: skip
+            for place, text in places.items():
+                for secret in (sentinel, *keys):
+                    assert secret not in text, f"{host.name}: a secret in {place}"
+            stat = "sudo sh -c \"stat -c '%U %a' /etc/spark/secrets /etc/spark/secrets/*\""
+            modes = run_on(host, stat).split("\n")
+            assert modes[0] == "root 700" and set(modes[1:-1]) == {"root 600"}, modes
+            # The token reaches the lanes, from the file.
+            read = "sudo docker exec spark-lane-{} sh -c 'cat \"$HF_TOKEN_PATH\"'"
+            assert run_on(host, read.format(A["name"])) == sentinel
+    finally:
+        (STATE / "hf-token").unlink()
+    deploy()
+
+
+def test_memory_guard_stops_the_lowest_priority_lane_first(deployed: dict[str, Any]) -> None:
+    host = deployed["lab"].hosts[1]
+    guard = "journalctl -u spark-memguard -o cat --no-pager"
+    seen = len(run_on(host, f"sudo {guard}").splitlines())
+    # A threshold above all the memory this lab has, as an operator could set it on the box.
+    run_on(host, "sudo sed -i 's/\"min_available_gib\": .*,/\"min_available_gib\": 100000,/'"
+                 " /etc/spark/memguard.json && sudo systemctl restart spark-memguard")  # fmt: skip
+    wait_for(
+        lambda: show(host, B, "ActiveState")["ActiveState"] in ("inactive", "failed"),
+        30,
+        f"the guard stopping {unit(B)}",
+    )
+    assert show(host, A, "ActiveState")["ActiveState"] == "active"
+    said = run_on(host, f"sudo {guard}").splitlines()[seen:]
+    stops = [line for line in said if "stopping lane" in line]
+    assert stops[0].startswith("MemAvailable "), said
+    assert f"below 100000 GiB: stopping lane {B['name']} ({unit(B)}, priority 1" in stops[0]
+    # The deploy puts the inventory's threshold back and starts the stopped lanes.
+    deploy()
+    for lane in (A, B):
+        assert show(host, lane, "ActiveState")["ActiveState"] == "active"
+    assert changes(deploy()) == 0
