@@ -1,21 +1,23 @@
-"""Answer a host's fact reads from a few batched round trips instead of one SSH command each.
+"""Answer a host's fact reads from batched round trips instead of one SSH command each.
 
 pyinfra 3.10 reads every fact with its own command, and reads them again when it executes
 (its generators run twice, and there is no fact cache). On these hosts one command costs
-about 40 ms (an SSH channel and a sudo session), so a deploy that changes nothing paid mostly
+about 40 ms (an SSH channel and a sudo session), so a deploy that changed nothing paid mostly
 for round trips. ``batch_fact_reads(state)`` (called from config.py) changes only how the
 questions travel, never what they are or how their answers are read:
 
 - pyinfra builds each fact's command and processes its output as always; only the shell
   command a fact read sends is answered here, by its exact text and connector arguments;
 - an answer is served only while no operation command (or upload) has run on that host since
-  it was read, and only within the stage it was read in (the execution stage reads afresh
-  what the change-detection pass read);
-- when a host is about to execute an operation and holds no fresh answers, the operations it
-  will run next are walked through (their generators, as pyinfra runs them) to collect the
-  questions they ask; those go in one script per round trip, as many rounds as the operations
-  ask facts that depend on other facts (two for this deploy), and stop being walked after the
-  first operation that will change the host (what it changes would make later answers stale).
+  it was read, and only in the stage it was read in (the execution reads afresh what the
+  change-detection pass read);
+- before a host executes an operation that no walk has covered since the host last changed,
+  the operations it will run next are walked through: their generators run as pyinfra runs
+  them, a fact not answered yet reading as its last known answer (else its default), nothing
+  logged or executed. The questions they ask go to the host in one script, one round trip.
+  The walk stops after the first operation that, on real or last known answers, yields a
+  command: what it changes would make later answers stale. A question the walk did not
+  foresee (a fact that depends on another's fresh answer) is read singly, as pyinfra does.
 
 ``SPARK_FACTCACHE=off`` in the environment leaves pyinfra as it is.
 """
@@ -28,15 +30,22 @@ import uuid
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from pyinfra.api import State, StringCommand
+from pyinfra.api import FactBase, State, StringCommand
 from pyinfra.api.host import Host
 from pyinfra.api.state import BaseStateCallback, StateStage
 from pyinfra.connectors.util import CommandOutput, OutputLine
+from pyinfra.facts.files import File, Sha1File
 
 Key = tuple[str, str]  # the command's text, its connector arguments
 Question = tuple[Any, dict[str, Any]]  # the command as pyinfra passed it, its keyword arguments
 
-MAX_ROUNDS = 4  # a deploy whose facts depend on each other deeper just reads the rest singly
+# Facts pyinfra reads next, with the same arguments, when the first one's answer is what a
+# converged host gives: asked in the same script. files.put/template read File(dest), then
+# Sha1File(dest) when the file exists (its command is harmless when it does not).
+FOLLOW_UPS: dict[type[FactBase], tuple[type[FactBase], ...]] = {File: (Sha1File,)}
+# An operation that reads facts in a Python loop until an answer changes would loop forever on
+# a walk's assumed answers: its walk ends after this many reads.
+MAX_WALK_READS = 500
 # Arguments that change how a command is fed or read: such reads are left to pyinfra.
 NOT_BATCHED = ("_stdin", "_get_pty")
 DISPLAY_ONLY = ("print_output", "print_input")
@@ -78,6 +87,10 @@ def split_answers(lines: list[str], marker: str, count: int) -> list[tuple[int, 
     return answers if len(answers) == count and not chunk else None
 
 
+class _WalkTooLong(Exception):
+    """An operation read more facts during a walk than MAX_WALK_READS."""
+
+
 def _output(lines: list[str]) -> CommandOutput:
     return CommandOutput([OutputLine("stdout", line) for line in lines])
 
@@ -93,17 +106,17 @@ class HostAnswers:
         self.state = state
         self.host = host
         self.stage: StateStage | None = None
-        self.answers: dict[Key, list[str]] = {}
-        # Read singly while pyinfra detected changes: the execution's first walk re-asks them.
-        self.prepared: dict[Key, Question] = {}
+        self.answers: dict[Key, list[str]] = {}  # fresh: no command ran since, same stage
+        self.last_known: dict[Key, list[str]] = {}  # what walks assume until asked again
         self.failed: set[Key] = set()  # non-zero in a batch: left to pyinfra's own error path
-        self.walked = False  # questions collected since the last command ran
+        self.walked: set[str] = set()  # operations a walk covered since the last command
         self.reading = 0  # facts being read (a fact's preconditions may read others)
         self.connector_calls = 0  # inside a real command: nested host calls are pyinfra's own
         self.walking = False
         self.misses: dict[Key, Question] = {}
-        self.miss_count = 0
-        self.round_trips = 0  # batches sent (what the unit tests and logs look at)
+        self.guesses = 0  # defaults a walk assumed (no answer known at all)
+        self.walk_reads = 0  # fact reads of the operation being walked
+        self.round_trips = 0  # batches sent
         self._get_fact = host.get_fact
         self._run_shell_command = host.run_shell_command
 
@@ -117,11 +130,16 @@ class HostAnswers:
     # --- what pyinfra calls ---------------------------------------------------------------
 
     def get_fact(self, cls: Any, *args: Any, **kwargs: Any) -> Any:
+        misses_before = len(self.misses)
         self.reading += 1
         try:
-            return self._get_fact(cls, *args, **kwargs)
+            value = self._get_fact(cls, *args, **kwargs)
         finally:
             self.reading -= 1
+        if self.walking and len(self.misses) > misses_before:
+            for follow_up in FOLLOW_UPS.get(cls, ()):
+                self.get_fact(follow_up, *args, **kwargs)
+        return value
 
     def run_shell_command(self, command: Any, *args: Any, **kwargs: Any) -> tuple[bool, Any]:
         if self.connector_calls:
@@ -148,31 +166,34 @@ class HostAnswers:
     # --- answers --------------------------------------------------------------------------
 
     def forget(self) -> None:
+        self.last_known.update(self.answers)
         self.answers.clear()
-        self.walked = False
+        self.walked.clear()
 
-    def _sync_stage(self) -> None:
+    def sync_stage(self) -> None:
         if self.stage != self.state.current_stage:
             self.stage = self.state.current_stage
             self.forget()
 
     def _answer(self, command: Any, args: tuple, kwargs: dict[str, Any]) -> tuple[bool, Any]:
-        self._sync_stage()
+        self.sync_stage()
         question_key = key(command, kwargs)
         if question_key in self.answers:
             return True, _output(self.answers[question_key])
         batchable = args == () and not any(kwargs.get(name) for name in NOT_BATCHED)
         if self.walking:
-            self.miss_count += 1
-            if batchable:
+            self.walk_reads += 1
+            if self.walk_reads > MAX_WALK_READS:
+                raise _WalkTooLong
+            if batchable and question_key not in self.failed:
                 self.misses.setdefault(question_key, (command, kwargs))
+            if question_key in self.last_known:
+                return True, _output(self.last_known[question_key])
+            self.guesses += 1
             return True, _output([])  # the fact's default: see what the operation asks next
         status, output = self._call(self._run_shell_command, command, *args, **kwargs)
-        if batchable:
-            if self.stage == StateStage.Prepare:
-                self.prepared[question_key] = (command, kwargs)
-            if status:
-                self.answers[question_key] = output.stdout_lines
+        if batchable and status:
+            self.answers[question_key] = output.stdout_lines
         return status, output
 
     def ask(self, questions: dict[Key, Question]) -> None:
@@ -183,9 +204,8 @@ class HostAnswers:
         for group in groups.values():
             marker = f"pyinfra-batch-{uuid.uuid4().hex}"
             commands = [command for command, _ in group.values()]
-            kwargs = {
-                k: v for k, v in next(iter(group.values()))[1].items() if k not in DISPLAY_ONLY
-            }
+            first_kwargs = next(iter(group.values()))[1]
+            kwargs = {k: v for k, v in first_kwargs.items() if k not in DISPLAY_ONLY}
             success = tuple(kwargs.pop("_success_exit_codes", None) or (0,))
             script = StringCommand(batch_script((_text(c) for c in commands), marker))
             self.round_trips += 1
@@ -208,25 +228,8 @@ class HostAnswers:
     # --- walking the operations to come -----------------------------------------------------
 
     def walk(self, op_hashes: list[str]) -> None:
-        """Answer, in a few batches, what the operations about to run on this host will ask."""
-        self._sync_stage()
-        pending, self.prepared = self.prepared, {}
-        settled: dict[str, bool] = {}
-        for _ in range(MAX_ROUNDS):
-            pending = {k: q for k, q in pending.items() if k not in self.failed}
-            if pending:
-                self.ask(pending)
-            pending = self._collect(op_hashes, settled)
-            if not pending:
-                break
-        self.walked = True
-
-    def _collect(self, op_hashes: list[str], settled: dict[str, bool]) -> dict[Key, Question]:
-        """The questions the operations ask that have no answer yet: each operation's generator
-        runs as pyinfra runs it, unanswered facts reading as their defaults, nothing logged and
-        nothing executed. An operation whose questions were all answered is settled (whether it
-        yields a command is known, and answers only grow during a walk): it is not run again.
-        The walk ends after the first settled operation that yields a command."""
+        """Ask, in one round trip, what the operations about to run on this host will ask."""
+        self.sync_stage()
         self.misses, self.walking = {}, True
         logging_disabled = logging.root.manager.disable
         logging.disable(logging.CRITICAL)
@@ -235,25 +238,22 @@ class HostAnswers:
         self.host.get_temp_filename = _walk_temp_filename  # type: ignore[method-assign]
         try:
             for op_hash in op_hashes:
-                if op_hash not in settled:
-                    misses_before = self.miss_count
-                    changes = self._run_generator(op_hash)
-                    if self.miss_count == misses_before:
-                        settled[op_hash] = changes
-                if settled.get(op_hash):
+                self.walked.add(op_hash)
+                guesses_before = self.guesses
+                if self._yields(op_hash) and self.guesses == guesses_before:
                     break
         finally:
             del self.host.get_temp_filename
             logging.disable(logging_disabled)
             self.walking = False
-        return {k: q for k, q in self.misses.items() if k not in self.answers}
+        if self.misses:
+            self.ask(self.misses)
 
-    def _run_generator(self, op_hash: str) -> bool:
-        """Whether the operation's generator yields a command (its facts as answered so far).
-        It runs to its end: facts read after a command are asked too (rounds saved when that
-        command was only a guess's)."""
+    def _yields(self, op_hash: str) -> bool:
+        """Whether the operation's generator yields a command. It runs to its end: facts read
+        after a command are asked too (the command may come only from a guess)."""
         generator = self.state.get_op_data_for_host(self.host, op_hash).command_generator()
-        changes = False
+        changes, self.walk_reads = False, 0
         try:
             for _command in generator:
                 changes = True
@@ -265,15 +265,16 @@ class HostAnswers:
 
 
 class WalkBeforeOperations(BaseStateCallback):
-    """Before a host executes an operation, unless its answers are fresh: walk what is left."""
+    """Before a host executes an operation no walk covered since it last changed: walk."""
 
     @staticmethod
     def operation_host_start(state: State, host: Host, op_hash: str) -> None:
         answers = getattr(host, "fact_answers", None)
-        if answers is None or answers.walked or host.executing_op_hash is not None:
-            return  # not ours, already walked, or a nested operation (its parent is running)
-        if state.current_stage != StateStage.Execute:
+        if answers is None or state.current_stage != StateStage.Execute:
             return
+        answers.sync_stage()
+        if op_hash in answers.walked or host.executing_op_hash is not None:
+            return  # covered, or a nested operation (its parent is running)
         order = state.get_op_order()
         ops = state.ops[host]
         answers.walk([h for h in order[order.index(op_hash) :] if h in ops])

@@ -19,6 +19,7 @@ from pyinfra.api.exceptions import PyinfraError
 from pyinfra.api.operation import add_op
 from pyinfra.api.operations import run_ops
 from pyinfra.api.state import StateStage
+from pyinfra.operations import files as pyinfra_files
 
 from operations import factcache
 
@@ -70,6 +71,15 @@ def write_then_copy(path: str, content: str, dest: str):
     """Writes path, then reads it back within the same operation and copies it to dest."""
     yield f"printf %s {shlex.quote(content)} > {shlex.quote(path)}"
     yield f"printf %s {shlex.quote(host.get_fact(FileText, path=path) or '')} > {dest}"
+
+
+@operation()
+def wait_until_ready(path: str):
+    """Reads a fact in a loop (pyinfra's own style polls in a remote command instead)."""
+    for _ in range(10_000):
+        if host.get_fact(FileText, path=path) == "ready":
+            return
+    yield "false"
 
 
 class Run:
@@ -139,17 +149,32 @@ def test_split_answers_refuses_output_it_cannot_account_for() -> None:
     assert factcache.split_answers(["x", "m 0"], "m", 1) == [(0, ["x"])]
 
 
-def test_no_change_run_asks_in_as_many_round_trips_as_facts_depend_on_facts(files: Path) -> None:
+def test_a_no_change_run_asks_its_questions_at_once(files: Path) -> None:
     run = Run(check_for_changes=False)  # -y: no change-detection pass
     ops = [
         run.add(text, path=str(files / "a"), content="one"),
         run.add(follow, pointer=str(files / "pointer"), dest=str(files / "copy-of-b")),
     ]
     run.execute()
-    # The pointer's answer decides the next question: two rounds, every fact in one of them.
+    # One script for a, the pointer and copy-of-b; b's path is known only from the pointer's
+    # answer: read singly, as pyinfra reads it.
+    assert run.host.fact_answers.round_trips == 1
+    assert run.sent[1] == f"cat {files / 'b'} 2>/dev/null || true"
     assert len(run.sent) == 2
-    assert run.host.fact_answers.round_trips == 2
     assert not any(op.did_change() for op in ops)
+
+
+def test_a_converged_template_is_checked_in_one_round_trip(tmp_path: Path) -> None:
+    (tmp_path / "app.conf.j2").write_text("value={{ value }}\n")
+    (tmp_path / "app.conf").write_text("value=1\n")
+    run = Run(check_for_changes=False)
+    src, dest = str(tmp_path / "app.conf.j2"), str(tmp_path / "app.conf")
+    op = run.add(pyinfra_files.template, src=src, dest=dest, value=1)
+    run.execute()
+    assert not op.did_change()
+    # File, the directory and Sha1File: one script, though Sha1File is read only once File
+    # says the file exists.
+    assert len(run.sent) == 1
 
 
 def test_a_command_makes_later_reads_fresh(files: Path) -> None:
@@ -158,6 +183,23 @@ def test_a_command_makes_later_reads_fresh(files: Path) -> None:
     run.add(copy, src=str(files / "a"), dest=str(files / "c"))
     run.execute()
     # The first walk read "one" for a; the second operation saw what the first one wrote.
+    assert (files / "c").read_text() == "changed"
+
+
+def test_after_a_change_the_next_walk_stops_at_the_next_change(files: Path) -> None:
+    run = Run(check_for_changes=False)
+    run.add(text, path=str(files / "a"), content="changed")
+    run.add(copy, src=str(files / "a"), dest=str(files / "c"))
+    run.add(text, path=str(files / "b"), content="two")
+    run.add(text, path=str(files / "copy-of-b"), content="two")
+    run.execute()
+    batches = [sent for sent in run.sent if sent.startswith("(\n")]
+    writes = [sent for sent in run.sent if sent.startswith("printf %s")]
+    assert len(batches) == 3 and len(writes) == 2 and len(run.sent) == 5
+    # After a's write the copy will change too (so its last known answers say): the walk asks
+    # only what the copy reads; the two unchanged files come in one script after it.
+    assert str(files / "c") in batches[1] and str(files / "b") not in batches[1]
+    assert str(files / "b") in batches[2] and str(files / "copy-of-b") in batches[2]
     assert (files / "c").read_text() == "changed"
 
 
@@ -194,6 +236,16 @@ def test_repeated_questions_are_asked_once_per_stage(files: Path) -> None:
     for _ in range(3):
         run.add(text, path=str(files / "a"), content="one")
     assert len(run.sent) == 1
+
+
+def test_a_walk_gives_up_on_an_operation_that_polls_a_fact(tmp_path: Path) -> None:
+    (tmp_path / "state").write_text("ready")
+    run = Run(check_for_changes=False)
+    op = run.add(wait_until_ready, path=str(tmp_path / "state"))
+    run.execute()
+    # The walk assumed the fact's default (never "ready") and stopped at its limit.
+    assert run.host.fact_answers.walk_reads == factcache.MAX_WALK_READS + 1
+    assert not op.did_change()
 
 
 def test_a_failing_fact_command_is_left_to_pyinfra(files: Path) -> None:
