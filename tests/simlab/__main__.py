@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 import argparse
+import json
 import os
+import runpy
+import shlex
 import subprocess
 import sys
 
+from operations import lanes
 from tests.simlab import lab
 from tests.simlab.paths import REPO, STATE, log
 
@@ -36,9 +40,29 @@ def demo() -> int:
     for host in current.hosts:
         print(f"--- {host.name} ({host.mgmt_ip})")
         print(lab.ssh(host, DEMO_SHOW, check=False), end="")
+    print(sample_request(current.hosts[0]))
     print("\nLab left running: `python -m tests.simlab ssh spark-1` to look around,")
     print("`make lab-down` (or `python -m tests.simlab down`) to remove it.")
     return 0
+
+
+def sample_request(host: lab.Host) -> str:
+    """A chat request to the first lane, as a user would send it (the key read from its
+    root-only file, never printed), and what came back."""
+    first = runpy.run_path(str(REPO / "group_data/all.py"))["lanes"][0]
+    body = json.dumps(
+        {
+            "model": first["served_name"],
+            "messages": [{"role": "user", "content": "Hello from the demo"}],
+        }
+    )
+    command = (
+        f"curl -s http://{host.mgmt_ip}:{first['port']}/v1/chat/completions "
+        f'-H "Authorization: Bearer $(sudo cat {lanes.key_path(first["name"])})" '
+        f"-H 'Content-Type: application/json' -d {shlex.quote(body)}"
+    )
+    answer = lab.ssh(host, command, check=False)
+    return f"\nA sample request (run on {host.name}):\n  {command}\n{answer}"
 
 
 DEMO_SHOW = (
