@@ -23,6 +23,7 @@ PACKAGES = (
 )
 LIST_TEMPLATE = Path(__file__).parents[1] / "templates" / "nvidia-container-toolkit.list.j2"
 DAEMON_JSON = "/etc/docker/daemon.json"
+HOOK = "nvidia-container-runtime-hook"  # docker looks it up in its PATH when it starts
 
 
 class ToolkitPackages(PackageStates):
@@ -60,23 +61,40 @@ class DockerDaemonConfig(FactBase):
         return config if isinstance(config, dict) else None
 
 
-class DockerRuntimes(FactBase):
-    """The runtimes of the running docker daemon, or None when it does not answer.
+class DockerDaemon(FactBase):
+    """The running docker daemon: its runtimes (None when it does not answer), and whether it
+    started before the toolkit's HOOK was installed. Docker registers the driver behind
+    ``--gpus`` only when it finds that hook as it starts, so such a daemon has the nvidia runtime
+    and still fails ``--gpus`` ('could not select device driver "" with capabilities: [[gpu]]').
 
     .. code:: python
 
-        ["io.containerd.runc.v2", "nvidia", "runc"]
+        {"runtimes": ["io.containerd.runc.v2", "nvidia", "runc"], "started_before_hook": False}
     """
 
-    def command(self) -> str:
-        return "docker info --format '{{json .Runtimes}}' 2>/dev/null || true"
+    def command(self, service: str) -> str:
+        # The ages in seconds of the hook's inode (ctime: set when dpkg installs it) and of
+        # the daemon's process, when both exist.
+        return (
+            "docker info --format '{{json .Runtimes}}' 2>/dev/null || echo null;"
+            f" pid=$(systemctl show -p MainPID --value {shlex.quote(service)} 2>/dev/null);"
+            f" hook=$(command -v {HOOK});"
+            ' if [ -n "$hook" ] && [ "${pid:-0}" -gt 0 ] 2>/dev/null; then'
+            ' echo "$(( $(date +%s) - $(stat -c %Z "$hook") )) $(ps -o etimes= -p "$pid")"; fi;'
+            " true"
+        )
 
-    def process(self, output: list[str]) -> list[str] | None:
+    def process(self, output: list[str]) -> dict[str, list[str] | bool | None]:
         try:
-            runtimes = json.loads("\n".join(output))
+            runtimes = json.loads(output[0]) if output else None
         except ValueError:
-            return None
-        return sorted(runtimes) if isinstance(runtimes, dict) else None
+            runtimes = None
+        ages = output[1].split() if len(output) > 1 else []
+        return {
+            "runtimes": sorted(runtimes) if isinstance(runtimes, dict) else None,
+            # A second's slack: the two ages are whole seconds, read one after the other.
+            "started_before_hook": len(ages) == 2 and int(ages[1]) > int(ages[0]) + 1,
+        }
 
 
 @operation()
@@ -160,13 +178,15 @@ def installed(version: str):
 def docker_runtime(service: str = "docker.service"):
     """
     Register the toolkit's ``nvidia`` runtime in docker's daemon.json (with nvidia-ctk) and make
-    sure the running docker has it.
+    sure the running docker has it, and ``--gpus``.
 
-    + service: docker's unit, restarted when the running daemon lacks the runtime
+    + service: docker's unit, restarted when the running daemon lacks either
 
-    Docker reads daemon.json only when it starts, so the restart follows a change of the file, and
-    also comes on its own when the file has the runtime and the daemon does not: a run cut off
-    between the two leaves the box so, and a later run must still finish the job.
+    Docker reads daemon.json, and looks for the toolkit's hook, only when it starts. So the
+    restart follows a change of the file, and also comes on its own when the running daemon
+    lacks the runtime or started before the hook was installed: a run cut off between install,
+    nvidia-ctk and restart, or a box that booted while the toolkit was half installed, leaves it
+    so, and a later run must still finish the job.
 
     **Example:**
 
@@ -182,9 +202,10 @@ def docker_runtime(service: str = "docker.service"):
         )
     runtimes = config.get("runtimes")
     if isinstance(runtimes, dict) and "nvidia" in runtimes:
-        running = host.get_fact(DockerRuntimes)
-        if running is not None and "nvidia" in running:
-            host.noop("docker has the nvidia runtime")
+        daemon = host.get_fact(DockerDaemon, service=service)
+        running = daemon["runtimes"] or []
+        if "nvidia" in running and not daemon["started_before_hook"]:
+            host.noop("docker has the nvidia runtime and --gpus")
             return
     else:
         yield "nvidia-ctk runtime configure --runtime=docker"

@@ -7,8 +7,9 @@ Captures:
   --admindir) over a private dpkg status database whose stanzas we wrote: 1.18.0-1, not held.
 - docker-daemon-json-nvidia.sample.txt: written by hand after NVIDIA's install guide, which shows
   the daemon.json that `nvidia-ctk runtime configure --runtime=docker` leaves.
-- lab-docker-runtimes-{bare,nvidia}.txt: DockerRuntimes' command on lab host spark-2 freshly
-  reimaged, and on spark-1 after a deploy.
+- lab-docker-daemon-{bare,deployed,before-hook}.txt: DockerDaemon's command on lab host spark-2
+  freshly reimaged (no hook), on spark-1 after a deploy (hook 27 s old, docker 26 s), and on
+  spark-2 after `apt-get install --reinstall nvidia-container-toolkit` (hook 2 s, docker 29 s).
 """
 
 from __future__ import annotations
@@ -127,14 +128,24 @@ def test_right_version_not_held_is_only_held() -> None:
     ]
 
 
-def test_docker_runtimes_fact() -> None:
-    # Captured on lab host spark-2, bare and after a deploy.
-    bare = process(toolkit.DockerRuntimes, captured("lab-docker-runtimes-bare.txt"))
-    assert bare == ["io.containerd.runc.v2", "io.containerd.runtime.v1.linux", "runc"]
-    deployed = process(toolkit.DockerRuntimes, captured("lab-docker-runtimes-nvidia.txt"))
-    assert deployed == [*bare[:2], "nvidia", "runc"]
-    assert process(toolkit.DockerRuntimes, "") is None  # docker does not answer
-    assert toolkit.DockerRuntimes().command().endswith("2>/dev/null || true")
+def daemon(name: str) -> str:
+    return captured(f"lab-docker-daemon-{name}.txt")
+
+
+def test_docker_daemon_fact() -> None:
+    runc = ["io.containerd.runc.v2", "io.containerd.runtime.v1.linux", "runc"]
+    assert process(toolkit.DockerDaemon, daemon("bare")) == {
+        "runtimes": runc,
+        "started_before_hook": False,
+    }
+    assert process(toolkit.DockerDaemon, daemon("deployed")) == {
+        "runtimes": [*runc[:2], "nvidia", "runc"],
+        "started_before_hook": False,
+    }
+    assert process(toolkit.DockerDaemon, daemon("before-hook"))["started_before_hook"] is True
+    # docker does not answer
+    assert process(toolkit.DockerDaemon, "null") == {"runtimes": None, "started_before_hook": False}
+    assert toolkit.DockerDaemon().command(service="docker.service").endswith(" true")
 
 
 def test_docker_without_the_runtime_gets_it_then_a_restart() -> None:
@@ -147,18 +158,18 @@ def test_docker_without_the_runtime_gets_it_then_a_restart() -> None:
 
 def test_docker_with_the_runtime_yields_nothing() -> None:
     sample = captured("docker-daemon-json-nvidia.sample.txt")
-    running = captured("lab-docker-runtimes-nvidia.txt")
-    host = FakeHost({toolkit.DockerDaemonConfig: sample, toolkit.DockerRuntimes: running})
+    host = FakeHost({toolkit.DockerDaemonConfig: sample, toolkit.DockerDaemon: daemon("deployed")})
     assert run_op(toolkit.docker_runtime, host=host) == []
-    assert host.noops == ["docker has the nvidia runtime"]
+    assert host.noops == ["docker has the nvidia runtime and --gpus"]
 
 
-def test_runtime_in_the_file_but_not_in_the_daemon_gets_the_restart() -> None:
-    # A run cut off between nvidia-ctk and the restart leaves the box so (seen in the lab); and
-    # a docker that does not answer is started by the restart.
+def test_a_daemon_without_the_runtime_or_older_than_the_hook_gets_the_restart() -> None:
+    # A run cut off between nvidia-ctk and the restart leaves the runtime out of the daemon; a
+    # box booted while the toolkit was half installed, or a toolkit installed again, leaves a
+    # daemon without --gpus (both seen in the lab); a docker that does not answer is started.
     sample = captured("docker-daemon-json-nvidia.sample.txt")
-    for running in (captured("lab-docker-runtimes-bare.txt"), ""):
-        host = FakeHost({toolkit.DockerDaemonConfig: sample, toolkit.DockerRuntimes: running})
+    for running in (daemon("bare"), daemon("before-hook"), "null"):
+        host = FakeHost({toolkit.DockerDaemonConfig: sample, toolkit.DockerDaemon: running})
         assert run_op(toolkit.docker_runtime, host=host) == [RESTART_DOCKER]
 
 
