@@ -80,6 +80,10 @@ hygiene.sshd_oom_protected(name="sshd's listener out of the OOM killer's reach (
 # --- a cluster: Ray over the fabric, its ports closed to all but the fabric ----------------
 
 if len(spark.hosts) > 1:
+    preflight.cluster_whole(
+        name="Every box of the cluster is in this run",
+        members=[other.name for other in spark.hosts],
+    )
     firewall.cluster_ports_fabric_only(
         name="Firewall: Ray's and the distributed back-end's ports from the fabric only",
         fabric={link.ifname: str(link.address.network) for link in me.fabric},
@@ -112,6 +116,25 @@ lanes.lanes_removed(
 )
 for image in dict.fromkeys(lane.image for lane in me.lanes):
     lanes.image_present(name=f"Serving image {image}", image=image)
+
+# A cluster lane (on the head) runs a rank on every box: each box checks what it needs before
+# the head starts it; the Ray image is its image (config.py), present on every box by now.
+cluster_lane = next((lane for lane in spark.head.lanes if lane.is_cluster), None)
+if cluster_lane and len(spark.hosts) > 1:
+    preflight.model_present(
+        name=f"Cluster lane {cluster_lane.name}: {cluster_lane.model} on this box",
+        model=cluster_lane.model,
+        image=cluster_lane.image,
+        models_dir=lanes.MODELS_DIR,
+        token_path=lanes.HF_TOKEN,
+    )
+    preflight.image_read(name=f"Cluster lane image {cluster_lane.image}", image=cluster_lane.image)
+    preflight.image_agrees(
+        name=f"Cluster lane image {cluster_lane.image}: the same on every box",
+        image=cluster_lane.image,
+        boxes=[box.name for box in spark.hosts],
+    )
+
 previous = None
 for lane in me.lanes:
     lanes.serving(
@@ -125,6 +148,9 @@ for lane in me.lanes:
         after=previous,
         hf_token=bool(me.hf_token_file),
         start_timeout_s=me.lane_start_timeout_min * 60,
+        cluster_nodes=lane.tensor_parallel_size,
+        ray_address=f"{spark.head.fabric[0].address.ip}:{me.ray.port}" if lane.is_cluster else None,
+        ray_token=lane.is_cluster and me.ray.auth,
     )
     previous = lane.name
 

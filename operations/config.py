@@ -30,7 +30,17 @@ from pyinfra.api.host import Host
 from pyinfra.api.inventory import Inventory
 from pyinfra.api.state import BaseStateCallback, State
 
-from operations.recipes import SLUG, Lane, ModelSpec, budget_problems, budget_warnings
+from operations.recipes import (
+    FRACTION_LIMIT,
+    FRACTION_WARNING,
+    IMAGE,
+    SLUG,
+    Lane,
+    ModelSpec,
+    budget_problems,
+    budget_warnings,
+    reserved_ports,
+)
 
 # host.data keys that pyinfra and its connectors read themselves: they pass unchecked and
 # are never echoed (`_sudo_password`, `ssh_password` are secrets).
@@ -41,11 +51,6 @@ HCA = re.compile(r"[A-Za-z0-9_.-]{1,63}")  # the kernel's IB_DEVICE_NAME_MAX les
 DRIVER_PACKAGE = re.compile(r"nvidia-driver-(\d+)(-open)?")
 DEBIAN_VERSION = re.compile(r"(\d+:)?\d[A-Za-z0-9.+~]*(-[A-Za-z0-9.+~]+)*")
 ABSOLUTE_PATH = re.compile(r"(/[A-Za-z0-9_.-]+)+")
-# registry/repository:tag, as docker reads it (a registry may carry a port, a digest may follow).
-IMAGE = re.compile(
-    r"[a-z0-9]+(?:[._-][a-z0-9]+)*(?::\d+)?(?:/[a-z0-9]+(?:[._-][a-z0-9]+)*)+"
-    r":[A-Za-z0-9_][A-Za-z0-9._-]{0,127}(?:@sha256:[0-9a-f]{64})?"
-)
 SUPPORTED_BRANCH = 580
 
 
@@ -249,7 +254,10 @@ class HostSettings(BaseModel):
     @classmethod
     def _lanes(cls, lanes: list[Lane], info: ValidationInfo) -> list[Lane]:
         unified_memory_gib = info.data.get("unified_memory_gib")  # absent when refused itself
-        problems = budget_problems(lanes, unified_memory_gib) if unified_memory_gib else []
+        reserved = reserved_ports(info.data.get("ray_port", 6379))
+        problems = (
+            budget_problems(lanes, unified_memory_gib, reserved) if unified_memory_gib else []
+        )
         if problems:
             raise ValueError("\n".join(problems))
         return lanes
@@ -475,15 +483,78 @@ def _cluster_problems(hosts: tuple[HostConfig, ...]) -> list[str]:
             " keep 'head' on one and set 'worker' on the others"
         )
 
-    mtus = {host.mtu for host in hosts}
-    if len(mtus) > 1:
-        problems.append(
-            f"{_names(hosts)}: fabric_mtu: differs ({_listing((h, h.mtu) for h in hosts)});"
-            " use one MTU on every host"
-        )
+    # What every box of a cluster must agree on; the head's value is the reference.
+    reference = heads[0] if heads else hosts[0]
+    for key, attribute, what in (
+        ("fabric_mtu", "mtu", "MTU"),
+        ("roce_gid_index", "gid_index", "GID index"),
+    ):
+        want = getattr(reference, attribute)
+        problems += [
+            f"{host.name}: {key}: {getattr(host, attribute)} differs from {reference.name}'s"
+            f" {want}; use one {what} on every host (remove the host's own {key})"
+            for host in hosts
+            if getattr(host, attribute) != want
+        ]
 
     if len(hosts) > 1:
         problems += _fabric_problems(hosts)
+    return problems + _cluster_lane_problems(hosts)
+
+
+def _cluster_lane_problems(hosts: tuple[HostConfig, ...]) -> list[str]:
+    """A cluster lane runs on the head and on every box: one of them, as wide as the cluster,
+    and room for its share next to each worker's own lanes."""
+    problems = []
+    cluster_lanes = [(host, lane) for host in hosts for lane in host.lanes if lane.is_cluster]
+    for host, lane in cluster_lanes:
+        where = f"{host.name}: lanes: {lane.name}: tensor_parallel_size"
+        size = lane.tensor_parallel_size
+        if len(hosts) == 1:
+            problems.append(
+                f"{where}: {size} makes a cluster lane, but the inventory has one box; set 1,"
+                " or add the other boxes (a head and its workers)"
+            )
+        elif host.role != "head":
+            problems.append(
+                f"{where}: {size} makes a cluster lane, which is served from the head; move the"
+                " lane to the head's lanes"
+            )
+        elif lane.image != host.ray.image:
+            problems.append(
+                f"{host.name}: lanes: {lane.name}: image: {lane.image}, but a cluster lane's"
+                f" ranks run in Ray's containers ({host.ray.image}); set ray_image and the"
+                " lane's image to the same image"
+            )
+        elif size != len(hosts):
+            problems.append(
+                f"{where}: {size}, but the cluster has {len(hosts)} boxes ({_names(hosts)});"
+                f" set {len(hosts)}: one rank on each box (Ray gives each box one GPU)"
+            )
+    if len(cluster_lanes) > 1:
+        problems.append(
+            f"{_names(host for host, _ in cluster_lanes)}: lanes:"
+            f" {' and '.join(lane.name for _, lane in cluster_lanes)} are cluster lanes; keep"
+            " one (each holds the one GPU Ray has on every box)"
+        )
+    heads = [host for host in hosts if host.role == "head"]
+    if problems or not cluster_lanes or len(heads) != 1:
+        return problems
+    lane = cluster_lanes[0][1]
+    for host in hosts:
+        if host.role == "head":
+            continue  # the head's lanes, the cluster lane among them, were checked together
+        total = round(sum(own.memory_fraction for own in host.lanes) + lane.memory_fraction, 6)
+        shares = ", ".join(
+            [f"{own.name} {own.memory_fraction:g}" for own in host.lanes]
+            + [f"the cluster lane {lane.name} {lane.memory_fraction:g}"]
+        )
+        if total > FRACTION_LIMIT:
+            problems.append(
+                f"{host.name}: lanes: the memory fractions add up to {total:g} ({shares}),"
+                f" above {FRACTION_LIMIT}: the cluster lane takes its memory_fraction of every"
+                f" box; lower them to a total of {FRACTION_WARNING} or less, or remove lanes"
+            )
     return problems
 
 
@@ -622,8 +693,12 @@ def load_from_dicts(hosts: dict[str, dict[str, Any]]) -> SparkConfig:
         problems.append("inventory: hosts: empty; list at least one Spark")
     if problems:
         raise ConfigError(problems)
+    # A cluster lane takes its share of every box: the workers' totals count it too.
+    cluster = [
+        lane for host in configs if host.role == "head" for lane in host.lanes if lane.is_cluster
+    ]
     for host in configs:
-        for warning in budget_warnings(host.lanes):
+        for warning in budget_warnings([*host.lanes, *(cluster if host.role == "worker" else [])]):
             # Allowed but risky: in pyinfra's output (yellow) before the first connection.
             logger.warning(f"{host.name}: lanes: {warning}")
     return SparkConfig(hosts=tuple(configs))

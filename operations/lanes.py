@@ -14,13 +14,13 @@ from typing import NamedTuple
 import click
 from pyinfra import host
 from pyinfra.api import FactBase, State, operation
-from pyinfra.api.command import FileUploadCommand
 from pyinfra.api.exceptions import OperationError
 from pyinfra.api.host import Host
 from pyinfra.api.state import BaseStateCallback, StateStage
 from pyinfra.facts.files import Sha1File
 from pyinfra.operations import files
 
+from operations import ray
 from operations.hygiene import CAP_SYS_RESOURCE
 
 TEMPLATES = Path(__file__).parents[1] / "templates"
@@ -171,8 +171,13 @@ def docker_run(
     rdma: bool,
     unlimited_memlock: bool,
     models_dir: str,
+    cluster: bool = False,
+    ray_token: bool = False,
 ) -> list[str]:
-    """The `docker run` argument list of a lane's container."""
+    """The `docker run` argument list of a lane's container; a cluster lane's gets the Ray
+    token as ray.py mounts it (``ray_token``) and Ray's session directory, where its driver
+    finds the box's Ray node (the raylet's sockets), sharing the Ray container's processes
+    (``cluster``)."""
     container = PREFIX + name
     args = ["/usr/bin/docker", "run", "--rm", "--name", container, "--gpus", "all"]
     args += ["--network", "host", "--ipc", "host", "--oom-score-adj", str(OOM_SCORE_ADJ)]
@@ -186,6 +191,10 @@ def docker_run(
         args += ["-v", f"{key_path(name)}:{KEY_IN_CONTAINER}:ro"]
     if hf_token:
         args += ["-v", f"{HF_TOKEN}:{HF_TOKEN_IN_CONTAINER}:ro"]
+    if cluster:  # the box's Ray node: its processes (the driver looks for its raylet there)
+        args += ["--pid", f"container:{ray.CONTAINER}", "-v", f"{ray.SESSION_DIR}:/tmp/ray"]
+    if ray_token:
+        args += ["-v", f"{ray.TOKEN_PATH}:{ray.TOKEN_IN_CONTAINER}:ro"]
     return [*args, image, "/bin/sh", "-c", serve_script(serve_args, api_key)]
 
 
@@ -230,6 +239,9 @@ def serving(
     hf_token: bool = False,
     start_timeout_s: int = 1200,
     models_dir: str = MODELS_DIR,
+    cluster_nodes: int = 1,
+    ray_address: str | None = None,
+    ray_token: bool = False,
 ):
     """
     Serve one vLLM lane as the systemd unit spark-lane-<lane>, enabled and serving.
@@ -245,6 +257,11 @@ def serving(
     + hf_token: mount /etc/spark/secrets/hf-token (see ``hf_token``) for gated models
     + start_timeout_s: how long a start may take, model load included, until /health answers
     + models_dir: the Hugging Face cache on the box, shared by the lanes
+    + cluster_nodes: above 1, a cluster lane: its ranks run on this many Ray nodes (this box's
+      among them, see ``ray.node``); the unit requires ``spark-ray.service`` and waits until
+      all of them have joined before its container starts
+    + ray_address: a cluster lane's Ray GCS, host:port (the head's fabric address)
+    + ray_token: a cluster lane mounts Ray's token (Ray runs with token authentication)
 
     A changed unit, environment or new key restarts this lane only; otherwise a lane that is
     not running is started. Starting returns once /health answers.
@@ -264,7 +281,14 @@ def serving(
 
     commands, new_key = _secret_commands(state, lane) if api_key else ([], False)
     yield from commands
+    cluster = cluster_nodes > 1
+    if cluster and not ray_address:
+        raise OperationError(f"lane {lane}: a cluster lane needs ray_address (host:port)")
     variables = dict(environment)
+    if cluster:
+        variables["RAY_ADDRESS"] = str(ray_address)
+        if ray_token:
+            variables |= {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN_PATH": ray.TOKEN_IN_CONTAINER}
     if hf_token:  # the path only: huggingface_hub reads the token from there
         variables["HF_TOKEN_PATH"] = HF_TOKEN_IN_CONTAINER
     env_changes = list(
@@ -288,6 +312,8 @@ def serving(
         state["rdma"],
         state["unlimited_memlock"],
         models_dir,
+        cluster=cluster,
+        ray_token=cluster and ray_token,
     )
     unit = unit_name(lane)
     unit_changes = list(
@@ -304,6 +330,12 @@ def serving(
             exec_start=" ".join(systemd_word(arg) for arg in run),
             start_timeout=start_timeout_s,
             health_timeout=max(start_timeout_s - 30, 30),
+            cluster_nodes=cluster_nodes if cluster else None,
+            ray_unit=ray.UNIT,
+            nodes_command=ray.NODES_COMMAND,
+            # Half the start for the nodes, half for the load; a box away longer fails the
+            # start, and the restart waits again.
+            nodes_wait=max(start_timeout_s // 2, 30),
         )
     )
     yield from unit_changes
@@ -357,7 +389,7 @@ def image_present(image: str):
     if image in host.get_fact(LaneHost)["images"]:
         host.noop(f"{image} is present")
     else:
-        yield f"docker pull --quiet {shlex.quote(image)}"
+        yield ray.pull(image)
 
 
 @operation()
@@ -376,14 +408,7 @@ def hf_token(src: str, path: str = HF_TOKEN):
     if host.get_fact(Sha1File, path=path) == hashlib.sha1(local).hexdigest():
         host.noop(f"{path} holds the token")
         return
-    temporary = host.get_temp_filename(path)
-    yield (
-        f"install -d -m 700 -o root -g root {SECRETS_DIR}"
-        f" && {{ [ -e {path} ] || install -m 600 /dev/null {path}; }}"
-        f" && chown root:root {path} && chmod 600 {path}"
-        f' && install -m 600 -o "${{SUDO_USER:-root}}" /dev/null {temporary}'
-    )
-    yield FileUploadCommand(src, path, remote_temp_filename=temporary)
+    yield from ray.root_only_upload(src, path)
 
 
 # --- after the run: the endpoints table and a client configuration ---------------------------

@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import shlex
+import weakref
 from collections.abc import Iterable
 
 from pyinfra import host, state
 from pyinfra.api import FactBase, operation
+from pyinfra.api.exceptions import OperationError
+from pyinfra.api.inventory import Inventory
 
 from operations.config import HostConfig
 
@@ -138,3 +141,171 @@ def fabric_peers(peers: list[Peer], mtu: int = 9000):
         return
     skipped = f" ({', '.join(left_out)} failed in this run: not checked)" if left_out else ""
     host.noop(f"every twin reaches its peers with {mtu}-byte frames{skipped}")
+
+
+@operation()
+def cluster_whole(members: list[str]):
+    """
+    Stop this box before the cluster stage when another box of the cluster failed in this run.
+
+    + members: every box of the cluster, as the inventory names them
+
+    pyinfra leaves out a box it could not reach, or that stopped on an error, and goes on with
+    the others: right for the host layer, which needs nothing of the other boxes, wrong for the
+    cluster, whose Ray head without its worker (or worker without its head) and firewall would
+    look done and not be. So every box still running fails here with a message naming the
+    missing ones; once they are back, the next run finishes the stage.
+
+    **Example:**
+
+    .. code:: python
+
+        preflight.cluster_whole(name="Every box of the cluster", members=["spark-1", "spark-2"])
+    """
+    failed = {failed_host.name for failed_host in state.failed_hosts}
+    missing = [name for name in members if name in failed and name != host.name]
+    if not missing:
+        host.noop(f"every box of the cluster is in this run ({', '.join(members)})")
+        return
+    boxes = ", ".join(missing)
+    message = (
+        f"{host.name}: the cluster stage (firewall, Ray, lanes) needs every box, and {boxes}"
+        f" failed in this run (unreachable, or stopped on an error shown above): bring {boxes}"
+        " back, then run the deploy again; this box's host layer is done"
+    )
+    yield f"echo {shlex.quote(message)} >&2; exit 1"
+
+
+# --- a cluster lane: the same image and the model's weights on every box ----------------------
+
+HF_CACHE_IN_CONTAINER = "/root/.cache/huggingface"  # where the lanes mount the box's models dir
+
+
+def hf_cache_dir(models_dir: str, model: str) -> str:
+    """Where huggingface_hub keeps ``org/name`` under a cache (``models--org--name``)."""
+    return f"{models_dir}/hub/models--{model.replace('/', '--')}"
+
+
+class ModelWeights(FactBase):
+    """Whether the box holds a model: a Hugging Face id as a snapshot with its config.json in
+    the cache the lanes mount, an absolute path as a directory with its config.json.
+
+    .. code:: python
+
+        True
+    """
+
+    def command(self, model: str, models_dir: str) -> str:
+        if model.startswith("/"):
+            pattern = f"{shlex.quote(model)}/config.json"
+        else:
+            pattern = f"{shlex.quote(hf_cache_dir(models_dir, model))}/snapshots/*/config.json"
+        return f'for f in {pattern}; do [ -s "$f" ] && echo present && break; done; true'
+
+    def process(self, output: list[str]) -> bool:
+        return "present" in output
+
+
+def fetch_command(model: str, image: str, models_dir: str, token_path: str) -> str:
+    """The command that fetches a model into a box's cache inside the serving image, its token
+    mounted as a file and named by HF_TOKEN_PATH (never in an argv or an environment value)."""
+    token = "/run/secrets/hf-token"
+    return (
+        f"sudo docker run --rm -v {models_dir}:{HF_CACHE_IN_CONTAINER}"
+        f" -v {token_path}:{token}:ro -e HF_TOKEN_PATH={token} {shlex.quote(image)}"
+        f" hf download {shlex.quote(model)}"
+    )
+
+
+@operation()
+def model_present(model: str, image: str, models_dir: str, token_path: str):
+    """
+    Check that this box holds a cluster lane's model before any box starts it (every rank loads
+    its share of the weights from its own box).
+
+    + model: a Hugging Face id or an absolute path
+    + image: the serving image (it has the `hf` client)
+    + models_dir: the Hugging Face cache on the box the lanes mount
+    + token_path: the box's Hugging Face token file (root 0600), for gated models
+
+    This changes nothing: an absent model stops the box with the command that fetches it
+    (hundreds of GB can take hours: not a step to hide in a deploy).
+    """
+    if host.get_fact(ModelWeights, model=model, models_dir=models_dir):
+        host.noop(f"{model} is on this box")
+        return
+    where = model if model.startswith("/") else hf_cache_dir(models_dir, model)
+    raise OperationError(
+        f"{host.name}: {model} is not on this box ({where}); every box of a cluster lane loads"
+        f" its share from its own disk: fetch it first on {host.name}:"
+        f" {fetch_command(model, image, models_dir, token_path)}"
+        if not model.startswith("/")
+        else f"{host.name}: {model} has no config.json; copy the model there on every box"
+    )
+    yield  # an operation is a generator
+
+
+class ImageLayers(FactBase):
+    """The SHA-256 of an image's layer list (its content, as docker hashes each layer): equal
+    on two boxes when they hold the same image, whatever its local id (which differs between a
+    pull and an import). None when the box lacks the image.
+
+    .. code:: python
+
+        "0b3c9f..."
+    """
+
+    def command(self, image: str) -> str:
+        return (
+            f"docker image inspect --format '{{{{json .RootFS.Layers}}}}' {shlex.quote(image)}"
+            " 2>/dev/null | sha256sum | cut -d' ' -f1; true"
+        )
+
+    def process(self, output: list[str]) -> str | None:
+        digest = output[0].strip() if output else ""
+        # sha256sum of nothing: docker inspect found no image.
+        empty = "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855"
+        return None if digest in ("", empty) else digest
+
+
+# What each box said, per run: the boxes compare themselves in a later operation, which pyinfra
+# runs once every box has run the one before.
+_seen: weakref.WeakKeyDictionary[Inventory, dict[str, str | None]] = weakref.WeakKeyDictionary()
+
+
+@operation()
+def image_read(image: str):
+    """
+    Read this box's image content for ``image_agrees`` (changes nothing).
+
+    + image: the serving image of the cluster lane
+    """
+    _seen.setdefault(state.inventory, {})[host.name] = host.get_fact(ImageLayers, image=image)
+    host.noop(f"{image} read")
+    return
+    yield  # an operation is a generator
+
+
+@operation()
+def image_agrees(image: str, boxes: list[str]):
+    """
+    Refuse this box when its ``image`` differs from another box's (after ``image_read`` ran on
+    every box): the ranks of a cluster lane must run one vLLM, one NCCL, one Ray.
+
+    + image: the serving image of the cluster lane
+    + boxes: every box of the cluster; those pyinfra has failed or not read are left out
+    """
+    seen = _seen.get(state.inventory, {})
+    mine = seen.get(host.name)
+    if mine is None:
+        raise OperationError(f"{host.name}: {image} is not on this box; pull it first")
+    others = [box for box in boxes if box != host.name and seen.get(box) not in (None, mine)]
+    if others:
+        raise OperationError(
+            f"{host.name}: {image} differs from {', '.join(others)}'s (other layers): the same"
+            f" tag was pulled at different times; pull {image} again on every box (or pin it"
+            " by digest, tag@sha256:...)"
+        )
+    host.noop(f"{image} is the same as on the other boxes")
+    return
+    yield  # an operation is a generator

@@ -25,6 +25,9 @@ UNIT_PATH = f"/etc/systemd/system/{UNIT}"
 NODES_COMMAND = "/usr/local/sbin/spark-ray-nodes"
 TOKEN_PATH = "/etc/spark/secrets/ray-auth-token"
 TOKEN_IN_CONTAINER = "/run/secrets/ray-auth-token"
+# Ray's session directory (/tmp/ray in its container), kept on the box: a cluster lane's driver
+# finds the raylet's sockets there (and the raylet itself in the Ray container's processes).
+SESSION_DIR = "/var/lib/spark/ray"
 # The controller keeps the cluster's token: every box must hold the same one.
 CONTROLLER_TOKEN = Path("~/.config/spark-provisioning/ray-auth-token")
 TOKEN_AUTH_SINCE = (2, 52)  # Ray's RAY_AUTH_MODE=token (field-facts, "Security")
@@ -117,7 +120,30 @@ def docker_run(
     if auth:
         args += ["-e", "RAY_AUTH_MODE=token", "-e", f"RAY_AUTH_TOKEN_PATH={TOKEN_IN_CONTAINER}"]
         args += ["-v", f"{TOKEN_PATH}:{TOKEN_IN_CONTAINER}:ro"]
+    args += ["-v", f"{SESSION_DIR}:/tmp/ray"]
     return [*args, image, *ray_args]
+
+
+def pull(image: str) -> str:
+    """The command that brings an image to the box (never run when it is there: tags are
+    pinned, and an NGC image is tens of GB)."""
+    return f"docker pull --quiet {shlex.quote(image)}"
+
+
+def root_only_upload(source: str | StringIO, path: str) -> list:
+    """Commands that put a secret into ``path``, readable by root only at every moment: the file
+    is 0600 before the upload writes into it (a copy keeps the mode of the file it overwrites)
+    and pyinfra's temporary copy is made 0600 for the login user first. Not files.put: its
+    --diff would print the secret."""
+    temporary = host.get_temp_filename(path)
+    directory = shlex.quote(os.path.dirname(path))
+    return [
+        f"install -d -m 700 -o root -g root {directory}"
+        f" && {{ [ -e {path} ] || install -m 600 /dev/null {path}; }}"
+        f" && chown root:root {path} && chmod 600 {path}"
+        f' && install -m 600 -o "${{SUDO_USER:-root}}" /dev/null {temporary}',
+        FileUploadCommand(source, path, remote_temp_filename=temporary),
+    ]
 
 
 def _systemd_word(arg: str) -> str:
@@ -167,21 +193,10 @@ class RayNode(FactBase):
 
 
 def _token_commands(token: Secret, current: str | None) -> list:
-    """Commands that put the token on the box, readable by root only at every moment: the file
-    is 0600 before the upload writes into it (a copy keeps the mode of the file it overwrites)
-    and pyinfra's temporary copy is made 0600 for the login user first. Not files.put: its
-    --diff would print the token."""
+    """Commands that put the token on the box (root only), unless it holds it already."""
     if current == hashlib.sha256(token.encode()).hexdigest():
         return []
-    temporary = host.get_temp_filename(TOKEN_PATH)
-    directory = shlex.quote(os.path.dirname(TOKEN_PATH))
-    return [
-        f"install -d -m 700 -o root -g root {directory}"
-        f" && {{ [ -e {TOKEN_PATH} ] || install -m 600 /dev/null {TOKEN_PATH}; }}"
-        f" && chown root:root {TOKEN_PATH} && chmod 600 {TOKEN_PATH}"
-        f' && install -m 600 -o "${{SUDO_USER:-root}}" /dev/null {temporary}',
-        FileUploadCommand(StringIO(token), TOKEN_PATH, remote_temp_filename=temporary),
-    ]
+    return root_only_upload(StringIO(token), TOKEN_PATH)
 
 
 @operation()
@@ -223,7 +238,7 @@ def node(
     quoted = shlex.quote(image)
     if state["image"] is None:
         # The version is checked on the next run; today a missing Ray stops this one here.
-        yield f"docker pull --quiet {quoted}"
+        yield pull(image)
         yield f"docker run --rm --network none --entrypoint ray {quoted} --version"
     elif state["ray"] is None:
         raise OperationError(

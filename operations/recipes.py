@@ -26,6 +26,8 @@ from pydantic import (
     model_validator,
 )
 
+from operations import ray
+
 DATA = Path(__file__).parent / "data"
 # vLLM 0.19.0, the release in NGC's nvcr.io/nvidia/vllm:26.04-py3 (seed 004).
 SERVE_OPTIONS: dict[str, dict[str, Any]] = json.loads(
@@ -56,8 +58,6 @@ FRACTION_WARNING = 0.87
 # CUDA graph pools, the activation peak of its profiling run. An estimate (no field figure
 # splits it out), on the side of refusing a lane that might just have fitted.
 OVERHEAD_GIB = 4.0
-# Ports other services of a Spark listen on (Ray: field-facts, "Security").
-RESERVED_PORTS = {6379: "Ray's GCS", 8265: "Ray's dashboard", 10001: "Ray's client server"}
 # NGC images whose vLLM fails to import fastsafetensors (field-facts, "vLLM on SM121").
 IMAGES_WITHOUT_FASTSAFETENSORS = frozenset(
     {"nvcr.io/nvidia/vllm:26.03-py3", "nvcr.io/nvidia/vllm:26.04-py3"}
@@ -214,6 +214,13 @@ class Lane(BaseModel):
     api_key: bool = Field(
         True, description="True: clients need the lane's key, generated and kept on the box"
     )
+    tensor_parallel_size: int = Field(
+        1,
+        ge=1,
+        le=64,
+        description="1: the lane runs on its box; N > 1: a cluster lane, on the head, spread"
+        " over all N boxes of the cluster by tensor parallelism over Ray",
+    )
 
     @field_validator("extra_args", mode="before")
     @classmethod
@@ -344,9 +351,17 @@ class Lane(BaseModel):
             args += ["--kv-cache-dtype", self.kv_cache_dtype]
         if self.tool_call_parser:
             args += ["--tool-call-parser", self.tool_call_parser, "--enable-auto-tool-choice"]
+        if self.is_cluster:  # one rank per box, placed by Ray (its head is this box's node)
+            args += ["--tensor-parallel-size", str(self.tensor_parallel_size)]
+            args += ["--distributed-executor-backend", "ray"]
         for addition in SM121_ADDITIONS:
             args += addition.args(self)
         return [*args, *self.extra_args]
+
+    @property
+    def is_cluster(self) -> bool:
+        """A cluster lane: served from the head, one tensor-parallel rank on every box."""
+        return self.tensor_parallel_size > 1
 
     def container_env(self) -> dict[str, str]:
         """The lane's environment plus what SM121 needs."""
@@ -357,13 +372,17 @@ class Lane(BaseModel):
 
     def estimate(self, unified_memory_gib: float) -> MemoryEstimate:
         """Weights, the KV cache of one max_model_len sequence and the overhead, against
-        memory_fraction of the box's unified memory (the total CUDA reports)."""
+        memory_fraction of the box's unified memory (the total CUDA reports). A cluster lane's
+        figures are one box's: its share of the weights (seed 004: 57.64 GiB per node at TP=2)
+        and of the KV heads (each rank holds its own heads, all of them where there are fewer
+        heads than ranks)."""
         spec = self.spec
         assert spec is not None  # a validated lane has one
         per_token = spec.kv_bytes_per_token(self.kv_cache_dtype)
+        ranks = self.tensor_parallel_size
         return MemoryEstimate(
-            weights_gib=spec.weights_gib,
-            kv_cache_gib=per_token * self.max_model_len / 2**30,
+            weights_gib=spec.weights_gib / ranks,
+            kv_cache_gib=per_token * self.max_model_len / min(ranks, spec.kv_heads) / 2**30,
             overhead_gib=OVERHEAD_GIB,
             share_gib=self.memory_fraction * unified_memory_gib,
         )
@@ -385,6 +404,8 @@ LANE_KEYS = {
     "--tool-call-parser": "tool_call_parser",
     "--enable-auto-tool-choice": "tool_call_parser",
     "--no-enable-auto-tool-choice": "tool_call_parser",
+    "--tensor-parallel-size": "tensor_parallel_size",
+    "--distributed-executor-backend": "tensor_parallel_size (a cluster lane runs on Ray)",
 }
 # Options extra_args may not carry at all, and why.
 NOT_IN_EXTRA_ARGS = {
@@ -395,10 +416,12 @@ NOT_IN_EXTRA_ARGS = {
     "--config": "a config file would hide its options from these checks; list them here",
     "--kv-cache-memory-bytes": "it sizes the KV cache past memory_fraction; set"
     " memory_fraction and max_model_len",
-    "--tensor-parallel-size": "a lane runs on one GB10 (cluster lanes come later); leave it out",
-    "--pipeline-parallel-size": "a lane runs on one GB10 (cluster lanes come later); leave it out",
-    "--data-parallel-size": "a lane runs on one GB10 (cluster lanes come later); leave it out",
-    "--nnodes": "a lane runs on one GB10 (cluster lanes come later); leave it out",
+    "--pipeline-parallel-size": "a lane spans boxes by tensor parallelism only; leave it out"
+    " and set tensor_parallel_size (a cluster lane)",
+    "--data-parallel-size": "a lane spans boxes by tensor parallelism only; leave it out"
+    " and set tensor_parallel_size (a cluster lane)",
+    "--nnodes": "a cluster lane spans boxes over Ray, not vLLM's own multi-node mode; leave it"
+    " out and set tensor_parallel_size",
 }
 
 
@@ -678,9 +701,19 @@ SM121_ADDITIONS = (
 )
 
 
-def budget_problems(lanes: Iterable[Lane], unified_memory_gib: float) -> list[str]:
-    """What one host's lanes break together: names, ports, the memory they add up to, and
-    each lane's fit in its share."""
+def reserved_ports(ray_port: int) -> dict[int, str]:
+    """Ports of a box that are Ray's (with ``ray_port`` as its GCS port): no lane may take one."""
+    ranges = ray.listen_ports(ray_port)
+    owner = "Ray's (" + ", ".join(f"{a}-{b}" if a < b else str(a) for a, b in ranges) + ")"
+    return {port: owner for low, high in ranges for port in range(low, high + 1)}
+
+
+def budget_problems(
+    lanes: Iterable[Lane], unified_memory_gib: float, reserved: dict[int, str] | None = None
+) -> list[str]:
+    """What one host's lanes break together: names, ports (``reserved``: a port's owner), the
+    memory they add up to, and each lane's fit in its share."""
+    reserved = reserved_ports(6379) if reserved is None else reserved
     lanes = list(lanes)
     problems = []
     for key in ("name", "port"):
@@ -693,9 +726,9 @@ def budget_problems(lanes: Iterable[Lane], unified_memory_gib: float) -> list[st
             if len(names) > 1
         ]
     problems += [
-        f"{lane.name}: port {lane.port} is {RESERVED_PORTS[lane.port]}'s; pick another port"
+        f"{lane.name}: port {lane.port} is {reserved[lane.port]}; pick another port"
         for lane in lanes
-        if lane.port in RESERVED_PORTS
+        if lane.port in reserved
     ]
     total = round(sum(lane.memory_fraction for lane in lanes), 6)
     if total > FRACTION_LIMIT:
@@ -739,7 +772,12 @@ def _fit_problem(lane: Lane, unified_memory_gib: float) -> str:
     if needed <= FRACTION_LIMIT:
         remedies.append(f"raise memory_fraction to {needed:g}")
     else:
-        remedies.append("pick a smaller build: it does not fit one box (cluster lanes come later)")
+        remedies.append(
+            "pick a smaller build, or spread it over the boxes of a cluster with"
+            " tensor_parallel_size (a cluster lane)"
+            if not lane.is_cluster
+            else "pick a smaller build: its share does not fit one box"
+        )
     return (
         f"{lane.name}: needs ~{estimate.total_gib:.1f} GiB (weights {estimate.weights_gib:g}"
         f" + KV cache {estimate.kv_cache_gib:.1f} for {lane.max_model_len} tokens +"

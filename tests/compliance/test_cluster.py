@@ -1,6 +1,7 @@
 """The Ray cluster over the fabric: each box's Ray unit running, every box joined (as each box
-sees it), the firewall's table loaded as the deploy renders it, the token root-only. Boxes of a
-one-box inventory have no cluster: these checks skip there."""
+sees it), the firewall's table loaded as the deploy renders it, the token root-only, and the
+cluster lane (on the head) serving with every node in. Boxes of a one-box inventory have no
+cluster: these checks skip there."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from typing import TYPE_CHECKING
 
 import pytest
 
-from operations import firewall, ray
+from operations import firewall, lanes, ray
 
 if TYPE_CHECKING:
     from tests.compliance.conftest import Box
@@ -63,3 +64,24 @@ def test_ray_token(box: Box, found: Callable[[object], None]) -> None:
     state = f"{file.user}:{file.group} {file.mode:04o}" if file.exists else "absent"
     found(state)
     assert state == "root:root 0600", f"expected {ray.TOKEN_PATH} root:root 0600, found {state}"
+
+
+def test_cluster_lane(box: Box, found: Callable[[object], None]) -> None:
+    """cluster lane active, all nodes in"""
+    lane = next((lane for lane in box.config.lanes if lane.is_cluster), None)
+    if lane is None:
+        pytest.skip("no cluster lane on this box (it runs from the head)")
+    unit = lanes.unit_name(lane.name)
+    active = box.run(f"systemctl is-active {unit}").stdout.strip() or "no unit"
+    health = box.run(
+        f"curl -s -o /dev/null -w '%{{http_code}}' --max-time 10 http://127.0.0.1:{lane.port}/health"
+    ).stdout.strip()
+    nodes = box.run(f"{ray.NODES_COMMAND} {lane.tensor_parallel_size} 60 2>&1").stdout.strip()
+    said = nodes.splitlines()[-1] if nodes else "no answer"
+    state = f"{lane.name} {active}, /health {health or 'no answer'}, {said}"
+    found(state)
+    assert (
+        active == "active"
+        and health == "200"
+        and said.startswith(f"{lane.tensor_parallel_size} of {lane.tensor_parallel_size}")
+    ), f"expected {unit} active, /health 200 and every Ray node alive, found: {state}"

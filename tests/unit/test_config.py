@@ -299,3 +299,82 @@ def test_cli_with_good_data_goes_on_to_connect(tmp_path: Path) -> None:
     assert "[spark-1] Could not connect" in output
     assert "[spark-2] Could not connect" in output
     assert "problem(s)" not in output
+
+
+# --- the cluster lane --------------------------------------------------------------------------
+
+BIG = {
+    "name": "big",
+    "image": "nvcr.io/nvidia/vllm:26.04-py3",
+    "model": "Qwen/Qwen3-235B-A22B-GPTQ-Int4",
+    "served_name": "big",
+    "port": 10103,
+    "memory_fraction": 0.8,
+    "max_model_len": 40960,
+    "kv_cache_dtype": "fp8",
+    "tensor_parallel_size": 2,
+}
+
+
+def cluster_problems(head: list, worker: list, hosts: dict | None = None) -> list[str]:
+    hosts = hosts or TWO_SPARKS
+    data = {
+        name: dict(host) | {"lanes": head if host.get("spark_role") != "worker" else worker}
+        for name, host in hosts.items()
+    }
+    try:
+        load_from_dicts(merged(data))
+    except ConfigError as error:
+        return error.problems
+    return []
+
+
+def test_a_cluster_lane_on_the_head_at_the_clusters_size_is_accepted() -> None:
+    assert cluster_problems([BIG], []) == []
+
+
+def test_a_cluster_lane_is_refused_on_a_worker_a_lone_box_or_at_another_size() -> None:
+    assert cluster_problems([], [BIG]) == [
+        "spark-2: lanes: big: tensor_parallel_size: 2 makes a cluster lane, which is served from"
+        " the head; move the lane to the head's lanes"
+    ]
+    lone = {"spark-1": {"spark_role": "head"}}
+    assert cluster_problems([BIG], [], lone)[0].startswith(
+        "spark-1: lanes: big: tensor_parallel_size: 2 makes a cluster lane, but the inventory"
+        " has one box"
+    )
+    assert cluster_problems([BIG | {"tensor_parallel_size": 4}], []) == [
+        "spark-1: lanes: big: tensor_parallel_size: 4, but the cluster has 2 boxes (spark-1,"
+        " spark-2); set 2: one rank on each box (Ray gives each box one GPU)"
+    ]
+
+
+def test_a_cluster_lane_in_another_image_than_rays_is_refused() -> None:
+    (problem,) = cluster_problems([BIG | {"image": "nvcr.io/nvidia/vllm:26.05-py3"}], [])
+    assert problem.startswith("spark-1: lanes: big: image: nvcr.io/nvidia/vllm:26.05-py3, but")
+
+
+def test_a_workers_lanes_and_the_cluster_lanes_share_must_fit_the_worker() -> None:
+    fast = {
+        "name": "fast",
+        "image": "nvcr.io/nvidia/vllm:26.04-py3",
+        "model": "Qwen/Qwen3-0.6B",
+        "served_name": "fast",
+        "port": 10102,
+        "memory_fraction": 0.2,
+        "max_model_len": 8192,
+    }
+    assert cluster_problems([BIG], [fast]) == [
+        "spark-2: lanes: the memory fractions add up to 1 (fast 0.2, the cluster lane big 0.8),"
+        " above 0.9: the cluster lane takes its memory_fraction of every box; lower them to a"
+        " total of 0.87 or less, or remove lanes"
+    ]
+    assert cluster_problems([BIG], [fast | {"memory_fraction": 0.07}]) == []
+
+
+def test_a_host_with_its_own_gid_index_is_refused_by_name() -> None:
+    hosts = {**TWO_SPARKS, "spark-2": TWO_SPARKS["spark-2"] | {"roce_gid_index": 4}}
+    assert cluster_problems([], [], hosts) == [
+        "spark-2: roce_gid_index: 4 differs from spark-1's 3; use one GID index on every host"
+        " (remove the host's own roce_gid_index)"
+    ]

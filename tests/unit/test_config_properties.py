@@ -37,6 +37,7 @@ def clusters(draw: st.DrawFn) -> dict[str, dict[str, Any]]:
     }
     head = draw(st.integers(0, size - 1))
     mtu = draw(st.integers(1500, 9216))
+    gid_index = draw(st.integers(0, 255))  # like the MTU, one for every box of a cluster
     hcas = {ifname: f"roce{index}" for index, ifname in enumerate(IFNAMES)}
     hosts = {}
     for index in range(size):
@@ -49,7 +50,7 @@ def clusters(draw: st.DrawFn) -> dict[str, dict[str, Any]]:
             "fabric_addresses": addresses,
             "fabric_hcas": hcas,
             "fabric_mtu": mtu,
-            "roce_gid_index": draw(st.integers(0, 255)),
+            "roce_gid_index": gid_index,
             "nccl_debug": draw(st.booleans()),
         }
     return hosts

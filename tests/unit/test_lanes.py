@@ -611,3 +611,48 @@ def test_lane_settings_refused(key: str, value: object, problem: str) -> None:
     with pytest.raises(ConfigError) as refused:
         load_from_dicts(merged(hosts))
     assert any(line.startswith(problem) for line in refused.value.problems), refused.value
+
+
+# --- a cluster lane ------------------------------------------------------------------------------
+
+
+def cluster_kwargs(**changes: Any) -> dict[str, Any]:
+    return lane_kwargs(
+        cluster_nodes=2, ray_address="192.168.100.10:6379", ray_token=True, **changes
+    )
+
+
+def test_a_cluster_lane_waits_for_every_ray_node_and_mounts_rays_token() -> None:
+    files = rendered(**cluster_kwargs())
+    unit, env = files[UNIT], files[ENV]
+    assert "After=docker.service network-online.target spark-ray.service\n" in unit
+    assert "Requires=docker.service spark-ray.service\n" in unit
+    assert "StartLimitIntervalSec=0\n" in unit and "StartLimitBurst" not in unit
+    # The wait comes after the stale container's removal, before `docker run`.
+    pre = [line for line in unit.splitlines() if line.startswith("ExecStartPre=")]
+    assert pre[-1] == "ExecStartPre=/usr/local/sbin/spark-ray-nodes 2 300"
+    start = exec_start(unit)
+    assert (
+        " --pid container:spark-ray -v /var/lib/spark/ray:/tmp/ray"
+        " -v /etc/spark/secrets/ray-auth-token:/run/secrets/ray-auth-token:ro" in start
+    )
+    assert "RAY_ADDRESS=192.168.100.10:6379" in env.splitlines()
+    assert "RAY_AUTH_MODE=token" in env.splitlines()
+    assert "RAY_AUTH_TOKEN_PATH=/run/secrets/ray-auth-token" in env.splitlines()
+
+
+def test_a_single_box_lane_has_no_ray_in_it() -> None:
+    files = rendered()
+    assert "spark-ray" not in files[UNIT] and "RAY_ADDRESS" not in files[ENV]
+    assert "StartLimitBurst=6\n" in files[UNIT]
+
+
+def test_a_cluster_lane_in_place_yields_nothing() -> None:
+    host = lane_host("lab-lanehost-serving.txt", rendered(**cluster_kwargs()))
+    assert run_op(lanes.serving, host=host, **cluster_kwargs()) == []
+
+
+def test_a_cluster_lane_without_rays_address_is_refused() -> None:
+    host = lane_host("lab-lanehost-bare.txt", dict.fromkeys(paths()))
+    with pytest.raises(OperationError, match="a cluster lane needs ray_address"):
+        run_op(lanes.serving, host=host, **lane_kwargs(cluster_nodes=2))

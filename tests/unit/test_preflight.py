@@ -18,6 +18,8 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
+from pyinfra.api.exceptions import OperationError
+from pyinfra.api.inventory import Inventory
 from pyinfra.context import ctx_state
 
 from operations import preflight
@@ -137,3 +139,104 @@ def test_check_command_says_what_to_look_at(
     # The peer answering in time (a profile just brought up) passes.
     answering = subprocess.run(["sh", "-c", commands[0]], env=env | {"PING_SIZES": "8972"})
     assert answering.returncode == 0
+
+
+def whole(failed: tuple[str, ...]) -> tuple[list[str], FakeHost]:
+    """The commands cluster_whole yields for spark-1 of spark-1..3 while `failed` are failed."""
+    host = FakeHost({})
+    host.name = "spark-1"
+    run_state = SimpleNamespace(failed_hosts=[SimpleNamespace(name=name) for name in failed])
+    with ctx_state.use(run_state):
+        return run_op(preflight.cluster_whole, ["spark-1", "spark-2", "spark-3"], host=host), host
+
+
+def test_a_whole_cluster_yields_nothing() -> None:
+    commands, host = whole(())
+    assert commands == []
+    assert host.noops == ["every box of the cluster is in this run (spark-1, spark-2, spark-3)"]
+
+
+def test_a_box_failed_in_this_run_stops_the_cluster_stage_naming_it() -> None:
+    commands, _host = whole(("spark-3", "elsewhere"))
+    assert len(commands) == 1
+    result = subprocess.run(["sh", "-c", commands[0]], capture_output=True, text=True)
+    assert result.returncode == 1
+    assert result.stderr.startswith("spark-1: the cluster stage (firewall, Ray, lanes) needs")
+    assert "spark-3 failed in this run" in result.stderr
+    assert "bring spark-3 back" in result.stderr
+    assert "spark-2" not in result.stderr and "elsewhere" not in result.stderr
+
+
+# --- a cluster lane: model and image on every box ------------------------------------------------
+
+MODEL = "Qwen/Qwen3-235B-A22B-GPTQ-Int4"
+MODEL_ARGS = {
+    "model": MODEL,
+    "image": "nvcr.io/nvidia/vllm:26.04-py3",
+    "models_dir": "/var/lib/spark/models",
+    "token_path": "/etc/spark/secrets/hf-token",
+}
+
+
+def test_model_weights_fact_looks_in_the_lanes_cache() -> None:
+    command = preflight.ModelWeights().command(MODEL, "/var/lib/spark/models")
+    assert "/var/lib/spark/models/hub/models--Qwen--Qwen3-235B-A22B-GPTQ-Int4/snapshots/*" in (
+        command
+    )
+    assert process(preflight.ModelWeights, "present\n") is True
+    assert process(preflight.ModelWeights, "") is False
+
+
+def test_a_model_on_the_box_yields_nothing() -> None:
+    host = FakeHost({preflight.ModelWeights: "present\n"})
+    assert run_op(preflight.model_present, host=host, **MODEL_ARGS) == []
+
+
+def test_a_model_missing_is_refused_with_the_command_that_fetches_it() -> None:
+    host = FakeHost({preflight.ModelWeights: ""})
+    host.name = "spark-2"
+    with pytest.raises(OperationError) as refusal:
+        run_op(preflight.model_present, host=host, **MODEL_ARGS)
+    message = str(refusal.value)
+    assert message.startswith(f"spark-2: {MODEL} is not on this box")
+    assert message.endswith(
+        "sudo docker run --rm -v /var/lib/spark/models:/root/.cache/huggingface"
+        " -v /etc/spark/secrets/hf-token:/run/secrets/hf-token:ro"
+        " -e HF_TOKEN_PATH=/run/secrets/hf-token nvcr.io/nvidia/vllm:26.04-py3"
+        f" hf download {MODEL}"
+    )
+
+
+def test_image_layers_fact_hashes_the_layer_list_or_says_absent() -> None:
+    assert process(preflight.ImageLayers, "ab12\n") == "ab12"
+    empty = "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855"
+    assert process(preflight.ImageLayers, empty + "\n") is None
+
+
+def agree(layers: dict[str, str], me: str) -> list[str]:
+    """image_read on every box, then image_agrees on ``me``."""
+    run_state = SimpleNamespace(inventory=Inventory(({}, {})), failed_hosts=[])
+    preflight._seen[run_state.inventory] = {}
+    with ctx_state.use(run_state):
+        for name, digest in layers.items():
+            host = FakeHost({preflight.ImageLayers: digest})
+            host.name = name
+            assert run_op(preflight.image_read, "img:1", host=host) == []
+        host = FakeHost({})
+        host.name = me
+        try:
+            commands = run_op(preflight.image_agrees, "img:1", list(layers), host=host)
+        except OperationError as error:  # raised outside: ctx_state.use restores only then
+            refusal = error
+        else:
+            return commands
+    raise refusal
+
+
+def test_the_same_image_on_every_box_yields_nothing() -> None:
+    assert agree({"spark-1": "ab", "spark-2": "ab"}, "spark-1") == []
+
+
+def test_an_image_that_differs_is_refused_naming_the_boxes() -> None:
+    with pytest.raises(OperationError, match=r"spark-1: img:1 differs from spark-2's"):
+        agree({"spark-1": "ab", "spark-2": "cd"}, "spark-1")

@@ -293,7 +293,8 @@ def test_qwen3_235b_gptq_is_two_nodes_of_57_64_gib_and_refused_on_one_box() -> N
         lane(model="Qwen/Qwen3-235B-A22B-GPTQ-Int4", memory_fraction=0.9, max_model_len=8192)
     )
     assert refusal.endswith(
-        "pick a smaller build: it does not fit one box (cluster lanes come later)"
+        "pick a smaller build, or spread it over the boxes of a cluster with"
+        " tensor_parallel_size (a cluster lane)"
     )
 
 
@@ -373,7 +374,8 @@ def test_ports_and_names_are_unique_and_free_of_other_services() -> None:
         "spark-1: lanes: probe and probe share the port 10101; give each lane its own",
     ]
     assert problems(lane(port=6379)) == [
-        "spark-1: lanes: probe: port 6379 is Ray's GCS's; pick another port"
+        "spark-1: lanes: probe: port 6379 is Ray's (6379-6385, 8265, 10001, 20000-20999);"
+        " pick another port"
     ]
     assert problems(lane(port=80))[0].startswith("spark-1: lanes: probe: port: Input should be")
 
@@ -470,7 +472,9 @@ def test_extra_args_are_read_as_vllm_reads_them() -> None:
         (["--no-enable-auto-tool-choice"], "--no-enable-auto-tool-choice comes from the lane;"
                                             " set tool_call_parser"),
         (["--host", "127.0.0.1"], "--host is refused: lanes listen on 0.0.0.0"),
-        (["--tensor-parallel-size", "2"], "--tensor-parallel-size is refused: a lane runs on"),
+        (["--tensor-parallel-size", "2"], "--tensor-parallel-size comes from the lane; set"),
+        (["--nnodes", "2"], "--nnodes is refused: a cluster lane spans boxes over Ray"),
+        (["--distributed-executor-backend", "ray"], "--distributed-executor-backend comes from"),
         (["--config", "serve.yaml"], "--config is refused: a config file would hide"),
         (["--enforce-eager=true"], "--enforce-eager takes no value; drop =true"),
         (["--max-num-seqs"], "--max-num-seqs needs a value"),
@@ -531,3 +535,27 @@ def test_secrets_in_the_environment_are_refused_and_never_shown(name: str) -> No
         " inspect` and the unit; the API key is generated on the box (api_key = True), a token"
         " goes in a root-only file on the box"
     ]
+
+
+def test_a_cluster_lane_adds_tensor_parallelism_over_ray_and_counts_one_boxs_share() -> None:
+    big = Lane.model_validate(
+        {
+            "name": "big",
+            "image": "nvcr.io/nvidia/vllm:26.04-py3",
+            "model": "Qwen/Qwen3-235B-A22B-GPTQ-Int4",
+            "served_name": "big",
+            "port": 10103,
+            "memory_fraction": 0.87,
+            "max_model_len": 40960,
+            "kv_cache_dtype": "fp8",
+            "tensor_parallel_size": 2,
+        }
+    )
+    args = big.vllm_args()
+    assert args[args.index("--tensor-parallel-size") + 1] == "2"
+    assert args[args.index("--distributed-executor-backend") + 1] == "ray"
+    estimate = big.estimate(121.69)
+    assert estimate.weights_gib == 57.64  # seed 004: per node at TP=2
+    assert estimate.fits
+    single = big.model_copy(update={"tensor_parallel_size": 1})
+    assert "--tensor-parallel-size" not in single.vllm_args()
