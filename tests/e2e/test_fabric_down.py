@@ -1,0 +1,87 @@
+"""A fabric twin cut, or too small an MTU on the way: the preflight names the box, the twin and
+the peer; mended, the next deploy passes.
+
+The lab's twins are veth pairs, whose carrier NetworkManager on the far box restores whenever it
+activates its profile; so the cut is a filter dropping every frame that arrives on the twin, on
+both boxes: the link stays up and nothing crosses it (a pulled cable would also drop the link,
+which the preflight reports as "has no link", see tests/unit/test_preflight.py).
+
+Tests in this module run in order on one deployed lab; each mends what it broke.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+
+import pytest
+
+from tests.conftest import pyinfra, reimage_all, run_on
+from tests.e2e.runs import INVENTORY, output_of
+from tests.e2e.test_host_layer import changes
+from tests.simlab import lab as simlab
+
+pytestmark = pytest.mark.lab
+
+(A, _), (B, _) = simlab.FABRIC_TWINS
+CUT_TABLE = "simlab-cut"  # a netdev table of the test's own, in each box's network namespace
+
+
+def nft(host: simlab.Host, *args: str) -> None:
+    simlab.in_ns(host.netns, "nft", *args)
+
+
+@pytest.fixture(scope="module")
+def deployed(lab: simlab.Lab) -> simlab.Lab:
+    reimage_all(lab)
+    pyinfra(INVENTORY, "deploy.py")
+    return lab
+
+
+@pytest.fixture
+def twin_b_cut(deployed: simlab.Lab) -> Iterator[simlab.Lab]:
+    for host in deployed.hosts:
+        nft(host, "add", "table", "netdev", CUT_TABLE)
+        nft(host, "add", "chain", "netdev", CUT_TABLE, "cut",
+            f"{{ type filter hook ingress device {B} priority -500; policy drop; }}")  # fmt: skip
+    try:
+        yield deployed
+    finally:
+        for host in deployed.hosts:
+            nft(host, "delete", "table", "netdev", CUT_TABLE)
+
+
+def test_a_cut_twin_is_named_with_box_and_peer(twin_b_cut: simlab.Lab) -> None:
+    result = pyinfra(INVENTORY, "deploy.py", check=False)
+    output = output_of(result)
+    assert result.returncode == 1, output
+    for me, peer, address in (("spark-1", "spark-2", "192.168.101.11"),
+                              ("spark-2", "spark-1", "192.168.101.10")):  # fmt: skip
+        named = (
+            f"{me}: fabric twin {B} gets no answer from {peer} ({address} on its {B}) to"
+            f" 9000-byte unfragmented pings; {B} has link but nothing answers"
+        )
+        assert named in output, output
+    assert f"fabric twin {A} gets no answer" not in output  # the other twin is fine
+
+
+def test_an_mtu_below_9000_on_the_peer_is_named(deployed: simlab.Lab) -> None:
+    spark_2 = deployed.hosts[1]
+    run_on(spark_2, f"sudo nmcli connection modify fabric-{B} 802-3-ethernet.mtu 1500"
+                    f" && sudo nmcli connection up fabric-{B}")  # fmt: skip
+    # Only spark-1: the deploy on spark-2 would put its MTU back first.
+    result = pyinfra(INVENTORY, "deploy.py", "--limit", "spark-1", check=False)
+    output = output_of(result)
+    assert result.returncode == 1, output
+    assert re.search(
+        rf"spark-1: fabric twin {B} gets no answer from spark-2 .* to 9000-byte unfragmented"
+        rf" pings; smaller pings do get through: a hop below MTU 9000",
+        output,
+    ), output
+
+
+def test_mended_the_deploy_passes_and_then_changes_nothing(deployed: simlab.Lab) -> None:
+    pyinfra(INVENTORY, "deploy.py")  # puts spark-2's MTU back; the cut is gone
+    assert changes(pyinfra(INVENTORY, "deploy.py")) == 0
+    ping = run_on(deployed.hosts[0], f"ping -c 1 -W 2 -M do -s 8972 -I {B} 192.168.101.11")
+    assert "1 received" in ping
