@@ -100,6 +100,16 @@ lanes = [
     },
 ]
 
+# A cluster lane serves one model from the head with a rank on every box (Ray over the fabric):
+# `tensor_parallel_size` = the number of boxes. It goes in the head's own `lanes` (host data of
+# the inventory), not here: it takes its memory_fraction of every box, and the two lanes above
+# leave no room for it. Seed 004's, with `lanes: []` for the workers (README, "Two boxes"):
+#   {"name": "big", "image": "nvcr.io/nvidia/vllm:26.04-py3",
+#    "model": "Qwen/Qwen3-235B-A22B-GPTQ-Int4", "served_name": "qwen3-235b-a22b",
+#    "port": 10103, "memory_fraction": 0.87, "max_model_len": 40960, "kv_cache_dtype": "fp8",
+#    "tensor_parallel_size": 2,
+#    "extra_args": ["--quantization", "gptq_marlin", "--enable-expert-parallel"]}
+
 # The memory guard stops the lowest-priority lane when MemAvailable falls below this many GiB.
 # On unified memory the box freezes (SSH too) before the OOM killer acts, and cgroup limits do
 # not hold CUDA allocations (field facts). The default appliance leaves about 14 GiB (114 of

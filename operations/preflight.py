@@ -290,11 +290,19 @@ def image_read(image: str):
 def image_agrees(image: str, boxes: list[str]):
     """
     Refuse this box when its ``image`` differs from another box's (after ``image_read`` ran on
-    every box): the ranks of a cluster lane must run one vLLM, one NCCL, one Ray.
+    every box): the ranks of a cluster lane must run one vLLM, one NCCL, one Ray. Refuse it too
+    when another box of the cluster has failed in this run (a missing model, say): the cluster
+    lane, which starts next on the head, needs every box.
 
     + image: the serving image of the cluster lane
-    + boxes: every box of the cluster; those pyinfra has failed or not read are left out
+    + boxes: every box of the cluster
     """
+    failed = sorted({failed.name for failed in state.failed_hosts} & set(boxes) - {host.name})
+    if failed:
+        raise OperationError(
+            f"{host.name}: the cluster lane needs every box, and {', '.join(failed)} stopped in"
+            " this run (see its error above); nothing of the cluster lane starts until it passes"
+        )
     seen = _seen.get(state.inventory, {})
     mine = seen.get(host.name)
     if mine is None:

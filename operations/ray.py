@@ -17,6 +17,8 @@ from pyinfra.api.command import FileUploadCommand
 from pyinfra.api.exceptions import OperationError
 from pyinfra.operations import files
 
+from operations.hygiene import CAP_SYS_RESOURCE  # `--ulimit memlock=-1` needs it too
+
 TEMPLATES = Path(__file__).parents[1] / "templates"
 UNIT = "spark-ray.service"  # what the cluster lane orders itself after
 CONTAINER = "spark-ray"
@@ -47,7 +49,6 @@ PORT_OPTIONS = (
 )
 RAY_VERSION = re.compile(r"version (\d+)\.(\d+)")
 PLAIN = re.compile(r"[A-Za-z0-9_./:=,@+-]+")
-CAP_SYS_RESOURCE = 24  # `--ulimit memlock=-1` needs it (linux/capability.h)
 
 
 class Secret(str):

@@ -1,4 +1,5 @@
-"""The Ray cluster and its firewall on the simulated lab: two bare hosts, one deploy.
+"""The Ray cluster, its firewall and the cluster lane on the simulated lab: two bare hosts, one
+deploy of tests/e2e/cluster_inventory.py (seed 004's cluster lane on the head, TP=2).
 
 Tests in this module run in order on the session's lab; each later one stands on the deploy
 made by the `cluster` fixture (and on what the test before it left: every test ends with both
@@ -7,6 +8,7 @@ nodes joined).
 
 from __future__ import annotations
 
+import json
 import re
 import socket
 import subprocess
@@ -15,13 +17,16 @@ from collections.abc import Callable
 
 import pytest
 
-from operations import ray
+from operations import lanes, preflight, ray
 from tests.conftest import pyinfra, reimage_all, run_on
+from tests.e2e.cluster_lane import CLUSTER_LANE
 from tests.simlab import lab as simlab
 
 pytestmark = pytest.mark.lab
 
-INVENTORY = "inventories/sim.py"
+INVENTORY = "tests/e2e/cluster_inventory.py"
+LANE_UNIT = lanes.unit_name(CLUSTER_LANE["name"])
+PORT = CLUSTER_LANE["port"]
 HEAD_IP, WORKER_IP = "192.168.100.10", "192.168.100.11"  # inventories/sim.py's first twin
 IMAGE = "nvcr.io/nvidia/vllm:26.04-py3"
 # A port of the distributed back-end's (torch's TCPStore), listened on by the test on every
@@ -69,13 +74,103 @@ def connects(host_ip: str, port: int, source: simlab.Host | None = None) -> str:
     return run_on(source, probe, check=False).strip()
 
 
+def put_model(host: simlab.Host) -> None:
+    """The cluster lane's model in the box's Hugging Face cache, as `hf download` leaves it (a
+    config.json only: the stand-in loads nothing)."""
+    snapshot = preflight.hf_cache_dir(lanes.MODELS_DIR, CLUSTER_LANE["model"]) + "/snapshots/lab"
+    run_on(host, f"sudo mkdir -p {snapshot} && echo '{{}}' | sudo tee {snapshot}/config.json")
+
+
+def lane_state(head: simlab.Host) -> str:
+    return run_on(head, f"systemctl is-active {LANE_UNIT}", check=False).strip()
+
+
+def healthy(head: simlab.Host) -> bool:
+    probe = f"curl -fs -o /dev/null -w '%{{http_code}}' http://127.0.0.1:{PORT}/health"
+    return run_on(head, probe, check=False).strip() == "200"
+
+
 @pytest.fixture(scope="module")
 def cluster(lab: simlab.Lab) -> simlab.Lab:
-    reimage_all(lab)
-    for host in lab.hosts:
-        simlab.load_serving_image(host)  # as a real Spark would pull it
+    reimage_all(lab)  # the serving image in every box's docker, as a real Spark would pull it
+    # The model is not on spark-2: the deploy stops there before any lane starts, saying how to
+    # fetch it (a wait of hours is not hidden in a deploy).
+    put_model(lab.hosts[0])
+    started = time.monotonic()
+    refused = pyinfra(INVENTORY, "deploy.py", check=False)
+    output = refused.stdout + refused.stderr
+    assert refused.returncode != 0
+    assert f"spark-2: {CLUSTER_LANE['model']} is not on this box" in output, output
+    assert "hf download Qwen/Qwen3-235B-A22B-GPTQ-Int4" in output
+    assert "HF_TOKEN_PATH=/run/secrets/hf-token" in output
+    assert lane_state(lab.hosts[0]) in ("inactive", "unknown")  # not started anywhere
+    put_model(lab.hosts[1])
     pyinfra(INVENTORY, "deploy.py")
+    print(f"cluster deploy (second, with the model): {time.monotonic() - started:.0f} s")
     return lab
+
+
+def test_the_cluster_lane_serves_with_one_bundle_on_each_box(cluster: simlab.Lab) -> None:
+    head = cluster.hosts[0]
+    assert lane_state(head) == "active" and healthy(head)
+    times = run_on(
+        head,
+        f"systemctl show -p ExecMainStartTimestampMonotonic,ActiveEnterTimestampMonotonic"
+        f" {LANE_UNIT}",
+    )
+    shown = dict(line.split("=", 1) for line in times.split())
+    started = int(shown["ActiveEnterTimestampMonotonic"]) - int(
+        shown["ExecMainStartTimestampMonotonic"]
+    )
+    print(f"cluster lane: docker run to /health answering in {started / 1e6:.1f} s")
+    placement = json.loads(run_on(head, f"curl -fs http://127.0.0.1:{PORT}/simlab/placement"))
+    assert placement == {
+        "distributed_executor_backend": "ray",
+        "world_size": 2,
+        "bundle_node_ips": [HEAD_IP, WORKER_IP],
+    }
+    unit = run_on(head, f"systemctl show -p After,Requires {LANE_UNIT}")
+    assert ray.UNIT in unit.split("Requires=")[1], unit
+    assert ray.UNIT in unit.split("After=")[1].split("\n")[0], unit
+    # A request answered through the cluster lane, from the management network, with its key.
+    key = run_on(head, f"sudo cat {lanes.key_path(CLUSTER_LANE['name'])}").strip()
+    body = json.dumps(
+        {"model": CLUSTER_LANE["served_name"], "messages": [{"role": "user", "content": "hi"}]}
+    )
+    answer = subprocess.run(
+        ["curl", "-fsS", "--noproxy", "*", "-H", f"Authorization: Bearer {key}",
+         "-H", "Content-Type: application/json", "-d", body,
+         f"http://{head.mgmt_ip}:{PORT}/v1/chat/completions"],
+        capture_output=True, text=True, timeout=20, check=True,
+    )  # fmt: skip
+    assert json.loads(answer.stdout)["choices"][0]["message"]["content"].endswith("got: hi")
+    # The workers serve no lane of their own: the cluster lane runs there as Ray's ranks.
+    assert "spark-lane-" not in run_on(cluster.hosts[1], "sudo docker ps --format '{{.Names}}'")
+
+
+def test_a_stopped_worker_takes_the_lane_down_with_a_reason_and_it_comes_back(
+    cluster: simlab.Lab,
+) -> None:
+    head, worker = cluster.hosts
+    since = run_on(head, "date '+%Y-%m-%d %H:%M:%S'").strip()
+    run_on(worker, f"sudo systemctl stop {ray.UNIT}")
+    try:
+        until(lambda: not healthy(head), 90, "the cluster lane unhealthy")
+        journal = lambda: run_on(  # noqa: E731
+            head, f"sudo journalctl -u {LANE_UNIT} --since '{since}' --no-pager -o cat"
+        )
+        until(lambda: "waiting for 2 Ray nodes: 1 alive" in journal(), 90, "the wait said")
+        said = journal()
+        assert "holding a worker died" in said, said  # vLLM's own reason
+        status = lambda: run_on(  # noqa: E731
+            head, f"sudo systemctl status {LANE_UNIT} --no-pager -n 20", check=False
+        )
+        until(lambda: "waiting for 2 Ray nodes: 1 alive" in status(), 60, "the status said")
+    finally:
+        run_on(worker, f"sudo systemctl start {ray.UNIT}")
+    started = time.monotonic()
+    until(lambda: lane_state(head) == "active" and healthy(head), 180, "the lane back")
+    print(f"cluster lane back {time.monotonic() - started:.0f} s after the worker's start")
 
 
 def test_deploy_forms_a_two_node_cluster_over_the_fabric(cluster: simlab.Lab) -> None:
@@ -159,9 +254,15 @@ def test_a_worker_started_before_its_head_keeps_trying_until_it_joins(cluster: s
     # Still trying (ray start waits for the head, then systemd starts it again), not given up.
     state = run_on(worker, f"systemctl is-active {ray.UNIT}", check=False).strip()
     assert state in ("active", "activating"), state
-    run_on(head, f"sudo systemctl start {ray.UNIT}")
+    # Stopping the head's Ray stopped the cluster lane too (Requires=); starting the lane
+    # starts Ray again, and the lane waits for both nodes.
+    run_on(head, f"sudo systemctl start --no-block {LANE_UNIT}")
     until(lambda: alive(head) == "2 of 2 Ray nodes are alive", 180, "the worker joined")
 
 
 def test_second_deploy_changes_nothing(cluster: simlab.Lab) -> None:
+    head = cluster.hosts[0]
+    until(lambda: lane_state(head) == "active" and healthy(head), 180, "the lane serving")
+    before = run_on(head, "sudo docker inspect -f '{{.Id}}' spark-lane-big").strip()
     assert changes(pyinfra(INVENTORY, "deploy.py")) == 0
+    assert run_on(head, "sudo docker inspect -f '{{.Id}}' spark-lane-big").strip() == before

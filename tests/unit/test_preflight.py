@@ -213,9 +213,10 @@ def test_image_layers_fact_hashes_the_layer_list_or_says_absent() -> None:
     assert process(preflight.ImageLayers, empty + "\n") is None
 
 
-def agree(layers: dict[str, str], me: str) -> list[str]:
-    """image_read on every box, then image_agrees on ``me``."""
-    run_state = SimpleNamespace(inventory=Inventory(({}, {})), failed_hosts=[])
+def agree(layers: dict[str, str], me: str, failed: tuple[str, ...] = ()) -> list[str]:
+    """image_read on every box, then image_agrees on ``me`` (``failed``: boxes failed before)."""
+    failed_hosts = [SimpleNamespace(name=name) for name in failed]
+    run_state = SimpleNamespace(inventory=Inventory(({}, {})), failed_hosts=failed_hosts)
     preflight._seen[run_state.inventory] = {}
     with ctx_state.use(run_state):
         for name, digest in layers.items():
@@ -240,3 +241,8 @@ def test_the_same_image_on_every_box_yields_nothing() -> None:
 def test_an_image_that_differs_is_refused_naming_the_boxes() -> None:
     with pytest.raises(OperationError, match=r"spark-1: img:1 differs from spark-2's"):
         agree({"spark-1": "ab", "spark-2": "cd"}, "spark-1")
+
+
+def test_a_box_failed_in_this_run_stops_the_others_before_the_cluster_lane() -> None:
+    with pytest.raises(OperationError, match=r"spark-1: the cluster lane needs every box, and"):
+        agree({"spark-1": "ab", "spark-2": "ab"}, "spark-1", failed=("spark-2",))
