@@ -69,8 +69,9 @@ def test_ray_token(box: Box, found: Callable[[object], None]) -> None:
 def test_cluster_lane(box: Box, found: Callable[[object], None]) -> None:
     """cluster lane active, all nodes in"""
     lane = next((lane for lane in box.config.lanes if lane.is_cluster), None)
-    if lane is None:
-        pytest.skip("no cluster lane on this box (it runs from the head)")
+    if lane is None:  # nothing of it to be on this box: a worker holds only Ray's ranks
+        found("none on this box" if box.config.role == "head" else "served from the head")
+        return
     unit = lanes.unit_name(lane.name)
     active = box.run(f"systemctl is-active {unit}").stdout.strip() or "no unit"
     health = box.run(
