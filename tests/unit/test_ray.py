@@ -124,6 +124,8 @@ def test_head_unit_binds_to_the_fabric_with_dashboard_on_loopback_and_token_by_f
     assert f"{ray.TOKEN_PATH}:{ray.TOKEN_IN_CONTAINER}:ro" in words
     assert words[words.index("/dev/infiniband") - 1 :][:2] == ["--device", "/dev/infiniband"]
     assert "memlock=-1" not in words  # the lab's sandbox cannot raise it
+    # Ray's session on the box: a cluster lane's driver finds the raylet's sockets there.
+    assert words[words.index(f"{ray.SESSION_DIR}:/tmp/ray") - 1] == "-v"
     assert "EnvironmentFile=/etc/spark/cluster.env" in unit
     assert "Restart=always" in unit and "StartLimitIntervalSec=0" in unit
     assert "Requires=docker.service spark-firewall.service" in unit
@@ -252,3 +254,26 @@ def test_nodes_command_counts_the_alive_nodes(
         timeout=30,
     )
     assert (result.returncode, (result.stdout + result.stderr).splitlines()[0]) == (code, said)
+
+
+def test_nodes_command_says_while_it_waits_how_many_are_in(tmp_path: Path) -> None:
+    """One node of two alive, waiting 6 s: the wait is said once (the count does not change),
+    then the count and the failure (in the journal of the cluster lane that runs it)."""
+    script = tmp_path / "spark-ray-nodes"
+    source = (ray.TEMPLATES / "spark-ray-nodes.sh.j2").read_text()
+    script.write_text(Template(source).render(container=ray.CONTAINER))
+    docker = tmp_path / "docker"
+    docker.write_text("#!/bin/sh\necho 'Active:'; echo ' 1 node_0a'\n")
+    docker.chmod(0o755)
+    result = subprocess.run(
+        ["sh", str(script), "2", "6"],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PATH": f"{tmp_path}:{os.environ['PATH']}"},
+        timeout=30,
+    )
+    assert result.returncode == 1
+    assert result.stderr.splitlines() == [
+        "waiting for 2 Ray nodes: 1 alive (a box's spark-ray not joined yet)",
+        "1 of 2 Ray nodes are alive (see: journalctl -u spark-ray on each box)",
+    ]
