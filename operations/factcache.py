@@ -16,8 +16,13 @@ questions travel, never what they are or how their answers are read:
   them, a fact not answered yet reading as its last known answer (else its default), nothing
   logged or executed. The questions they ask go to the host in one script, one round trip.
   The walk stops after the first operation that, on real or last known answers, yields a
-  command: what it changes would make later answers stale. A question the walk did not
-  foresee (a fact that depends on another's fresh answer) is read singly, as pyinfra does.
+  command: what it changes would make later answers stale. Until an operation is found as
+  wanted on a host nothing has changed in this stage, the walk is careful: it also stops after
+  the first operation that yields on a default. On a host being converged, asking ahead would
+  ask mostly what is about to change (and slow questions, such as pings over a fabric not yet
+  up); a host found as wanted is asked everything at once. Each walk takes a few rounds: what
+  the answers lead the operations to ask next. A question no walk foresaw is read singly, as
+  pyinfra reads it.
 
 ``SPARK_FACTCACHE=off`` in the environment leaves pyinfra as it is.
 """
@@ -27,7 +32,8 @@ from __future__ import annotations
 import logging
 import os
 import uuid
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
 from pyinfra.api import FactBase, State, StringCommand
@@ -39,6 +45,7 @@ from pyinfra.facts.files import File, Sha1File
 Key = tuple[str, str]  # the command's text, its connector arguments
 Question = tuple[Any, dict[str, Any]]  # the command as pyinfra passed it, its keyword arguments
 
+MAX_ROUNDS = 4  # a walk's round trips; what is still unforeseen then is read singly
 # Facts pyinfra reads next, with the same arguments, when the first one's answer is what a
 # converged host gives: asked in the same script. files.put/template read File(dest), then
 # Sha1File(dest) when the file exists (its command is harmless when it does not).
@@ -110,13 +117,19 @@ class HostAnswers:
         self.last_known: dict[Key, list[str]] = {}  # what walks assume until asked again
         self.failed: set[Key] = set()  # non-zero in a batch: left to pyinfra's own error path
         self.walked: set[str] = set()  # operations a walk covered since the last command
+        self.commands_ran = False  # on this host, in this stage
+        self.calm = False  # nothing ran in this stage and an operation was found as wanted
         self.reading = 0  # facts being read (a fact's preconditions may read others)
         self.connector_calls = 0  # inside a real command: nested host calls are pyinfra's own
         self.walking = False
         self.misses: dict[Key, Question] = {}
-        self.guesses = 0  # defaults a walk assumed (no answer known at all)
+        # What the walk assumed for the operation being walked, and whether a default was.
+        self.assumed: dict[Key, list[str]] = {}
+        self.guessed = False
         self.walk_reads = 0  # fact reads of the operation being walked
+        self.walks_cut = 0  # operations whose walk ended at MAX_WALK_READS
         self.round_trips = 0  # batches sent
+        self.generator_runs = 0  # operations run on walks
         self._get_fact = host.get_fact
         self._run_shell_command = host.run_shell_command
 
@@ -165,15 +178,18 @@ class HostAnswers:
 
     # --- answers --------------------------------------------------------------------------
 
-    def forget(self) -> None:
+    def forget(self, host_changed: bool = True) -> None:
         self.last_known.update(self.answers)
         self.answers.clear()
         self.walked.clear()
+        if host_changed:
+            self.commands_ran, self.calm = True, False
 
     def sync_stage(self) -> None:
         if self.stage != self.state.current_stage:
             self.stage = self.state.current_stage
-            self.forget()
+            self.forget(host_changed=False)
+            self.commands_ran = self.calm = False
 
     def _answer(self, command: Any, args: tuple, kwargs: dict[str, Any]) -> tuple[bool, Any]:
         self.sync_stage()
@@ -184,13 +200,16 @@ class HostAnswers:
         if self.walking:
             self.walk_reads += 1
             if self.walk_reads > MAX_WALK_READS:
+                self.walks_cut += 1
                 raise _WalkTooLong
             if batchable and question_key not in self.failed:
                 self.misses.setdefault(question_key, (command, kwargs))
-            if question_key in self.last_known:
-                return True, _output(self.last_known[question_key])
-            self.guesses += 1
-            return True, _output([])  # the fact's default: see what the operation asks next
+            # The last known answer, else the fact's default: see what the operation asks next.
+            lines = self.last_known.get(question_key)
+            if lines is None:
+                lines, self.guessed = [], True
+            self.assumed[question_key] = lines
+            return True, _output(lines)
         status, output = self._call(self._run_shell_command, command, *args, **kwargs)
         if batchable and status:
             self.answers[question_key] = output.stdout_lines
@@ -228,32 +247,64 @@ class HostAnswers:
     # --- walking the operations to come -----------------------------------------------------
 
     def walk(self, op_hashes: list[str]) -> None:
-        """Ask, in one round trip, what the operations about to run on this host will ask."""
+        """Ask, in a few round trips, what the operations about to run on this host will ask.
+
+        Each round runs the operations' generators (those not settled yet) and asks what they
+        asked that has no fresh answer. An operation is settled once its path is known: every
+        answer it read was fresh, or was asked and came back as the walk had assumed. The next
+        round runs the others again: with fresh answers they may ask further (a fact that
+        depends on another, or one read after an error that a default caused)."""
         self.sync_stage()
-        self.misses, self.walking = {}, True
+        settled: dict[str, bool] = {}  # whether it yields, for operations with a known path
+        for _ in range(MAX_ROUNDS):
+            self.misses = {}
+            assumed: dict[str, tuple[bool, dict[Key, list[str]]]] = {}
+            with self._walking():
+                for op_hash in op_hashes:
+                    self.walked.add(op_hash)
+                    if op_hash in settled:
+                        yields, sure = settled[op_hash], True
+                    else:
+                        self.assumed, self.guessed = {}, False
+                        yields, sure = self._yields(op_hash), not self.guessed
+                        if self.assumed:
+                            assumed[op_hash] = (yields, self.assumed)
+                        else:
+                            settled[op_hash] = yields
+                    if op_hash in settled and not yields and not self.commands_ran:
+                        self.calm = True  # found as wanted: the host is likely converged
+                    # A change foreseen on fresh or last known answers ends the walk.
+                    if yields and (sure or not self.calm):
+                        break
+            if not self.misses:
+                return
+            self.ask(self.misses)
+            for op_hash, (yields, answers) in assumed.items():
+                if all(self.answers.get(k) == lines for k, lines in answers.items()):
+                    settled[op_hash] = yields
+
+    @contextmanager
+    def _walking(self) -> Iterator[None]:
+        """Generators run with nothing logged, and without a temporary file name: nothing is
+        uploaded on a walk, and pyinfra keeps the TmpDir answer a name needs for the whole run
+        (Host._get_temp_directory is memoized)."""
         logging_disabled = logging.root.manager.disable
         logging.disable(logging.CRITICAL)
-        # Nothing is uploaded on a walk: no temporary name, so no TmpDir read, whose answer
-        # pyinfra would keep for the whole run (Host._get_temp_directory is memoized).
         self.host.get_temp_filename = _walk_temp_filename  # type: ignore[method-assign]
+        self.walking = True
         try:
-            for op_hash in op_hashes:
-                self.walked.add(op_hash)
-                guesses_before = self.guesses
-                if self._yields(op_hash) and self.guesses == guesses_before:
-                    break
+            yield
         finally:
+            self.walking = False
             del self.host.get_temp_filename
             logging.disable(logging_disabled)
-            self.walking = False
-        if self.misses:
-            self.ask(self.misses)
 
     def _yields(self, op_hash: str) -> bool:
         """Whether the operation's generator yields a command. It runs to its end: facts read
-        after a command are asked too (the command may come only from a guess)."""
+        after a command are asked too (the command may come only from an assumed answer)."""
         generator = self.state.get_op_data_for_host(self.host, op_hash).command_generator()
         changes, self.walk_reads = False, 0
+        self.generator_runs += 1
         try:
             for _command in generator:
                 changes = True

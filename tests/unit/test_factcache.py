@@ -116,7 +116,8 @@ class Run:
 def files(tmp_path: Path) -> Iterator[Path]:
     (tmp_path / "a").write_text("one")
     (tmp_path / "b").write_text("two")
-    (tmp_path / "pointer").write_text(str(tmp_path / "b"))
+    (tmp_path / "target").write_text("two")
+    (tmp_path / "pointer").write_text(str(tmp_path / "target"))
     (tmp_path / "copy-of-b").write_text("two")
     yield tmp_path
 
@@ -149,18 +150,22 @@ def test_split_answers_refuses_output_it_cannot_account_for() -> None:
     assert factcache.split_answers(["x", "m 0"], "m", 1) == [(0, ["x"])]
 
 
-def test_a_no_change_run_asks_its_questions_at_once(files: Path) -> None:
+def test_a_no_change_run_asks_the_first_operation_then_the_rest_at_once(files: Path) -> None:
     run = Run(check_for_changes=False)  # -y: no change-detection pass
     ops = [
         run.add(text, path=str(files / "a"), content="one"),
+        run.add(text, path=str(files / "b"), content="two"),
         run.add(follow, pointer=str(files / "pointer"), dest=str(files / "copy-of-b")),
     ]
     run.execute()
-    # One script for a, the pointer and copy-of-b; b's path is known only from the pointer's
-    # answer: read singly, as pyinfra reads it.
-    assert run.host.fact_answers.round_trips == 1
-    assert run.sent[1] == f"cat {files / 'b'} 2>/dev/null || true"
-    assert len(run.sent) == 2
+    first, rest, deeper = run.sent
+    # The first round is careful (a bare host would change at once); the first operation
+    # changes nothing, so the next round asks b, the pointer and copy-of-b in one script.
+    assert str(files / "a") in first and str(files / "b") not in first
+    assert all(str(files / name) in rest for name in ("b", "pointer", "copy-of-b"))
+    # The target's path is known from the pointer's answer only: one more round.
+    assert run.host.fact_answers.round_trips == 3
+    assert deeper.startswith("(\n") and f"cat {files / 'target'} 2>/dev/null" in deeper
     assert not any(op.did_change() for op in ops)
 
 
@@ -186,21 +191,44 @@ def test_a_command_makes_later_reads_fresh(files: Path) -> None:
     assert (files / "c").read_text() == "changed"
 
 
-def test_after_a_change_the_next_walk_stops_at_the_next_change(files: Path) -> None:
+def test_on_a_changing_host_each_walk_asks_only_up_to_the_next_change(files: Path) -> None:
     run = Run(check_for_changes=False)
     run.add(text, path=str(files / "a"), content="changed")
     run.add(copy, src=str(files / "a"), dest=str(files / "c"))
-    run.add(text, path=str(files / "b"), content="two")
-    run.add(text, path=str(files / "copy-of-b"), content="two")
     run.execute()
-    batches = [sent for sent in run.sent if sent.startswith("(\n")]
-    writes = [sent for sent in run.sent if sent.startswith("printf %s")]
-    assert len(batches) == 3 and len(writes) == 2 and len(run.sent) == 5
-    # After a's write the copy will change too (so its last known answers say): the walk asks
-    # only what the copy reads; the two unchanged files come in one script after it.
-    assert str(files / "c") in batches[1] and str(files / "b") not in batches[1]
-    assert str(files / "b") in batches[2] and str(files / "copy-of-b") in batches[2]
+    batch_a, write_a, batch_c, write_c = run.sent
+    # Nothing asked about c before a changed: the answer would have been stale.
+    assert str(files / "c") not in batch_a and str(files / "c") in batch_c
+    assert write_a.startswith("printf %s changed") and write_c.startswith("printf %s changed")
     assert (files / "c").read_text() == "changed"
+
+
+def test_a_host_being_converged_is_not_asked_ahead(files: Path) -> None:
+    (files / "d").write_text("four")
+    run = Run(check_for_changes=False)
+    for name, content in (("a", "changed"), ("b", "two"), ("c", "new"), ("d", "four")):
+        run.add(text, path=str(files / name), content=content)
+    run.execute()
+    # b is as wanted, but a changed before it: c and d are asked just before they run, not
+    # ahead (c's write would have made d's early answer stale, asked twice).
+    asked_d = [sent for sent in run.sent if sent.startswith("(\n") and "/d " in sent]
+    write_c = next(i for i, sent in enumerate(run.sent) if sent.startswith("printf %s new"))
+    assert len(asked_d) == 1 and run.sent.index(asked_d[0]) > write_c
+
+
+def test_after_a_repair_the_unchanged_rest_is_asked_at_once(files: Path) -> None:
+    run = Run(check_for_changes=True)  # the detection pass leaves answers the walks go by
+    for name, content in (("a", "one"), ("b", "two"), ("copy-of-b", "two")):
+        run.add(text, path=str(files / name), content=content)
+    prepared = len(run.sent)
+    (files / "a").write_text("drifted while the user read the plan")
+    run.execute()
+    _all_at_once, repair, batch_rest = run.sent[prepared:]
+    assert repair.startswith("printf %s one")
+    assert all(str(files / name) in batch_rest for name in ("b", "copy-of-b"))
+    # Answers that came back as the detection pass left them settle their operations: the
+    # walks ran each operation once, and a's again for its drift (3 + 1, then 2 after it).
+    assert run.host.fact_answers.generator_runs == 6
 
 
 def test_a_read_after_a_command_in_the_same_operation_is_fresh(files: Path) -> None:
@@ -243,8 +271,9 @@ def test_a_walk_gives_up_on_an_operation_that_polls_a_fact(tmp_path: Path) -> No
     run = Run(check_for_changes=False)
     op = run.add(wait_until_ready, path=str(tmp_path / "state"))
     run.execute()
-    # The walk assumed the fact's default (never "ready") and stopped at its limit.
-    assert run.host.fact_answers.walk_reads == factcache.MAX_WALK_READS + 1
+    # The first walk assumed the fact's default (never "ready") and gave up; once asked, the
+    # answer lets the next round through.
+    assert run.host.fact_answers.walks_cut == 1
     assert not op.did_change()
 
 
