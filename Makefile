@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed-$(shell sha256sum requirements.txt | cut -c1-12)
 
 INVENTORY ?= inventories/lab.py
 
-.PHONY: demo test unit compliance lab-up lab-down
+.PHONY: demo test unit compliance lab-up lab-down bench
 
 $(STAMP): requirements.txt
 	@command -v python3 >/dev/null && python3 -c 'import venv, ensurepip' 2>/dev/null \
@@ -34,6 +34,11 @@ unit: $(STAMP)
 # Is every box still what the inventory says? Read-only; INVENTORY=inventories/sim.py for the lab.
 compliance: $(STAMP)
 	$(PY) -m pytest -p no:cacheprovider tests/compliance --inventory $(INVENTORY) -n 4 --dist loadgroup
+
+# What a deploy costs against the cost of only asking its questions (README: Performance). Boots
+# its own lab: SIMLAB_ID=<n> keeps it apart from another one; writes bench-results.json.
+bench: $(STAMP)
+	$(PY) -m bench.run
 
 lab-up: $(STAMP)
 	$(PY) -m tests.simlab up

@@ -1,0 +1,1 @@
+"""No operations: what any pyinfra run of this repository costs (start, validate, connect)."""

@@ -1,0 +1,81 @@
+"""The benchmark's counting and reporting (bench/run.py), on what the lab's hosts and pyinfra
+really wrote; nothing here is timed.
+
+Captures: bench-sshd-journal.txt is spark-2's sshd journal (LogLevel VERBOSE, ``journalctl -o
+cat _COMM=sshd``) during a batched no-change ``pyinfra -y`` run on the lab;
+bench-pyinfra-debug.txt is an excerpt of ``pyinfra --debug`` output of a no-change run with
+SPARK_FACTCACHE=off on the same lab (its first operations, both hosts).
+"""
+
+from __future__ import annotations
+
+import shlex
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from bench import run
+
+CAPTURED = Path(__file__).parent / "captured"
+JOURNAL = (CAPTURED / "bench-sshd-journal.txt").read_text()
+DEBUG = (CAPTURED / "bench-pyinfra-debug.txt").read_text()
+AUDIT = (
+    "dpkg --audit 2>/dev/null; ls /var/lib/dpkg/updates 2>/dev/null | grep -q '^[0-9]'"
+    " && echo 'journal pending'; true"
+)
+
+
+def test_sessions_are_counted_once_the_connection_is_over() -> None:
+    # Three commands in one connection; the login itself is not a session.
+    assert run.count_sessions(JOURNAL) == 3
+    unfinished = JOURNAL[: JOURNAL.index("pam_unix(sshd:session): session closed")]
+    assert run.count_sessions(unfinished) is None
+
+
+def test_file_transfers_count_as_sessions() -> None:
+    sftp = "Starting session: subsystem 'sftp' for spark from 10.77.5.1 port 50266 id 1\n"
+    assert run.count_sessions(sftp + JOURNAL) == 4
+
+
+def test_fact_commands_are_read_from_the_debug_output_per_host_in_order() -> None:
+    sent = run.fact_commands(DEBUG)
+    assert sorted(sent) == ["spark-1", "spark-2"]
+    assert len(sent["spark-1"]) == 4 and len(sent["spark-2"]) == 3
+    # Unwrapped from pyinfra's sudo -H -n sh -c '...': the fact's own command.
+    assert sent["spark-1"][0] == sent["spark-2"][0] == AUDIT
+    assert sent["spark-1"][2].startswith("nvidia-smi")
+
+
+def test_a_command_that_is_not_a_fact_read_is_refused() -> None:
+    line = "[pyinfra.connectors.ssh] Running command on spark-1: (pty=False) systemctl restart x"
+    with pytest.raises(RuntimeError, match="not a fact command"):
+        run.fact_commands(line)
+
+
+def test_the_limit_script_asks_every_question_even_after_a_failure(tmp_path: Path) -> None:
+    commands = ["echo one", "false", "cat", "echo 'two words'"]
+    argv = shlex.split(run.limit_script(commands))
+    assert argv[:5] == ["sudo", "-H", "-n", "sh", "-c"] and argv[6:] == [">/dev/null"]
+    # Run here without sudo; stdin is closed for each question (cat does not wait).
+    out = subprocess.run(["sh", "-c", argv[5]], input="not for cat", capture_output=True, text=True)
+    assert out.stdout == "one\ntwo words\n"
+
+
+def test_summaries_and_ratios() -> None:
+    def runs(*seconds: float, commands: int) -> list[dict]:
+        return [{"seconds": s, "sessions": {"spark-1": commands}} for s in seconds]
+
+    def lab(factor: float) -> dict:
+        section = {name: run.summarize(runs(4 * factor, 2 * factor, 3 * factor, commands=3))
+                   for name in run.VARIANTS}  # fmt: skip
+        section["limit"] = run.summarize(runs(1.5, 1.0, 2.0, commands=1))
+        return section
+
+    two = run.summarize(runs(4, 2, 3, commands=3))
+    assert (two["min"], two["median"], two["commands_per_host"]) == (2, 3, [3])
+    ratios = run.ratios({"2": lab(1), "8": lab(1.5)})
+    assert ratios["no_change_batched / limit, 2 hosts (medians)"] == 2.0
+    assert ratios["no_change_batched, 8 hosts / 2 hosts (medians)"] == 1.5
+    text = run.table({"labs": {"2": lab(1)}, "ratios": ratios})
+    assert "no-change re-run, -y, batched facts" in text and "limit: one SSH session" in text
