@@ -91,7 +91,7 @@ if len(spark.hosts) > 1:
         open_ports=[host.data.get("ssh_port") or 22, *(lane.port for lane in me.lanes)],
     )
     ray.node(
-        name=f"Ray {me.role} on {me.fabric[0].address.ip} ({ray.UNIT})",
+        name=f"Ray ({ray.UNIT}): head on {spark.head.fabric[0].address.ip}, workers join it",
         role=me.role,
         node_ip=str(me.fabric[0].address.ip),
         head_ip=str(spark.head.fabric[0].address.ip),

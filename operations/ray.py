@@ -30,6 +30,9 @@ TOKEN_IN_CONTAINER = "/run/secrets/ray-auth-token"
 # Ray's session directory (/tmp/ray in its container), kept on the box: a cluster lane's driver
 # finds the raylet's sockets there (and the raylet itself in the Ray container's processes).
 SESSION_DIR = "/var/lib/spark/ray"
+# "<image id> <its `ray --version`>": the image checked once, not on every run (a container's
+# start costs about 1.5 s, the largest part of a no-change run).
+RAY_CHECKED = "/var/lib/spark/ray-image-checked"
 # The controller keeps the cluster's token: every box must hold the same one.
 CONTROLLER_TOKEN = Path("~/.config/spark-provisioning/ray-auth-token")
 TOKEN_AUTH_SINCE = (2, 52)  # Ray's RAY_AUTH_MODE=token (field-facts, "Security")
@@ -131,6 +134,22 @@ def pull(image: str) -> str:
     return f"docker pull --quiet {shlex.quote(image)}"
 
 
+def ray_version(image: str) -> str:
+    """The command printing the image's ``ray --version`` (fails when it has no Ray)."""
+    return f"docker run --rm --network none --entrypoint ray {shlex.quote(image)} --version"
+
+
+def record_ray_version(image: str) -> str:
+    """The command that checks the image's Ray and records it in RAY_CHECKED for RayNode."""
+    quoted = shlex.quote(image)
+    return (
+        f'version=$({ray_version(image)} | head -n 1) && [ -n "$version" ]'
+        f" && id=$(docker image inspect --format '{{{{.Id}}}}' {quoted})"
+        f" && install -d -m 755 {os.path.dirname(RAY_CHECKED)}"
+        f' && echo "$id $version" > {RAY_CHECKED}'
+    )
+
+
 def root_only_upload(source: str | StringIO, path: str) -> list:
     """Commands that put a secret into ``path``, readable by root only at every moment: the file
     is 0600 before the upload writes into it (a copy keeps the mode of the file it overwrites)
@@ -156,13 +175,14 @@ def _systemd_word(arg: str) -> str:
 
 
 class RayNode(FactBase):
-    """What a Ray node needs from the box: the image (and its Ray's version), the unit's
-    state, the token's SHA-256 (never the token), RDMA devices and whether memlock may be raised.
+    """What a Ray node needs from the box: the image (and its Ray's version, from RAY_CHECKED
+    when it holds this image, else from the image itself), the unit's state, the token's
+    SHA-256 (never the token), RDMA devices and whether memlock may be raised.
 
     .. code:: python
 
-        {"image": "sha256:0f3c...", "ray": (2, 60), "enabled": "enabled", "active": "active",
-         "token": "9e1c...", "rdma": True, "unlimited_memlock": True}
+        {"image": "sha256:0f3c...", "ray": (2, 60), "checked": True, "enabled": "enabled",
+         "active": "active", "token": "9e1c...", "rdma": True, "unlimited_memlock": True}
     """
 
     def command(self, image: str) -> str:
@@ -170,8 +190,9 @@ class RayNode(FactBase):
         return (
             f"id=$(docker image inspect --format '{{{{.Id}}}}' {image} 2>/dev/null);"
             ' echo "image ${id:--}";'
-            f' [ -n "$id" ] && echo "ray $(docker run --rm --network none --entrypoint ray'
-            f' {image} --version 2>/dev/null | head -n 1)";'
+            f' checked=$(cat {RAY_CHECKED} 2>/dev/null); if [ -z "$id" ]; then :;'
+            ' elif [ "${checked%% *}" = "$id" ]; then echo "ray ${checked#* }"; echo checked;'
+            f' else echo "ray $({ray_version(image)} 2>/dev/null | head -n 1)"; fi;'
             f' echo "enabled $(systemctl is-enabled {UNIT} 2>/dev/null)";'
             f' echo "active $(systemctl is-active {UNIT} 2>/dev/null)";'
             f' echo "token $(sha256sum {TOKEN_PATH} 2>/dev/null | cut -d" " -f1)";'
@@ -185,6 +206,7 @@ class RayNode(FactBase):
         return {
             "image": None if fields.get("image", "-") == "-" else fields["image"],
             "ray": (int(version[1]), int(version[2])) if version else None,
+            "checked": "checked" in fields,
             "enabled": fields.get("enabled") or None,
             "active": fields.get("active") or None,
             "token": fields.get("token") or None,
@@ -236,11 +258,10 @@ def node(
     """
     state = host.get_fact(RayNode, image=image)
     changes: list = []
-    quoted = shlex.quote(image)
     if state["image"] is None:
-        # The version is checked on the next run; today a missing Ray stops this one here.
+        # The version is compared on the next run; today a missing Ray stops this one here.
         yield pull(image)
-        yield f"docker run --rm --network none --entrypoint ray {quoted} --version"
+        yield record_ray_version(image)
     elif state["ray"] is None:
         raise OperationError(
             f"{host.name}: {image} has no Ray (some NGC vLLM images ship without it:"
@@ -252,6 +273,8 @@ def node(
             " authentication (Ray 2.52 and later); use an image with a newer Ray, or set"
             " ray_auth = False (then only the firewall keeps others off Ray's ports)"
         )
+    elif not state["checked"]:
+        yield record_ray_version(image)
     if token is not None:
         changes += _token_commands(token, state["token"])
     script = list(

@@ -2,7 +2,10 @@
 
 Captures (RayNode's command, run with sudo on the simulated lab, image = the stand-in of
 nvcr.io/nvidia/vllm:26.04-py3 with Ray 2.60.0; the lab withholds CAP_SYS_RESOURCE):
-- lab-head-deployed-raynode.txt, lab-worker-deployed-raynode.txt: spark-1 / spark-2 after a deploy.
+- lab-head-deployed-raynode.txt, lab-worker-deployed-raynode.txt: spark-1 / spark-2 deployed
+  before RAY_CHECKED existed (the image's Ray asked of the image itself).
+- lab-head-checked-raynode.txt, lab-worker-checked-raynode.txt: spark-1 / spark-2 after a deploy
+  (the image's Ray read from RAY_CHECKED).
 - lab-bare-raynode.txt: spark-2 freshly reimaged (no image, no unit, no token).
 - lab-stat-spark-ray-nodes-0755.txt: pyinfra's stat of the deployed spark-ray-nodes on spark-1.
 - lab-ray-status-2-nodes.txt, lab-ray-status-1-node.txt: `docker exec spark-ray ray status` on
@@ -65,6 +68,7 @@ def test_fact_reads_a_deployed_node() -> None:
     assert process(ray.RayNode, captured("lab-head-deployed-raynode.txt")) == {
         "image": "sha256:2f742bedc35e89dbabba622d5b28408c03e3684eaac1be9163d12b7b53ed819d",
         "ray": (2, 60),
+        "checked": False,  # deployed before RAY_CHECKED
         "enabled": "enabled",
         "active": "active",
         "token": "a19f71aa06d65dfd19d089aed0af60a22d12b1d0803b0a650e07a2b449463b79",
@@ -73,10 +77,45 @@ def test_fact_reads_a_deployed_node() -> None:
     }
 
 
+def test_fact_reads_the_recorded_check_of_the_image() -> None:
+    fact = process(ray.RayNode, captured("lab-head-checked-raynode.txt"))
+    assert fact["ray"] == (2, 60) and fact["checked"] is True
+    assert process(ray.RayNode, captured("lab-head-deployed-raynode.txt"))["checked"] is False
+
+
+def test_a_node_deployed_before_the_record_gets_it_without_a_restart() -> None:
+    host = node_host(with_token(captured("lab-head-deployed-raynode.txt")), deployed_files(HEAD))
+    commands = run_op(
+        ray.node, **HEAD, image=IMAGE, environment=ENVIRONMENT, token=TOKEN, host=host
+    )
+    assert commands == [ray.record_ray_version(IMAGE)]
+
+
+def test_the_record_holds_the_image_id_and_its_ray_version(tmp_path: Path) -> None:
+    # The command as a box runs it, with docker stood in by a script answering as the lab's.
+    docker = tmp_path / "docker"
+    docker.write_text(
+        '#!/bin/sh\ncase "$1" in run) echo "ray, version 2.60.0";; image) echo sha256:cb04;; esac\n'
+    )
+    docker.chmod(0o755)
+    record = tmp_path / "checked"
+    command = ray.record_ray_version(IMAGE).replace(ray.RAY_CHECKED, str(record))
+    command = command.replace(os.path.dirname(ray.RAY_CHECKED), str(tmp_path))
+    env = {"PATH": f"{tmp_path}:/usr/bin:/bin"}
+    subprocess.run(["sh", "-c", command], env=env, check=True)
+    assert record.read_text() == "sha256:cb04 ray, version 2.60.0\n"
+    # An image without Ray: the command fails and records nothing.
+    record.unlink()
+    docker.write_text('#!/bin/sh\n[ "$1" = image ] && echo sha256:cb04 || exit 127\n')
+    assert subprocess.run(["sh", "-c", command], env=env).returncode != 0
+    assert not record.exists()
+
+
 def test_fact_reads_a_bare_box() -> None:
     assert process(ray.RayNode, captured("lab-bare-raynode.txt")) == {
         "image": None,
         "ray": None,
+        "checked": False,
         "enabled": None,
         "active": "inactive",
         "token": None,
@@ -92,10 +131,7 @@ def test_bare_box_pulls_checks_ray_writes_token_unit_and_starts() -> None:
     commands = run_op(
         ray.node, **HEAD, image=IMAGE, environment=ENVIRONMENT, token=TOKEN, host=host
     )
-    assert commands[:2] == [
-        f"docker pull --quiet {IMAGE}",
-        f"docker run --rm --network none --entrypoint ray {IMAGE} --version",
-    ]
+    assert commands[:2] == [f"docker pull --quiet {IMAGE}", ray.record_ray_version(IMAGE)]
     assert commands[-3:] == [
         "systemctl daemon-reload",
         "systemctl enable spark-ray.service",
@@ -150,7 +186,7 @@ def test_full_capabilities_raise_memlock() -> None:
 
 
 def test_node_in_place_yields_nothing() -> None:
-    host = node_host(with_token(captured("lab-head-deployed-raynode.txt")), deployed_files(HEAD))
+    host = node_host(with_token(captured("lab-head-checked-raynode.txt")), deployed_files(HEAD))
     commands = run_op(
         ray.node, **HEAD, image=IMAGE, environment=ENVIRONMENT, token=TOKEN, host=host
     )
@@ -159,7 +195,7 @@ def test_node_in_place_yields_nothing() -> None:
 
 
 def test_a_worker_between_two_tries_is_left_to_systemd() -> None:
-    fact = with_token(captured("lab-worker-deployed-raynode.txt")).replace(
+    fact = with_token(captured("lab-worker-checked-raynode.txt")).replace(
         "active active", "active activating"
     )
     host = node_host(fact, deployed_files(WORKER))
@@ -170,7 +206,7 @@ def test_a_worker_between_two_tries_is_left_to_systemd() -> None:
 
 
 def test_a_changed_environment_value_rewrites_the_unit_and_restarts() -> None:
-    host = node_host(with_token(captured("lab-head-deployed-raynode.txt")), deployed_files(HEAD))
+    host = node_host(with_token(captured("lab-head-checked-raynode.txt")), deployed_files(HEAD))
     environment = ENVIRONMENT | {"NCCL_IB_HCA": "rocep1s0f1"}
     commands = run_op(
         ray.node, **HEAD, image=IMAGE, environment=environment, token=TOKEN, host=host
@@ -179,7 +215,7 @@ def test_a_changed_environment_value_rewrites_the_unit_and_restarts() -> None:
 
 
 def test_a_new_token_is_written_and_restarts_the_node() -> None:
-    host = node_host(with_token(captured("lab-head-deployed-raynode.txt")), deployed_files(HEAD))
+    host = node_host(with_token(captured("lab-head-checked-raynode.txt")), deployed_files(HEAD))
     other = ray.Secret("0" * 64)
     commands = run_op(
         ray.node, **HEAD, image=IMAGE, environment=ENVIRONMENT, token=other, host=host
