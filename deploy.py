@@ -126,7 +126,8 @@ if cluster_lane and len(spark.hosts) > 1:
         model=cluster_lane.model,
         image=cluster_lane.image,
         models_dir=lanes.MODELS_DIR,
-        token_path=lanes.HF_TOKEN,
+        token_path=lanes.HF_TOKEN if me.hf_token_file else None,
+        fetch=me.fetch_weights,
     )
     preflight.image_read(name=f"Cluster lane image {cluster_lane.image}", image=cluster_lane.image)
     preflight.image_agrees(

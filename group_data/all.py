@@ -125,3 +125,8 @@ lane_start_timeout_min = 20
 # deploy copies it to /etc/spark/secrets/hf-token (root 0600) on each box; the lanes read it from
 # there, never from their command line or environment.
 hf_token_file = None
+
+# A cluster lane's model missing on a box: False stops that box with the `hf download` command
+# to run there (a ~120 GB model can take hours per box: not a wait to hide in a deploy); True:
+# the deploy runs it, inside the serving image, with the token above as a mounted file.
+fetch_weights = False

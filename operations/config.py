@@ -128,6 +128,9 @@ class HostSettings(BaseModel):
     hf_token_file: str | None = Field(
         description="None, or a file on this machine holding a Hugging Face token"
     )
+    fetch_weights: bool = Field(
+        description="True or False (fetch a cluster lane's missing model during the deploy)"
+    )
 
     @field_validator("fabric_addresses")
     @classmethod
@@ -373,6 +376,7 @@ class HostConfig(BaseModel):
     memory_guard_min_available_gib: float
     lane_start_timeout_min: int
     hf_token_file: str | None  # on this machine
+    fetch_weights: bool
 
     @classmethod
     def from_settings(
@@ -407,6 +411,7 @@ class HostConfig(BaseModel):
             memory_guard_min_available_gib=data.memory_guard_min_available_gib,
             lane_start_timeout_min=data.lane_start_timeout_min,
             hf_token_file=data.hf_token_file and str(Path(data.hf_token_file).expanduser()),
+            fetch_weights=data.fetch_weights,
         )
 
     def cluster_environment(self, head: HostConfig) -> dict[str, str]:

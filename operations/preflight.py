@@ -206,43 +206,54 @@ class ModelWeights(FactBase):
         return "present" in output
 
 
-def fetch_command(model: str, image: str, models_dir: str, token_path: str) -> str:
+def fetch_command(model: str, image: str, models_dir: str, token_path: str | None) -> str:
     """The command that fetches a model into a box's cache inside the serving image, its token
-    mounted as a file and named by HF_TOKEN_PATH (never in an argv or an environment value)."""
+    (if any) mounted as a file and named by HF_TOKEN_PATH (never in an argv or an environment
+    value)."""
     token = "/run/secrets/hf-token"
+    # Without a token file nothing is mounted: docker would make a directory of a missing path.
+    mount = (
+        f" -v {shlex.quote(token_path)}:{token}:ro -e HF_TOKEN_PATH={token}" if token_path else ""
+    )
     return (
-        f"sudo docker run --rm -v {models_dir}:{HF_CACHE_IN_CONTAINER}"
-        f" -v {token_path}:{token}:ro -e HF_TOKEN_PATH={token} {shlex.quote(image)}"
-        f" hf download {shlex.quote(model)}"
+        f"sudo docker run --rm -v {shlex.quote(models_dir)}:{HF_CACHE_IN_CONTAINER}{mount}"
+        f" {shlex.quote(image)} hf download {shlex.quote(model)}"
     )
 
 
 @operation()
-def model_present(model: str, image: str, models_dir: str, token_path: str):
+def model_present(
+    model: str, image: str, models_dir: str, token_path: str | None, fetch: bool = False
+):
     """
     Check that this box holds a cluster lane's model before any box starts it (every rank loads
-    its share of the weights from its own box).
+    its share of the weights from its own box), or fetch it.
 
     + model: a Hugging Face id or an absolute path
     + image: the serving image (it has the `hf` client)
     + models_dir: the Hugging Face cache on the box the lanes mount
-    + token_path: the box's Hugging Face token file (root 0600), for gated models
+    + token_path: the box's Hugging Face token file (root 0600), for gated models; None: none
+    + fetch: download a missing Hugging Face model here (hundreds of GB can take hours) instead
+      of stopping the box with the command that does it
 
-    This changes nothing: an absent model stops the box with the command that fetches it
-    (hundreds of GB can take hours: not a step to hide in a deploy).
+    An absolute path is never fetched: without its config.json the box stops, to copy it there.
     """
     if host.get_fact(ModelWeights, model=model, models_dir=models_dir):
         host.noop(f"{model} is on this box")
         return
-    where = model if model.startswith("/") else hf_cache_dir(models_dir, model)
+    if model.startswith("/"):
+        raise OperationError(
+            f"{host.name}: {model} has no config.json; copy the model there on every box"
+        )
+    command = fetch_command(model, image, models_dir, token_path)
+    if fetch:
+        yield command
+        return
     raise OperationError(
-        f"{host.name}: {model} is not on this box ({where}); every box of a cluster lane loads"
-        f" its share from its own disk: fetch it first on {host.name}:"
-        f" {fetch_command(model, image, models_dir, token_path)}"
-        if not model.startswith("/")
-        else f"{host.name}: {model} has no config.json; copy the model there on every box"
+        f"{host.name}: {model} is not on this box ({hf_cache_dir(models_dir, model)}); every box"
+        f" of a cluster lane loads its share from its own disk: fetch it first on {host.name}"
+        f" (or set fetch_weights = True): {command}"
     )
-    yield  # an operation is a generator
 
 
 class ImageLayers(FactBase):

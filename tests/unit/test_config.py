@@ -378,3 +378,11 @@ def test_a_host_with_its_own_gid_index_is_refused_by_name() -> None:
         "spark-2: roce_gid_index: 4 differs from spark-1's 3; use one GID index on every host"
         " (remove the host's own roce_gid_index)"
     ]
+
+
+def test_fetch_weights_is_off_by_default_and_set_per_box() -> None:
+    hosts = merged(TWO_SPARKS)
+    hosts["spark-2"]["fetch_weights"] = True
+    spark = load_from_dicts(hosts)
+
+    assert (spark.head.fetch_weights, spark.host("spark-2").fetch_weights) == (False, True)

@@ -190,6 +190,7 @@ def test_model_weights_fact_looks_in_the_lanes_cache() -> None:
 def test_a_model_on_the_box_yields_nothing() -> None:
     host = FakeHost({preflight.ModelWeights: "present\n"})
     assert run_op(preflight.model_present, host=host, **MODEL_ARGS) == []
+    assert host.noops == [f"{MODEL} is on this box"]
 
 
 def test_a_model_missing_is_refused_with_the_command_that_fetches_it() -> None:
@@ -199,12 +200,45 @@ def test_a_model_missing_is_refused_with_the_command_that_fetches_it() -> None:
         run_op(preflight.model_present, host=host, **MODEL_ARGS)
     message = str(refusal.value)
     assert message.startswith(f"spark-2: {MODEL} is not on this box")
+    assert "(or set fetch_weights = True)" in message
     assert message.endswith(
         "sudo docker run --rm -v /var/lib/spark/models:/root/.cache/huggingface"
         " -v /etc/spark/secrets/hf-token:/run/secrets/hf-token:ro"
         " -e HF_TOKEN_PATH=/run/secrets/hf-token nvcr.io/nvidia/vllm:26.04-py3"
         f" hf download {MODEL}"
     )
+
+
+def test_with_fetch_a_missing_model_is_fetched_with_the_token_as_a_mounted_file() -> None:
+    host = FakeHost({preflight.ModelWeights: ""})
+    assert run_op(preflight.model_present, host=host, fetch=True, **MODEL_ARGS) == [
+        "sudo docker run --rm -v /var/lib/spark/models:/root/.cache/huggingface"
+        " -v /etc/spark/secrets/hf-token:/run/secrets/hf-token:ro"
+        " -e HF_TOKEN_PATH=/run/secrets/hf-token nvcr.io/nvidia/vllm:26.04-py3"
+        f" hf download {MODEL}"
+    ]
+
+
+def test_with_fetch_a_model_on_the_box_yields_nothing() -> None:
+    host = FakeHost({preflight.ModelWeights: "present\n"})
+    assert run_op(preflight.model_present, host=host, fetch=True, **MODEL_ARGS) == []
+    assert host.noops == [f"{MODEL} is on this box"]
+
+
+def test_without_a_token_file_nothing_is_mounted_for_it() -> None:
+    host = FakeHost({preflight.ModelWeights: ""})
+    args = MODEL_ARGS | {"token_path": None}
+    (command,) = run_op(preflight.model_present, host=host, fetch=True, **args)
+    assert "hf-token" not in command and "HF_TOKEN" not in command
+    assert command.endswith(f"nvcr.io/nvidia/vllm:26.04-py3 hf download {MODEL}")
+
+
+def test_a_model_path_missing_is_refused_even_with_fetch() -> None:
+    host = FakeHost({preflight.ModelWeights: ""})
+    host.name = "spark-2"
+    args = MODEL_ARGS | {"model": "/models/big"}
+    with pytest.raises(OperationError, match=r"^spark-2: /models/big has no config.json; copy"):
+        run_op(preflight.model_present, host=host, fetch=True, **args)
 
 
 def test_image_layers_fact_hashes_the_layer_list_or_says_absent() -> None:
