@@ -1,5 +1,6 @@
-"""The Ray cluster, its firewall and the cluster lane on the simulated lab: two bare hosts, one
-deploy of tests/e2e/cluster_inventory.py (seed 004's cluster lane on the head, TP=2).
+"""The Ray cluster, its firewall and the cluster lane on the simulated lab: two bare hosts, a
+deploy of tests/e2e/cluster_inventory.py (seed 004's cluster lane on the head, TP=2) refused for
+the model missing on spark-2, then one with fetch_weights on that fetches it.
 
 Tests in this module run in order on the session's lab; each later one stands on the deploy
 made by the `cluster` fixture (and on what the test before it left: every test ends with both
@@ -21,6 +22,7 @@ from operations import lanes, preflight, ray
 from tests.conftest import pyinfra, reimage_all, run_on
 from tests.e2e.cluster_lane import CLUSTER_LANE
 from tests.simlab import lab as simlab
+from tests.simlab.paths import STATE
 
 pytestmark = pytest.mark.lab
 
@@ -102,12 +104,24 @@ def cluster(lab: simlab.Lab) -> simlab.Lab:
     assert refused.returncode != 0
     assert f"spark-2: {CLUSTER_LANE['model']} is not on this box" in output, output
     assert "hf download Qwen/Qwen3-235B-A22B-GPTQ-Int4" in output
-    assert "HF_TOKEN_PATH=/run/secrets/hf-token" in output
+    # The token is mounted only where the inventory has one (test_secrets.py plants it).
+    assert ("HF_TOKEN_PATH=/run/secrets/hf-token" in output) == (STATE / "hf-token").exists()
     assert lane_state(lab.hosts[0]) in ("inactive", "unknown")  # not started anywhere
-    put_model(lab.hosts[1])
-    pyinfra(INVENTORY, "deploy.py")
-    print(f"cluster deploy (second, with the model): {time.monotonic() - started:.0f} s")
+    # The user's other way: let the deploy fetch what is missing (test_a_missing_model_...).
+    pyinfra(INVENTORY, "deploy.py", "--data", "fetch_weights=True")
+    print(f"cluster deploy (second, fetching the model): {time.monotonic() - started:.0f} s")
     return lab
+
+
+def test_a_missing_model_is_fetched_when_fetch_weights_is_on(cluster: simlab.Lab) -> None:
+    head, worker = cluster.hosts
+    cache = preflight.hf_cache_dir(lanes.MODELS_DIR, CLUSTER_LANE["model"])
+    # spark-2's snapshot is the one `hf download` wrote in the serving image; spark-1's own
+    # (put there by hand) was left alone.
+    fetched = run_on(worker, f"sudo sh -c 'cat {cache}/snapshots/*/config.json'")
+    assert "fetched by the hf stand-in" in fetched, fetched
+    assert run_on(head, f"sudo ls {cache}/snapshots").split() == ["lab"]
+    assert lane_state(head) == "active" and healthy(head)
 
 
 def test_the_cluster_lane_serves_with_one_bundle_on_each_box(cluster: simlab.Lab) -> None:

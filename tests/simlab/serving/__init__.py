@@ -63,7 +63,8 @@ def assemble_serving_rootfs(rootfs: Path) -> None:
     """Make a debootstrapped Debian 12 tree with python3 the serving image.
 
     Adds Ray (core only: `ray start` runs without the dashboard extras), a `ray` command, the
-    `vllm` stand-in and the option list it checks command lines against.
+    `vllm` stand-in and the option list it checks command lines against, and the `hf download`
+    stand-in.
     """
     if not (rootfs / f"usr/bin/python{IMAGE_PYTHON}").exists():
         raise RuntimeError(f"{rootfs} has no python{IMAGE_PYTHON}, which Ray's wheels are for")
@@ -80,6 +81,7 @@ def assemble_serving_rootfs(rootfs: Path) -> None:
     _executable(
         rootfs / "usr/local/bin/vllm", (Path(__file__).parent / "vllm_standin.py").read_text()
     )
+    _executable(rootfs / "usr/local/bin/hf", (Path(__file__).parent / "hf_standin.py").read_text())
     options = rootfs / IMAGE_OPTIONS_FILE.relative_to("/")
     options.parent.mkdir(parents=True, exist_ok=True)
     shutil.copyfile(OPTIONS_JSON, options)
