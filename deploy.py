@@ -5,9 +5,10 @@
 The order matters: what an interrupted run left dpkg in the middle of is finished first (apt
 installs nothing until it is); then the driver check, so that a box on the wrong branch is
 refused before anything else changes; the fabric comes up before its GID entries and its peers
-are checked; docker is restarted whenever the running daemon lacks the nvidia runtime. The
-lanes come last: the memory guard first, so it watches while they load, then each lane once the
-one before it serves.
+are checked; docker is restarted whenever the running daemon lacks the nvidia runtime. Then this
+box's own lanes: the memory guard first, so it watches while they load, then each lane once the
+one before it serves. The cluster (Ray, its firewall, the cluster lane) comes last: it needs
+every box, and stops when one is missing, after each box has done what it can alone.
 """
 
 from pyinfra import host, inventory, state
@@ -27,6 +28,7 @@ from operations import (
     roce,
     toolkit,
 )
+from operations.recipes import Lane
 
 spark = config.load(inventory)  # already checked before connecting (config.py): cached
 me = spark.host(host.name)
@@ -77,6 +79,48 @@ toolkit.docker_runtime(name="docker's nvidia runtime (nvidia-ctk), in the runnin
 hygiene.logind_keep_ipc(name="logind keeps IPC of logged-out users (RemoveIPC=no)")
 hygiene.sshd_oom_protected(name="sshd's listener out of the OOM killer's reach (-1000)")
 
+# --- this box's lanes: vLLM servers under systemd --------------------------------------------
+
+memguard.memory_guard(
+    name=f"Memory guard: a lane stopped below {me.memory_guard_min_available_gib:g} GiB available",
+    lanes=[(lane.name, lane.priority) for lane in me.lanes],
+    min_available_gib=me.memory_guard_min_available_gib,
+)
+if me.hf_token_file:
+    lanes.hf_token(name="Hugging Face token (root 0600)", src=me.hf_token_file)
+lanes.lanes_removed(
+    name="Lanes no longer configured: removed", keep=[lane.name for lane in me.lanes]
+)
+for image in dict.fromkeys(lane.image for lane in me.lanes):
+    lanes.image_present(name=f"Serving image {image}", image=image)
+
+
+def serve(lane: Lane, after: str | None) -> None:
+    lanes.serving(
+        name=f"Lane {lane.name}: {lane.served_name} on port {lane.port}",
+        lane=lane.name,
+        image=lane.image,
+        serve_args=lane.vllm_args(),
+        port=lane.port,
+        environment=me.cluster_environment(spark.head) | lane.container_env(),
+        api_key=lane.api_key,
+        after=after,
+        hf_token=bool(me.hf_token_file),
+        start_timeout_s=me.lane_start_timeout_min * 60,
+        cluster_nodes=lane.tensor_parallel_size,
+        ray_address=f"{spark.head.fabric[0].address.ip}:{me.ray.port}" if lane.is_cluster else None,
+        ray_token=lane.is_cluster and me.ray.auth,
+    )
+
+
+# This box's own lanes, each once the one before it serves; they need nothing of the other
+# boxes, so they come before the cluster stage, which stops when a box is missing.
+previous = None
+for lane in me.lanes:
+    if not lane.is_cluster:
+        serve(lane, after=previous)
+        previous = lane.name
+
 # --- a cluster: Ray over the fabric, its ports closed to all but the fabric ----------------
 
 if len(spark.hosts) > 1:
@@ -102,21 +146,6 @@ if len(spark.hosts) > 1:
         token=ray.controller_token() if me.ray.auth else None,
     )
 
-# --- the lanes: vLLM servers under systemd ---------------------------------------------------
-
-memguard.memory_guard(
-    name=f"Memory guard: a lane stopped below {me.memory_guard_min_available_gib:g} GiB available",
-    lanes=[(lane.name, lane.priority) for lane in me.lanes],
-    min_available_gib=me.memory_guard_min_available_gib,
-)
-if me.hf_token_file:
-    lanes.hf_token(name="Hugging Face token (root 0600)", src=me.hf_token_file)
-lanes.lanes_removed(
-    name="Lanes no longer configured: removed", keep=[lane.name for lane in me.lanes]
-)
-for image in dict.fromkeys(lane.image for lane in me.lanes):
-    lanes.image_present(name=f"Serving image {image}", image=image)
-
 # A cluster lane (on the head) runs a rank on every box: each box checks what it needs before
 # the head starts it; the Ray image is its image (config.py), present on every box by now.
 cluster_lane = next((lane for lane in spark.head.lanes if lane.is_cluster), None)
@@ -135,25 +164,9 @@ if cluster_lane and len(spark.hosts) > 1:
         image=cluster_lane.image,
         boxes=[box.name for box in spark.hosts],
     )
-
-previous = None
-for lane in me.lanes:
-    lanes.serving(
-        name=f"Lane {lane.name}: {lane.served_name} on port {lane.port}",
-        lane=lane.name,
-        image=lane.image,
-        serve_args=lane.vllm_args(),
-        port=lane.port,
-        environment=me.cluster_environment(spark.head) | lane.container_env(),
-        api_key=lane.api_key,
-        after=previous,
-        hf_token=bool(me.hf_token_file),
-        start_timeout_s=me.lane_start_timeout_min * 60,
-        cluster_nodes=lane.tensor_parallel_size,
-        ray_address=f"{spark.head.fabric[0].address.ip}:{me.ray.port}" if lane.is_cluster else None,
-        ray_token=lane.is_cluster and me.ray.auth,
-    )
-    previous = lane.name
+    for lane in me.lanes:
+        if lane.is_cluster:  # on the head, after its own lanes
+            serve(lane, after=previous)
 
 # Clients reach a box at the address the inventory connects to.
 address = host.data.get("ssh_hostname") or host.name

@@ -169,9 +169,9 @@ def cluster_whole(members: list[str]):
         return
     boxes = ", ".join(missing)
     message = (
-        f"{host.name}: the cluster stage (firewall, Ray, lanes) needs every box, and {boxes}"
+        f"{host.name}: the cluster (firewall, Ray, cluster lane) needs every box, and {boxes}"
         f" failed in this run (unreachable, or stopped on an error shown above): bring {boxes}"
-        " back, then run the deploy again; this box's host layer is done"
+        " back, then run the deploy again; this box's host layer and own lanes are done"
     )
     yield f"echo {shlex.quote(message)} >&2; exit 1"
 

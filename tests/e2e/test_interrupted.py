@@ -162,7 +162,7 @@ def test_power_cut_during_dpkg_is_repaired(bare: simlab.Lab) -> None:
     assert re.search(r"\[spark-2\] .*(Error|Could not|closed|EOF)", output, re.I), output
     assert host_results(output)["spark-1"]["Error"] == 1, output
     assert host_results(output)["spark-1"]["Success"] == 0, output
-    refusal = "spark-1: the cluster stage (firewall, Ray, lanes) needs every box, and spark-2"
+    refusal = "spark-1: the cluster (firewall, Ray, cluster lane) needs every box, and spark-2"
     assert refusal in output, output
 
     power_on(spark_2)

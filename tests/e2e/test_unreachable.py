@@ -1,5 +1,6 @@
-"""One box down: the run names it, brings the other box's host layer to the end, and stops that
-box at the cluster stage, naming the missing one; the box, powered on again, converges.
+"""One box down: the run names it, brings the other box's host layer and own lanes to the end,
+and stops that box at the cluster stage, naming the missing one; the box, powered on again,
+converges.
 
 Tests in this module run in order: the second one powers the box back on.
 """
@@ -19,13 +20,14 @@ from tests.simlab import lab as simlab
 pytestmark = pytest.mark.lab
 
 COMPLIANCE = Path(__file__).parents[1] / "compliance"
-# The compliance checks of the host layer; the cluster's own checks need every box.
-HOST_LAYER = ("test_driver.py", "test_environment.py", "test_fabric.py", "test_hygiene.py",
-              "test_toolkit.py")  # fmt: skip
+# The compliance checks of what a box does alone (host layer, its own lanes); the cluster's
+# checks need every box.
+ALONE = ("test_driver.py", "test_environment.py", "test_fabric.py", "test_hygiene.py",
+         "test_toolkit.py", "test_lanes.py")  # fmt: skip
 
 
-def host_layer_compliance(*args: str) -> tuple[int, dict, str]:
-    others = [path for path in COMPLIANCE.glob("test_*.py") if path.name not in HOST_LAYER]
+def alone_compliance(*args: str) -> tuple[int, dict, str]:
+    others = [path for path in COMPLIANCE.glob("test_*.py") if path.name not in ALONE]
     return compliance(*args, *(f"--ignore={path}" for path in others))
 
 
@@ -39,7 +41,7 @@ def one_down(lab: simlab.Lab) -> simlab.Lab:
 def test_the_run_names_the_box_and_stops_the_other_at_the_cluster(one_down: simlab.Lab) -> None:
     spark_1, spark_2 = one_down.hosts
     refusal = (
-        f"{spark_1.name}: the cluster stage (firewall, Ray, lanes) needs every box, and"
+        f"{spark_1.name}: the cluster (firewall, Ray, cluster lane) needs every box, and"
         f" {spark_2.name} failed in this run"
     )
     for _ in range(2):  # the first run from bare, the second on what the first left
@@ -50,7 +52,7 @@ def test_the_run_names_the_box_and_stops_the_other_at_the_cluster(one_down: siml
         assert spark_2.name not in host_results(output), output  # no operation ran there
         assert host_results(output)[spark_1.name]["Error"] == 1, output
         assert refusal in output, output
-        code, table, checks = host_layer_compliance("--limit", spark_1.name)
+        code, table, checks = alone_compliance("--limit", spark_1.name)
         assert code == 0 and not_passing(table) == {}, checks
         assert {box for row in table.values() for box in row} == {spark_1.name}
     # Nothing of the cluster stage ran on spark-1: neither its firewall nor its Ray unit is there.

@@ -161,7 +161,7 @@ def test_a_box_failed_in_this_run_stops_the_cluster_stage_naming_it() -> None:
     assert len(commands) == 1
     result = subprocess.run(["sh", "-c", commands[0]], capture_output=True, text=True)
     assert result.returncode == 1
-    assert result.stderr.startswith("spark-1: the cluster stage (firewall, Ray, lanes) needs")
+    assert result.stderr.startswith("spark-1: the cluster (firewall, Ray, cluster lane) needs")
     assert "spark-3 failed in this run" in result.stderr
     assert "bring spark-3 back" in result.stderr
     assert "spark-2" not in result.stderr and "elsewhere" not in result.stderr
