@@ -176,6 +176,13 @@ MODEL_ARGS = {
     "models_dir": "/var/lib/spark/models",
     "token_path": "/etc/spark/secrets/hf-token",
 }
+# What the box runs to fetch MODEL, the token only as a mounted file.
+FETCH_COMMAND = (
+    "sudo docker run --rm -v /var/lib/spark/models:/root/.cache/huggingface"
+    " -v /etc/spark/secrets/hf-token:/run/secrets/hf-token:ro"
+    " -e HF_TOKEN_PATH=/run/secrets/hf-token nvcr.io/nvidia/vllm:26.04-py3"
+    f" hf download {MODEL}"
+)
 
 
 def test_model_weights_fact_looks_in_the_lanes_cache() -> None:
@@ -201,22 +208,12 @@ def test_a_model_missing_is_refused_with_the_command_that_fetches_it() -> None:
     message = str(refusal.value)
     assert message.startswith(f"spark-2: {MODEL} is not on this box")
     assert "(or set fetch_weights = True)" in message
-    assert message.endswith(
-        "sudo docker run --rm -v /var/lib/spark/models:/root/.cache/huggingface"
-        " -v /etc/spark/secrets/hf-token:/run/secrets/hf-token:ro"
-        " -e HF_TOKEN_PATH=/run/secrets/hf-token nvcr.io/nvidia/vllm:26.04-py3"
-        f" hf download {MODEL}"
-    )
+    assert message.endswith(FETCH_COMMAND)
 
 
 def test_with_fetch_a_missing_model_is_fetched_with_the_token_as_a_mounted_file() -> None:
     host = FakeHost({preflight.ModelWeights: ""})
-    assert run_op(preflight.model_present, host=host, fetch=True, **MODEL_ARGS) == [
-        "sudo docker run --rm -v /var/lib/spark/models:/root/.cache/huggingface"
-        " -v /etc/spark/secrets/hf-token:/run/secrets/hf-token:ro"
-        " -e HF_TOKEN_PATH=/run/secrets/hf-token nvcr.io/nvidia/vllm:26.04-py3"
-        f" hf download {MODEL}"
-    ]
+    assert run_op(preflight.model_present, host=host, fetch=True, **MODEL_ARGS) == [FETCH_COMMAND]
 
 
 def test_with_fetch_a_model_on_the_box_yields_nothing() -> None:
