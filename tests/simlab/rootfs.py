@@ -10,10 +10,12 @@ from __future__ import annotations
 import fcntl
 import hashlib
 import inspect
+import os
 import re
 import shutil
 import subprocess
-from collections.abc import Iterator
+import time
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -153,17 +155,34 @@ def _customize_spark(root: Path) -> None:
     )
 
 
+# Another checkout's lab (a branch with another stand-in) may be using an older build right now:
+# builds are removed only once no lab has used them for this long.
+STALE_AFTER_S = 2 * 24 * 3600
+
+
+def _cached(path: Path) -> bool:
+    """Whether `path` is built; marks it as used now, so that no other build removes it."""
+    if not path.exists():
+        return False
+    os.utime(path)
+    return True
+
+
+def _unused(paths: Iterable[Path]) -> list[Path]:
+    return [path for path in paths if time.time() - path.stat().st_mtime > STALE_AFTER_S]
+
+
 def spark_base() -> Path:
     """The cached root filesystem of a bare Spark (built on first use)."""
     parts = [" ".join(SPARK_PACKAGES).encode(), inspect.getsource(_customize_spark).encode()]
     parts += [path.read_bytes() for path in sorted(HARDWARE_DIR.iterdir())]
     target = CACHE / f"spark-base-{_key(*parts)}"
-    if target.exists():
+    if _cached(target):
         return target
     with _building(target) as needed:
         if needed:
             ensure_host_tools()
-            for stale in CACHE.glob("spark-base-*"):
+            for stale in _unused(CACHE.glob("spark-base-*")):
                 shutil.rmtree(stale, ignore_errors=True)
             staging = CACHE / "spark-base.staging"
             shutil.rmtree(staging, ignore_errors=True)
@@ -202,14 +221,14 @@ def serving_image_tar() -> Path:
     parts += [path.read_bytes() for path in sorted(source.rglob("*.py"))]
     parts.append(serving.OPTIONS_JSON.read_bytes())  # the one data file the image holds
     tar = IMAGES / f"serving-image-{_key(*parts)}.tar"
-    if tar.exists():
+    if _cached(tar):
         return tar
     with _building(tar) as needed:
         if needed:
             ensure_host_tools()
             IMAGES.mkdir(parents=True, exist_ok=True)
-            for stale in IMAGES.glob("serving-image-*.tar"):
-                stale.unlink()  # a lab importing it keeps its open file
+            for stale in _unused(IMAGES.glob("serving-image-*.tar")):
+                stale.unlink()
             root = CACHE / "serving-rootfs"
             shutil.rmtree(root, ignore_errors=True)
             _debootstrap(root, SERVING_PACKAGES)
