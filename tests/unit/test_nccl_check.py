@@ -1,0 +1,178 @@
+"""The NCCL check's reading of NCCL's log, its bus-bandwidth arithmetic and its verdict.
+
+Captures (tests/unit/captured/):
+- real-h100-nccl-check-1rank-*.log and -default-timings.json: real. files/nccl_check.py itself
+  (`local --ranks 1`), NCCL 2.28.9+cuda13.0 under PyTorch 2.11.0 on one NVIDIA H100 80GB HBM3
+  (the project's accelerator machine, 2026-11-23; no RDMA device, one interface eth0):
+  `default` as NCCL chooses; `missing-hca` with NCCL_IB_HCA=rocep1s0f1,roceP2p1s0f1, devices that
+  are not there (NCCL says so and falls back to sockets without an error); `bad-ifname` with
+  NCCL_SOCKET_IFNAME=enp1s0f1np1, an interface that is not there (bootstrap fails).
+- issue-*.log: real lines quoted in public issues (each file's first line names its issue):
+  multi-rank channel lines, which a one-GPU machine cannot produce.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import shutil
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.unit.harness import CAPTURED
+
+_SPEC = importlib.util.spec_from_file_location(
+    "nccl_check", Path(__file__).resolve().parents[2] / "files/nccl_check.py"
+)
+assert _SPEC and _SPEC.loader
+nccl_check = importlib.util.module_from_spec(_SPEC)
+sys.modules["nccl_check"] = nccl_check
+_SPEC.loader.exec_module(nccl_check)
+
+TWINS = ["rocep1s0f1", "roceP2p1s0f1"]
+
+
+def log_of(name: str):
+    return nccl_check.parse_log((CAPTURED / name).read_text())
+
+
+def test_real_one_rank_log_read():
+    log = log_of("real-h100-nccl-check-1rank-default.log")
+    assert (log.host, log.rank, log.version) == ("vm", 0, "2.28.9+cuda13.0")
+    assert (log.network, log.socket_ifaces, log.ib_devices) == ("Socket", ["eth0"], [])
+    assert log.channels == {}  # one rank: no channel to another rank
+    assert log.warnings == []
+
+
+def test_real_missing_hca_is_a_silent_socket_fallback_named_by_the_verdict():
+    log = log_of("real-h100-nccl-check-1rank-missing-hca.log")
+    assert log.ib_hca_env == "rocep1s0f1,roceP2p1s0f1"
+    assert log.network == "Socket"
+    assert log.warnings == []  # NCCL did not complain: the fallback is silent
+    problems = nccl_check.verdict([], [log], transport="NET/IB", expect_hcas=[], min_busbw=None)
+    fallback = [p for p in problems if "fell back to sockets" in p]
+    assert len(fallback) == 1
+    assert "NCCL_IB_HCA=rocep1s0f1,roceP2p1s0f1 found no device" in fallback[0]
+    assert "NET/Socket on eth0" in fallback[0]
+
+
+def test_real_bad_socket_interface_quotes_nccls_warning():
+    log = log_of("real-h100-nccl-check-1rank-bad-ifname.log")
+    assert log.warnings == ["Bootstrap : no socket interface found"]
+    problems = nccl_check.verdict([], [log], transport=None, expect_hcas=[], min_busbw=None)
+    assert problems == [
+        "no timings: the collective did not complete"
+        " (NCCL warned: Bootstrap : no socket interface found)"
+    ]
+
+
+def test_quoted_socket_channels_and_shm_lines():
+    log = log_of("issue-nccl-1232-socket-fallback.log")
+    assert log.host == "node0"  # the first line's: one rank's log per file in real runs
+    assert log.channels == {"NET/Socket/0": 6, "SHM/direct/direct": 2}
+    assert log.transports() == {"NET/Socket", "SHM"}
+
+
+def test_quoted_roce_devices_and_ib_plugin_channels():
+    roce = log_of("issue-nccl-tests-185-roce.log")
+    assert (roce.network, roce.ib_devices) == ("IB", ["mlx5_10", "mlx5_11"])
+    ibext = log_of("issue-nccl-1814-ibext.log")
+    assert ibext.channels == {"NET/IBext_v8/1": 4}
+    assert ibext.transports() == {"NET/IB"}
+
+
+def test_transport_families():
+    assert nccl_check.transport_family("NET/IB/0") == "NET/IB"
+    assert nccl_check.transport_family("NET/IBext_v8/2") == "NET/IB"
+    assert nccl_check.transport_family("NET/Socket/3") == "NET/Socket"
+    assert nccl_check.transport_family("P2P/IPC/read") == "P2P"
+
+
+@pytest.mark.parametrize(
+    ("op", "size", "seconds", "ranks", "algbw", "busbw"),
+    [
+        # by hand, nccl-tests doc/PERFORMANCE.md: algbw = S/t; all_gather x (n-1)/n,
+        # all_reduce x 2(n-1)/n; GB = 1e9 bytes
+        ("all_gather", 1 << 30, 0.045, 2, 23.860929, 11.930465),
+        ("all_reduce", 1 << 30, 0.090, 2, 11.930465, 11.930465),
+        ("all_gather", 1 << 28, 0.010, 3, 26.843546, 17.895697),
+        ("all_reduce", 1 << 20, 0.001, 4, 1.048576, 1.572864),
+    ],
+)
+def test_bus_bandwidth_by_ncc_tests_formulas(op, size, seconds, ranks, algbw, busbw):
+    got = nccl_check.bus_bandwidth(op, size, seconds, ranks)
+    assert got == pytest.approx((algbw, busbw), rel=1e-6)
+
+
+def test_real_timings_give_rows_with_zero_bus_bandwidth_for_one_rank():
+    timings = json.loads((CAPTURED / "real-h100-nccl-check-1rank-default-timings.json").read_text())
+    rows = nccl_check.rows_of(timings, [log_of("real-h100-nccl-check-1rank-default.log")])
+    assert [row.bytes for row in rows if row.op == "all_gather"] == [
+        1 << 20, 1 << 22, 1 << 24, 1 << 26, 1 << 28, 1 << 30
+    ]  # fmt: skip
+    largest = rows[5]
+    assert largest.algbw == pytest.approx(1073741824 / timings["rows"][5]["seconds"] / 1e9)
+    assert {row.busbw for row in rows} == {0.0}  # one rank moves nothing between ranks
+    assert {row.wrong for row in rows} == {0}
+
+
+def rows(busbw: float, wrong: int = 0):
+    return [nccl_check.Row("all_gather", 1 << 30, 0.04, 2 * busbw, busbw, wrong, "RING/SIMPLE")]
+
+
+def ib_log(devices: list[str], via: str = "NET/IB/0"):
+    return nccl_check.RankLog(
+        host="spark-1", rank=0, network="IB", ib_devices=devices, channels={via: 4}
+    )
+
+
+def test_pass_over_both_twins_at_the_pair_mark():
+    problems = nccl_check.verdict(
+        rows(23.7), [ib_log(TWINS)], transport="NET/IB", expect_hcas=TWINS, min_busbw=21.875
+    )
+    assert problems == []
+
+
+def test_missing_twin_named():
+    problems = nccl_check.verdict(
+        rows(23.7), [ib_log(["rocep1s0f1"])], transport="NET/IB", expect_hcas=TWINS,
+        min_busbw=21.875,
+    )  # fmt: skip
+    assert problems == ["rank 0 (spark-1): NCCL does not use roceP2p1s0f1 (NET/IB uses rocep1s0f1)"]
+
+
+def test_bandwidth_under_the_mark_named():
+    problems = nccl_check.verdict(
+        rows(12.0), [ib_log(TWINS)], transport="NET/IB", expect_hcas=TWINS, min_busbw=21.875
+    )
+    assert problems == [
+        "all_gather 1073741824 B: bus bandwidth 12.00 GB/s, under the pass mark 21.875 GB/s"
+    ]
+
+
+def test_wrong_results_and_foreign_transport_named():
+    problems = nccl_check.verdict(
+        rows(23.7, wrong=3), [ib_log(TWINS, via="P2P/CUMEM")], transport="NET/IB",
+        expect_hcas=[], min_busbw=None,
+    )  # fmt: skip
+    assert problems == [
+        "rank 0 (spark-1): channels via P2P, not NET/IB",
+        "all_gather 1073741824 B: 3 wrong elements",
+    ]
+
+
+def test_report_on_the_real_run_writes_its_verdict(tmp_path, capsys):
+    shutil.copy(CAPTURED / "real-h100-nccl-check-1rank-default.log", tmp_path / "nccl.vm.456.log")
+    shutil.copy(
+        CAPTURED / "real-h100-nccl-check-1rank-default-timings.json", tmp_path / "timings.json"
+    )
+    assert nccl_check.main(["report", "--out", str(tmp_path), "--transport", "any"]) == 0
+    assert "PASS" in capsys.readouterr().out
+    strict = ["report", "--out", str(tmp_path), "--expect-hca", ",".join(TWINS)]
+    assert nccl_check.main([*strict, "--min-busbw", "21.875"]) == 1
+    saved = json.loads((tmp_path / "verdict.json").read_text())
+    assert saved["passed"] is False
+    assert saved["ranks"][0]["network"] == "Socket"
+    assert len(saved["rows"]) == 12
