@@ -18,10 +18,10 @@ from pydantic import (
     ConfigDict,
     Field,
     ValidationError,
-    ValidationInfo,
     field_validator,
     model_validator,
 )
+from pydantic_core import InitErrorDetails
 from pyinfra import logger
 from pyinfra.api.arguments import all_argument_meta
 from pyinfra.api.connectors import get_all_connectors
@@ -151,28 +151,12 @@ class HostSettings(BaseModel):
 
     @field_validator("fabric_hcas")
     @classmethod
-    def _fabric_hcas(cls, hcas: dict[str, str], info: ValidationInfo) -> dict[str, str]:
+    def _fabric_hcas(cls, hcas: dict[str, str]) -> dict[str, str]:
         problems = [
             f"{ifname}: {hca!r} is not an RDMA device name; use the name under"
             " /sys/class/infiniband/"
             for ifname, hca in hcas.items()
             if not HCA.fullmatch(hca)
-        ]
-        fabric = info.data.get("fabric_addresses", {})  # absent when it was refused itself
-        problems += [
-            f"no RDMA device for fabric interface {ifname}; add {ifname!r} to fabric_hcas"
-            for ifname in fabric
-            if ifname not in hcas
-        ]
-        by_hca = defaultdict(list)
-        for ifname in fabric:
-            if ifname in hcas:
-                by_hca[hcas[ifname]].append(ifname)
-        problems += [
-            f"{' and '.join(ifnames)} share the RDMA device {hca}; each twin has its own"
-            " (rocep1s0f1 and roceP2p1s0f1 on a Spark)"
-            for hca, ifnames in by_hca.items()
-            if len(ifnames) > 1
         ]
         if problems:
             raise ValueError("\n".join(problems))
@@ -253,18 +237,6 @@ class HostSettings(BaseModel):
             )
         return path
 
-    @field_validator("lanes")
-    @classmethod
-    def _lanes(cls, lanes: list[Lane], info: ValidationInfo) -> list[Lane]:
-        unified_memory_gib = info.data.get("unified_memory_gib")  # absent when refused itself
-        reserved = reserved_ports(info.data.get("ray_port", 6379))
-        problems = (
-            budget_problems(lanes, unified_memory_gib, reserved) if unified_memory_gib else []
-        )
-        if problems:
-            raise ValueError("\n".join(problems))
-        return lanes
-
     @field_validator("ray_image")
     @classmethod
     def _ray_image(cls, image: str) -> str:
@@ -274,6 +246,49 @@ class HostSettings(BaseModel):
                 " nvcr.io/nvidia/vllm:26.04-py3"
             )
         return image
+
+    @model_validator(mode="after")
+    def _across_fields(self) -> HostSettings:
+        """The checks of one field against another, once each is valid on its own; a problem
+        is reported under the field the user edits."""
+        problems = {
+            "fabric_hcas": _device_problems(self.fabric_addresses, self.fabric_hcas),
+            "lanes": budget_problems(
+                self.lanes, self.unified_memory_gib, reserved_ports(self.ray_port)
+            ),
+        }
+        errors = [
+            InitErrorDetails(
+                type="value_error",
+                loc=(field,),
+                input=getattr(self, field),
+                ctx={"error": ValueError("\n".join(lines))},
+            )
+            for field, lines in problems.items()
+            if lines
+        ]
+        if errors:
+            raise ValidationError.from_exception_data(type(self).__name__, errors)
+        return self
+
+
+def _device_problems(fabric: dict[str, str], hcas: dict[str, str]) -> list[str]:
+    """Each fabric interface has its own RDMA device."""
+    problems = [
+        f"no RDMA device for fabric interface {ifname}; add {ifname!r} to fabric_hcas"
+        for ifname in fabric
+        if ifname not in hcas
+    ]
+    by_hca = defaultdict(list)
+    for ifname in fabric:
+        if ifname in hcas:
+            by_hca[hcas[ifname]].append(ifname)
+    return problems + [
+        f"{' and '.join(ifnames)} share the RDMA device {hca}; each twin has its own"
+        " (rocep1s0f1 and roceP2p1s0f1 on a Spark)"
+        for hca, ifnames in by_hca.items()
+        if len(ifnames) > 1
+    ]
 
 
 def _ifname_problems(ifname: str) -> list[str]:
