@@ -27,6 +27,7 @@ from pydantic import (
 )
 
 from operations import ray
+from operations.util import ENV_NAME
 
 DATA = Path(__file__).parent / "data"
 # vLLM 0.19.0, the release in NGC's nvcr.io/nvidia/vllm:26.04-py3 (seed 004).
@@ -44,7 +45,6 @@ IMAGE = re.compile(
 HF_ID = re.compile(r"(?P<org>[A-Za-z0-9][A-Za-z0-9._-]{0,95})/[A-Za-z0-9][A-Za-z0-9._-]{0,95}")
 MODEL_PATH = re.compile(r"(/[A-Za-z0-9_.-]+)+")
 SERVED_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:/-]{0,127}")
-ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 LINE_BREAK = re.compile(r"[\n\r\0]")  # would split the unit or env file that carries it
 NEGATIVE_NUMBER = re.compile(r"-\d+(\.\d*)?|-\.\d+")  # a value, not an option, to argparse
 
@@ -654,7 +654,6 @@ class Addition:
     """A setting the lane adds on the GB10, and where we know it from."""
 
     name: str
-    adds: str
     source: str
     args: Callable[[Lane], list[str]]
     env: Callable[[Lane], dict[str, str]]
@@ -670,8 +669,8 @@ def _no_env(lane: Lane) -> dict[str, str]:
 
 SM121_ADDITIONS = (
     Addition(
+        # --attention-backend TRITON_ATTN, unless extra_args choose another (e.g. TRITON_MLA)
         "triton-attention",
-        "--attention-backend TRITON_ATTN, unless extra_args choose another (e.g. TRITON_MLA)",
         "seed 003; seed 004",
         lambda lane: (
             [] if lane.option("--attention-backend") else ["--attention-backend", "TRITON_ATTN"]
@@ -679,8 +678,8 @@ SM121_ADDITIONS = (
         _no_env,
     ),
     Addition(
+        # VLLM_NVFP4_GEMM_BACKEND=marlin for NVFP4 checkpoints
         "marlin-nvfp4",
-        "VLLM_NVFP4_GEMM_BACKEND=marlin for NVFP4 checkpoints",
         "seed 003",
         _no_args,
         lambda lane: (
@@ -688,8 +687,8 @@ SM121_ADDITIONS = (
         ),
     ),
     Addition(
+        # --generation-config vllm for Qwen3 models
         "qwen3-generation-config",
-        "--generation-config vllm for Qwen3 models",
         "seed 003",
         lambda lane: (
             ["--generation-config", "vllm"]
