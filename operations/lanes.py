@@ -50,6 +50,8 @@ class LaneUnits(FactBase):
         {"coder": {"ActiveState": "active", "UnitFileState": "enabled"}}
     """
 
+    default = dict  # no lane unit: no output, and pyinfra gives the default
+
     def command(self) -> str:
         return (
             f"( cd {UNIT_DIR} 2>/dev/null && for unit in {PREFIX}*.service; do"
@@ -81,6 +83,8 @@ class LocalImages(FactBase):
         {"nvcr.io/nvidia/vllm:26.04-py3"}
     """
 
+    default = set
+
     def command(self) -> str:
         return "docker image ls --format 'image {{.Repository}}:{{.Tag}}' 2>/dev/null; true"
 
@@ -104,6 +108,9 @@ class LaneServing(FactBase):
             "unlimited_memlock": True,
         }
     """
+
+    def default(self) -> dict:
+        return self.process([])
 
     def command(self) -> str:
         ss = "ss -ltnpH 2>/dev/null"

@@ -71,9 +71,10 @@ def lines_of(fact: type, capture: str) -> str:
     )
 
 
-def lane_facts(capture: str) -> dict[Any, str]:
-    """FakeHost outputs of the three lane facts, from the text of a LaneHost capture."""
-    return {fact: lines_of(fact, capture) for fact in KINDS}
+def lane_facts(capture: str) -> dict[Any, str | None]:
+    """FakeHost outputs of the three lane facts, from the text of a LaneHost capture (None where
+    a fact's command prints nothing: pyinfra then gives the fact's default)."""
+    return {fact: lines_of(fact, capture) or None for fact in KINDS}
 
 
 def lane_unit(lane: dict[str, Any] | None = None, **changes: Any) -> lanes.LaneUnit:
@@ -128,8 +129,9 @@ def test_lane_facts_on_a_serving_box() -> None:
 
 def test_lane_facts_on_a_bare_box_and_a_taken_port() -> None:
     bare = lane_facts(captured("lab-lanehost-bare.txt"))
-    assert process(lanes.LaneUnits, bare[lanes.LaneUnits]) == {}
-    assert process(lanes.LocalImages, bare[lanes.LocalImages]) == set()
+    assert (bare[lanes.LaneUnits], bare[lanes.LocalImages]) == (None, None)  # no output
+    assert (lanes.LaneUnits().default(), lanes.LocalImages().default()) == ({}, set())
+    assert lanes.LaneServing().default()["listeners"] == {}
     serving = process(lanes.LaneServing, bare[lanes.LaneServing])
     assert (serving["keys"], serving["secrets_dir"]) == ({}, None)
     assert serving["listeners"] == {22: "sshd", 35293: "containerd"}
