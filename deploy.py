@@ -13,6 +13,7 @@ every box, and stops when one is missing, after each box has done what it can al
 
 from pyinfra import host, inventory, state
 
+import endpoints
 from operations import (
     config,
     debpkg,
@@ -98,18 +99,17 @@ for image in dict.fromkeys(lane.image for lane in me.lanes):
 def serve(lane: Lane, after: str | None) -> None:
     lanes.serving(
         name=f"Lane {lane.name}: {lane.served_name} on port {lane.port}",
-        lane=lane.name,
-        image=lane.image,
-        serve_args=lane.vllm_args(),
-        port=lane.port,
-        environment=me.cluster_environment(spark.head) | lane.container_env(),
-        api_key=lane.api_key,
-        after=after,
-        hf_token=bool(me.hf_token_file),
-        start_timeout_s=me.lane_start_timeout_min * 60,
-        cluster_nodes=lane.tensor_parallel_size,
-        ray_address=f"{spark.head.fabric[0].address.ip}:{me.ray.port}" if lane.is_cluster else None,
-        ray_token=lane.is_cluster and me.ray.auth,
+        unit=lanes.LaneUnit(
+            lane=lane,
+            environment=me.cluster_environment(spark.head),
+            after=after,
+            hf_token=bool(me.hf_token_file),
+            start_timeout_s=me.lane_start_timeout_min * 60,
+            ray_address=(
+                f"{spark.head.fabric[0].address.ip}:{me.ray.port}" if lane.is_cluster else None
+            ),
+            ray_token=lane.is_cluster and me.ray.auth,
+        ),
     )
 
 
@@ -169,19 +169,4 @@ if cluster_lane and len(spark.hosts) > 1:
             serve(lane, after=previous)
 
 # Clients reach a box at the address the inventory connects to.
-address = host.data.get("ssh_hostname") or host.name
-lanes.report_endpoints(
-    state,
-    host.name,
-    [
-        lanes.Endpoint(
-            lane=lane.name,
-            served_name=lane.served_name,
-            url=f"http://{address}:{lane.port}/v1",
-            memory_fraction=lane.memory_fraction,
-            max_model_len=lane.max_model_len,
-            api_key=lane.api_key,
-        )
-        for lane in me.lanes
-    ],
-)
+endpoints.report(state, me, address=host.data.get("ssh_hostname") or host.name)

@@ -9,7 +9,7 @@ from collections import defaultdict
 from collections.abc import Iterable
 from ipaddress import AddressValueError, IPv4Interface, NetmaskValueError
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 from urllib.parse import urlsplit
 
 import gevent
@@ -18,10 +18,10 @@ from pydantic import (
     ConfigDict,
     Field,
     ValidationError,
-    ValidationInfo,
     field_validator,
     model_validator,
 )
+from pydantic_core import InitErrorDetails
 from pyinfra import logger
 from pyinfra.api.arguments import all_argument_meta
 from pyinfra.api.connectors import get_all_connectors
@@ -34,11 +34,14 @@ from operations.recipes import (
     FRACTION_LIMIT,
     FRACTION_WARNING,
     IMAGE,
+    IMAGE_PROBLEM,
     SLUG,
     Lane,
     ModelSpec,
     budget_problems,
     budget_warnings,
+    matching,
+    refused,
     reserved_ports,
 )
 
@@ -97,9 +100,14 @@ class HostSettings(BaseModel):
     driver_package: str = Field(
         description=f"nvidia-driver-{SUPPORTED_BRANCH}-open or nvidia-driver-{SUPPORTED_BRANCH}"
     )
-    toolkit_version: str = Field(
-        description="a Debian version of nvidia-container-toolkit, e.g. 1.19.0-1"
-    )
+    toolkit_version: Annotated[
+        str,
+        matching(
+            DEBIAN_VERSION,
+            "{!r} is not a Debian version; use one that `apt-cache madison"
+            " nvidia-container-toolkit` lists, e.g. 1.19.0-1",
+        ),
+    ] = Field(description="a Debian version of nvidia-container-toolkit, e.g. 1.19.0-1")
     toolkit_repo_url: str = Field(description="an https:// or file:/// URL of the apt repository")
     toolkit_repo_key_url: str = Field(description="an https:// or file:/// URL of the signing key")
     env_file: str = Field(description="an absolute path, e.g. /etc/spark/cluster.env")
@@ -107,7 +115,7 @@ class HostSettings(BaseModel):
     ray_port: int = Field(
         ge=1024, le=32000, description="an integer 1024..32000, the head's GCS port (6379)"
     )
-    ray_image: str = Field(
+    ray_image: Annotated[str, matching(IMAGE, IMAGE_PROBLEM)] = Field(
         description="registry/repository:tag of the image Ray runs in, with Ray in it,"
         " e.g. nvcr.io/nvidia/vllm:26.04-py3"
     )
@@ -145,51 +153,29 @@ class HostSettings(BaseModel):
                 continue
             problems += [f"{ifname}: {problem}" for problem in _address_problems(interface)]
         problems += _twin_problems(addresses) if not problems else []
-        if problems:
-            raise ValueError("\n".join(problems))
-        return addresses
+        return refused(addresses, problems)
 
     @field_validator("fabric_hcas")
     @classmethod
-    def _fabric_hcas(cls, hcas: dict[str, str], info: ValidationInfo) -> dict[str, str]:
+    def _fabric_hcas(cls, hcas: dict[str, str]) -> dict[str, str]:
         problems = [
             f"{ifname}: {hca!r} is not an RDMA device name; use the name under"
             " /sys/class/infiniband/"
             for ifname, hca in hcas.items()
             if not HCA.fullmatch(hca)
         ]
-        fabric = info.data.get("fabric_addresses", {})  # absent when it was refused itself
-        problems += [
-            f"no RDMA device for fabric interface {ifname}; add {ifname!r} to fabric_hcas"
-            for ifname in fabric
-            if ifname not in hcas
-        ]
-        by_hca = defaultdict(list)
-        for ifname in fabric:
-            if ifname in hcas:
-                by_hca[hcas[ifname]].append(ifname)
-        problems += [
-            f"{' and '.join(ifnames)} share the RDMA device {hca}; each twin has its own"
-            " (rocep1s0f1 and roceP2p1s0f1 on a Spark)"
-            for hca, ifnames in by_hca.items()
-            if len(ifnames) > 1
-        ]
-        if problems:
-            raise ValueError("\n".join(problems))
-        return hcas
+        return refused(hcas, problems)
 
     @field_validator("driver_branch")
     @classmethod
     def _driver_branch(cls, branch: int) -> int:
-        if branch == 590:
-            raise ValueError(
-                "branch 590 is refused: it has a confirmed CUDA-graph deadlock on GB10;"
-                f" set driver_branch = {SUPPORTED_BRANCH}"
-            )
         if branch != SUPPORTED_BRANCH:
-            raise ValueError(
-                f"branch {branch} is not supported on GB10; set driver_branch = {SUPPORTED_BRANCH}"
+            problem = (
+                "is refused: it has a confirmed CUDA-graph deadlock on GB10"
+                if branch == 590
+                else "is not supported on GB10"
             )
+            raise ValueError(f"branch {branch} {problem}; set driver_branch = {SUPPORTED_BRANCH}")
         return branch
 
     @field_validator("driver_package")
@@ -207,16 +193,6 @@ class HostSettings(BaseModel):
                 f" use nvidia-driver-{SUPPORTED_BRANCH}-open or nvidia-driver-{SUPPORTED_BRANCH}"
             )
         return package
-
-    @field_validator("toolkit_version")
-    @classmethod
-    def _toolkit_version(cls, version: str) -> str:
-        if not DEBIAN_VERSION.fullmatch(version):
-            raise ValueError(
-                f"{version!r} is not a Debian version; use one that"
-                " `apt-cache madison nvidia-container-toolkit` lists, e.g. 1.19.0-1"
-            )
-        return version
 
     @field_validator("toolkit_repo_url", "toolkit_repo_key_url")
     @classmethod
@@ -253,27 +229,48 @@ class HostSettings(BaseModel):
             )
         return path
 
-    @field_validator("lanes")
-    @classmethod
-    def _lanes(cls, lanes: list[Lane], info: ValidationInfo) -> list[Lane]:
-        unified_memory_gib = info.data.get("unified_memory_gib")  # absent when refused itself
-        reserved = reserved_ports(info.data.get("ray_port", 6379))
-        problems = (
-            budget_problems(lanes, unified_memory_gib, reserved) if unified_memory_gib else []
-        )
-        if problems:
-            raise ValueError("\n".join(problems))
-        return lanes
-
-    @field_validator("ray_image")
-    @classmethod
-    def _ray_image(cls, image: str) -> str:
-        if not IMAGE.fullmatch(image):
-            raise ValueError(
-                f"{image!r} is not registry/repository:tag; pin a tag, e.g."
-                " nvcr.io/nvidia/vllm:26.04-py3"
+    @model_validator(mode="after")
+    def _across_fields(self) -> HostSettings:
+        """The checks of one field against another, once each is valid on its own; a problem
+        is reported under the field the user edits."""
+        problems = {
+            "fabric_hcas": _device_problems(self.fabric_addresses, self.fabric_hcas),
+            "lanes": budget_problems(
+                self.lanes, self.unified_memory_gib, reserved_ports(self.ray_port)
+            ),
+        }
+        errors = [
+            InitErrorDetails(
+                type="value_error",
+                loc=(field,),
+                input=getattr(self, field),
+                ctx={"error": ValueError("\n".join(lines))},
             )
-        return image
+            for field, lines in problems.items()
+            if lines
+        ]
+        if errors:
+            raise ValidationError.from_exception_data(type(self).__name__, errors)
+        return self
+
+
+def _device_problems(fabric: dict[str, str], hcas: dict[str, str]) -> list[str]:
+    """Each fabric interface has its own RDMA device."""
+    problems = [
+        f"no RDMA device for fabric interface {ifname}; add {ifname!r} to fabric_hcas"
+        for ifname in fabric
+        if ifname not in hcas
+    ]
+    by_hca = defaultdict(list)
+    for ifname in fabric:
+        if ifname in hcas:
+            by_hca[hcas[ifname]].append(ifname)
+    return problems + [
+        f"{' and '.join(ifnames)} share the RDMA device {hca}; each twin has its own"
+        " (rocep1s0f1 and roceP2p1s0f1 on a Spark)"
+        for hca, ifnames in by_hca.items()
+        if len(ifnames) > 1
+    ]
 
 
 def _ifname_problems(ifname: str) -> list[str]:
@@ -321,45 +318,41 @@ def _twin_problems(addresses: dict[str, str]) -> list[str]:
     ]
 
 
-class FabricLink(BaseModel):
-    """One fabric interface ("twin") of a host and its RDMA device."""
+class Frozen(BaseModel):
+    """A part of a host's validated configuration: set once, never changed."""
 
     model_config = ConfigDict(frozen=True)
+
+
+class FabricLink(Frozen):
+    """One fabric interface ("twin") of a host and its RDMA device."""
 
     ifname: str
     hca: str
     address: IPv4Interface
 
 
-class Driver(BaseModel):
-    model_config = ConfigDict(frozen=True)
-
+class Driver(Frozen):
     branch: int
     package: str
 
 
-class Toolkit(BaseModel):
-    model_config = ConfigDict(frozen=True)
-
+class Toolkit(Frozen):
     version: str
     repo_url: str
     key_url: str
 
 
-class Ray(BaseModel):
+class Ray(Frozen):
     """The Ray cluster the boxes form over the fabric (operations/ray.py)."""
-
-    model_config = ConfigDict(frozen=True)
 
     port: int
     image: str
     auth: bool
 
 
-class HostConfig(BaseModel):
+class HostConfig(Frozen):
     """One host's validated configuration, grouped by concern."""
-
-    model_config = ConfigDict(frozen=True)
 
     name: str
     role: Literal["head", "worker"]
@@ -443,10 +436,8 @@ class HostConfig(BaseModel):
         return environment
 
 
-class SparkConfig(BaseModel):
+class SparkConfig(Frozen):
     """The whole inventory, validated: each host on its own, then across hosts."""
-
-    model_config = ConfigDict(frozen=True)
 
     hosts: tuple[HostConfig, ...]
 

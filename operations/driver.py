@@ -4,13 +4,12 @@ from __future__ import annotations
 
 import re
 import shlex
-from pathlib import Path
 
 from pyinfra import host
 from pyinfra.api import FactBase, operation
 from pyinfra.api.exceptions import OperationError
-from pyinfra.operations import files
 
+from operations import util
 from operations.debpkg import PackageStates, apt_install, query
 
 # Packages whose version is the driver's version, in Ubuntu's and NVIDIA's naming (branch
@@ -37,7 +36,6 @@ DRIVER_FAMILY = (
     "libnvidia-fbc1*",
     "libnvidia-gl*",
 )
-PIN_TEMPLATE = Path(__file__).parents[1] / "templates" / "apt-preferences-nvidia-driver.j2"
 BRANCH_IN_NAME = re.compile(r"-(\d{3})(?=-|$)")  # nvidia-driver-590-open, libnvidia-gl-590
 SMI_QUERY = "nvidia-smi --query-gpu=name,driver_version,compute_cap --format=csv,noheader"
 
@@ -137,12 +135,9 @@ def branch_held(
     _refuse_other_smi_version(branch)
 
     # The pin first, so that the install below cannot pull another branch.
-    yield from files.template._inner(
-        src=str(PIN_TEMPLATE),
-        dest=pin_path,
-        user="root",
-        group="root",
-        mode="644",
+    yield from util.template(
+        "apt-preferences-nvidia-driver.j2",
+        pin_path,
         branch=branch,
         patterns=" ".join(DRIVER_FAMILY),
     )

@@ -4,14 +4,12 @@ from __future__ import annotations
 
 import re
 import shlex
-from pathlib import Path
 
 from pyinfra.api import operation
 from pyinfra.api.exceptions import OperationError
-from pyinfra.operations import files
 
-TEMPLATES = Path(__file__).parents[1] / "templates"
-NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")  # what both systemd and sh accept
+from operations import util
+
 UNSAYABLE = ("\n", "\r", "\0")  # a line break ends an assignment in one reader, not the other
 ESCAPED = re.compile(r'([\\"`$])')
 
@@ -43,23 +41,13 @@ def cluster_env(
         environment.cluster_env(name="Cluster environment", variables=cluster.environment)
     """
     for key, value in variables.items():
-        if not NAME.fullmatch(key):
+        if not util.ENV_NAME.fullmatch(key):
             raise OperationError(f"{key!r} is not a valid environment variable name")
         if any(character in value for character in UNSAYABLE):
             raise OperationError(f"the value of {key} holds a line break or NUL: {value!r}")
-    yield from files.template._inner(
-        src=str(TEMPLATES / "cluster.env.j2"),
-        dest=path,
-        user="root",
-        group="root",
-        mode="644",
+    yield from util.template(
+        "cluster.env.j2",
+        path,
         variables=[(key, quote(value)) for key, value in sorted(variables.items())],
     )
-    yield from files.template._inner(
-        src=str(TEMPLATES / "profile-cluster-env.sh.j2"),
-        dest=profile_path,
-        user="root",
-        group="root",
-        mode="644",
-        env_file=shlex.quote(path),
-    )
+    yield from util.template("profile-cluster-env.sh.j2", profile_path, env_file=shlex.quote(path))

@@ -6,7 +6,6 @@ import hashlib
 import re
 from io import StringIO
 from ipaddress import IPv4Network
-from pathlib import Path
 
 from jinja2 import Template
 from pyinfra import host
@@ -14,9 +13,8 @@ from pyinfra.api import FactBase, operation
 from pyinfra.api.exceptions import OperationError
 from pyinfra.operations import files
 
-from operations import debpkg
+from operations import debpkg, util
 
-TEMPLATES = Path(__file__).parents[1] / "templates"
 TABLE = "inet spark"  # our own table: docker's and anyone else's rules stay untouched
 UNIT = "spark-firewall.service"
 # The distributed back-end's fixed ports (vLLM docs, usage/security.md): torch's TCPStore and
@@ -73,7 +71,7 @@ def merged(ranges: list[tuple[int, int]]) -> list[tuple[int, int]]:
 def ruleset(fabric: dict[str, str], ports: list[tuple[int, int]]) -> str:
     """The `inet spark` table, its comment the SHA-256 of the rest (what the fact compares)."""
     template = Template(
-        (TEMPLATES / "spark-firewall.nft.j2").read_text(), keep_trailing_newline=True
+        (util.TEMPLATES / "spark-firewall.nft.j2").read_text(), keep_trailing_newline=True
     )
     variables = {
         "ifnames": sorted(fabric),
@@ -124,26 +122,19 @@ def cluster_ports_fabric_only(
         files.put._inner(src=StringIO(rules), dest=path, user="root", group="root", mode="644")
     )
     yield from ruleset_file
-    unit = list(
-        files.template._inner(
-            src=str(TEMPLATES / "spark-firewall.service.j2"),
-            dest=f"/etc/systemd/system/{UNIT}",
-            user="root",
-            group="root",
-            mode="644",
-            path=path,
-            table=TABLE,
-        )
+    unit = util.template(
+        "spark-firewall.service.j2", f"/etc/systemd/system/{UNIT}", path=path, table=TABLE
     )
     yield from unit
-    if unit:
-        yield "systemctl daemon-reload"
-    if state["enabled"] != "enabled":
-        yield f"systemctl enable {UNIT}"
-    digest = DIGEST.search(rules)[1]
-    if state["active"] != "active":
-        yield f"systemctl start {UNIT}"  # loads the file
-    elif state["loaded"] != digest:
-        yield f"nft -f {path}"  # replaces the table in one transaction: no gap
-    elif not (ruleset_file or unit) and state["enabled"] == "enabled":
+    active = state["active"] == "active"  # starting it loads the file
+    reload = active and state["loaded"] != DIGEST.search(rules)[1]
+    yield from util.unit_started(
+        UNIT,
+        unit_changed=bool(unit),
+        enabled=state["enabled"],
+        running=active,
+        changed=reload,
+        restart=f"nft -f {path}",  # replaces the table in one transaction: no gap
+    )
+    if active and not reload and not (ruleset_file or unit) and state["enabled"] == "enabled":
         host.noop(f"{TABLE} admits the cluster's ports from the fabric only")

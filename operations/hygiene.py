@@ -5,16 +5,15 @@ from __future__ import annotations
 import posixpath
 import re
 import shlex
-from pathlib import Path
 
 from pyinfra import host
 from pyinfra.api import FactBase, operation
 from pyinfra.api.exceptions import OperationError
-from pyinfra.operations import files
 
-LOGIND_TEMPLATE = Path(__file__).parents[1] / "templates" / "logind-removeipc.conf.j2"
+from operations import util
+from operations.util import CAP_SYS_RESOURCE
+
 OOM_PROTECTED = -1000  # the OOM killer never picks the process
-CAP_SYS_RESOURCE = 24  # lowering an oom_score_adj needs it (linux/capability.h)
 
 
 class LogindRemoveIpc(FactBase):
@@ -93,11 +92,7 @@ def logind_keep_ipc(path: str = "/etc/systemd/logind.conf.d/spark-keep-ipc.conf"
             " would remove a logged-out worker's semaphores (a hung Ray/vLLM cluster): remove"
             " that setting, then run the deploy again"
         )
-    changes = list(
-        files.template._inner(
-            src=str(LOGIND_TEMPLATE), dest=path, user="root", group="root", mode="644"
-        )
-    )
+    changes = util.template("logind-removeipc.conf.j2", path)
     yield from changes
     if changes or host.get_fact(LogindRunningRemoveIpc):
         # A restart whose first start fails (seen in containers: status 219/CGROUP) is retried
@@ -133,7 +128,7 @@ class SshdOomScore(FactBase):
         return {
             "pid": int(pid),
             "oom_score_adj": int(score),
-            "can_lower": bool(int(capabilities, 16) >> CAP_SYS_RESOURCE & 1),
+            "can_lower": util.has_capability(capabilities, CAP_SYS_RESOURCE),
         }
 
 

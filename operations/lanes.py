@@ -3,27 +3,20 @@
 from __future__ import annotations
 
 import hashlib
-import json
 import re
 import shlex
-import weakref
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import NamedTuple
 
-import click
 from pyinfra import host
-from pyinfra.api import FactBase, State, operation
+from pyinfra.api import FactBase, operation
 from pyinfra.api.exceptions import OperationError
-from pyinfra.api.host import Host
-from pyinfra.api.state import BaseStateCallback, StateStage
 from pyinfra.facts.files import Sha1File
-from pyinfra.operations import files
 
-from operations import ray
-from operations.hygiene import CAP_SYS_RESOURCE
+from operations import ray, util
+from operations.recipes import SLUG, Lane
 
-TEMPLATES = Path(__file__).parents[1] / "templates"
 UNIT_DIR = "/etc/systemd/system"
 PREFIX = "spark-lane-"  # of every lane's unit and container: what the deploy owns
 LANE_DIR = "/etc/spark/lanes"
@@ -36,8 +29,6 @@ HF_TOKEN_IN_CONTAINER = "/run/secrets/hf-token"
 # Above 0 (everything else on the box) and below 1000: when memory runs out the kernel kills a
 # lane's server before sshd (-1000), dockerd (-500) or anyone's shell (seed 003).
 OOM_SCORE_ADJ = 500
-NAME = re.compile(r"[a-z0-9][a-z0-9-]{0,31}")  # the Lane model's slug
-ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 SYSTEMD_PLAIN = re.compile(r"[A-Za-z0-9_./:=,@+-]+")  # a word systemd reads as it is
 USERS = re.compile(r'\("([^"]*)",pid=(\d+)')  # ss -p: users:(("sshd",pid=63,fd=3),...)
 SECRET_OK = "root 600"
@@ -51,47 +42,26 @@ def key_path(lane: str) -> str:
     return f"{SECRETS_DIR}/{lane}.key"
 
 
-class LaneHost(FactBase):
-    """Everything the lane operations ask of a box, in one command: the lane units and their
-    states, the API key files (owner and mode, never their contents), the local images, who
-    listens on each TCP port (a container by name), whether the box has RDMA devices, and whether
-    root may lift the locked-memory limit (CAP_SYS_RESOURCE, which a container may lack).
+class LaneUnits(FactBase):
+    """The lane units on the box and their states (`systemctl show`).
 
     .. code:: python
 
-        {
-            "units": {"coder": {"ActiveState": "active", "UnitFileState": "enabled"}},
-            "keys": {"coder": "root 600"},
-            "secrets_dir": "root 700",
-            "images": {"nvcr.io/nvidia/vllm:26.04-py3"},
-            "listeners": {22: "sshd", 10101: "spark-lane-coder"},
-            "rdma": True,
-            "unlimited_memlock": True,
-        }
+        {"coder": {"ActiveState": "active", "UnitFileState": "enabled"}}
     """
 
+    default = dict  # no lane unit: no output, and pyinfra gives the default
+
     def command(self) -> str:
-        ss = "ss -ltnpH 2>/dev/null"
         return (
             f"( cd {UNIT_DIR} 2>/dev/null && for unit in {PREFIX}*.service; do"
             ' [ -e "$unit" ] && systemctl show -p Id,ActiveState,UnitFileState -- "$unit"'
-            " | sed 's/^/unit /'; done );"
-            f" stat -c 'secrets %U %a' {SECRETS_DIR} 2>/dev/null;"
-            f" stat -c 'key %n %U %a' {SECRETS_DIR}/*.key 2>/dev/null;"
-            " docker image ls --format 'image {{.Repository}}:{{.Tag}}' 2>/dev/null;"
-            f" {ss} | sed 's/^/listen /';"
-            f" for pid in $({ss} | grep -o 'pid=[0-9]*' | cut -d= -f2 | sort -u); do"
-            " echo \"cgroup $pid $(grep -o '[0-9a-f]\\{64\\}' /proc/$pid/cgroup 2>/dev/null"
-            ' | head -n 1)"; done;'
-            " docker ps --no-trunc --format 'container {{.ID}} {{.Names}}' 2>/dev/null;"
-            " [ -d /dev/infiniband ] && echo rdma;"
-            " sed -n 's/^CapEff:[[:space:]]*/capeff /p' /proc/self/status; true"
+            " | sed 's/^/unit /'; done ); true"
         )
 
-    def process(self, output: list[str]) -> dict:
+    def process(self, output: list[str]) -> dict[str, dict[str, str]]:
         units: dict[str, dict[str, str]] = {}
-        keys, images, sockets, cgroups, containers = {}, set(), [], {}, {}
-        secrets_dir, rdma, capabilities, current = None, False, 0, None
+        current = None
         for line in output:
             kind, _, rest = line.partition(" ")
             if kind == "unit" and "=" in rest:
@@ -102,28 +72,81 @@ class LaneHost(FactBase):
                     )
                 elif current is not None:
                     current[field] = value
-            elif kind == "secrets":
+        return units
+
+
+class LocalImages(FactBase):
+    """The images on the box, as registry/repository:tag.
+
+    .. code:: python
+
+        {"nvcr.io/nvidia/vllm:26.04-py3"}
+    """
+
+    default = set
+
+    def command(self) -> str:
+        return "docker image ls --format 'image {{.Repository}}:{{.Tag}}' 2>/dev/null; true"
+
+    def process(self, output: list[str]) -> set[str]:
+        return {line.partition(" ")[2] for line in output if line.startswith("image ")}
+
+
+class LaneServing(FactBase):
+    """What serving a lane asks of the box besides its unit: the API key files (owner and mode,
+    never their contents), who listens on each TCP port (a container by name), whether the box
+    has RDMA devices, and whether root may lift the locked-memory limit (CAP_SYS_RESOURCE, which
+    a container may lack).
+
+    .. code:: python
+
+        {
+            "keys": {"coder": "root 600"},
+            "secrets_dir": "root 700",
+            "listeners": {22: "sshd", 10101: "spark-lane-coder"},
+            "rdma": True,
+            "unlimited_memlock": True,
+        }
+    """
+
+    def default(self) -> dict:
+        return self.process([])
+
+    def command(self) -> str:
+        ss = "ss -ltnpH 2>/dev/null"
+        return (
+            f"stat -c 'secrets %U %a' {SECRETS_DIR} 2>/dev/null;"
+            f" stat -c 'key %n %U %a' {SECRETS_DIR}/*.key 2>/dev/null;"
+            f" {ss} | sed 's/^/listen /';"
+            f" for pid in $({ss} | grep -o 'pid=[0-9]*' | cut -d= -f2 | sort -u); do"
+            " echo \"cgroup $pid $(grep -o '[0-9a-f]\\{64\\}' /proc/$pid/cgroup 2>/dev/null"
+            ' | head -n 1)"; done;'
+            " docker ps --no-trunc --format 'container {{.ID}} {{.Names}}' 2>/dev/null;"
+            f" {util.RIGHTS_COMMAND}; true"
+        )
+
+    def process(self, output: list[str]) -> dict:
+        keys, sockets, cgroups, containers, fields = {}, [], {}, {}, {}
+        secrets_dir = None
+        for line in output:
+            kind, _, rest = line.partition(" ")
+            if kind == "secrets":
                 secrets_dir = rest
             elif kind == "key":
                 path, owner_mode = rest.split(" ", 1)
                 keys[Path(path).name.removesuffix(".key")] = owner_mode
-            elif kind == "image":
-                images.add(rest)
             elif kind == "listen":
-                fields = rest.split()
-                users = USERS.findall(rest)
-                if len(fields) >= 4:
-                    sockets.append((int(fields[3].rpartition(":")[2]), users))
+                columns = rest.split()
+                if len(columns) >= 4:
+                    sockets.append((int(columns[3].rpartition(":")[2]), USERS.findall(rest)))
             elif kind == "cgroup":
                 pid, _, container = rest.partition(" ")
                 cgroups[pid] = container
             elif kind == "container":
                 container, _, name = rest.partition(" ")
                 containers[container] = name
-            elif kind == "rdma":
-                rdma = True
-            elif kind == "capeff":
-                capabilities = int(rest, 16)
+            elif kind in ("rdma", "capeff"):
+                fields[kind] = rest
         listeners: dict[int, str] = {}
         for port, users in sockets:
             for process_name, pid in users or [("unknown", "")]:
@@ -132,14 +155,10 @@ class LaneHost(FactBase):
                 if port not in listeners or listeners[port].startswith(PREFIX):
                     listeners[port] = owner
         return {
-            "units": units,
             "keys": keys,
             "secrets_dir": secrets_dir,
-            "images": images,
             "listeners": listeners,
-            "rdma": rdma,
-            "unlimited_memlock": bool(capabilities >> CAP_SYS_RESOURCE & 1),
-        }
+        } | util.container_rights(fields)
 
 
 def systemd_word(arg: str) -> str:
@@ -162,40 +181,106 @@ def serve_script(serve_args: Sequence[str], api_key: bool) -> str:
     return f"VLLM_API_KEY=$(cat {KEY_IN_CONTAINER}) || exit 1; export VLLM_API_KEY; {serve}"
 
 
-def docker_run(
-    name: str,
-    image: str,
-    serve_args: Sequence[str],
-    api_key: bool,
-    hf_token: bool,
-    rdma: bool,
-    unlimited_memlock: bool,
-    models_dir: str,
-    cluster: bool = False,
-    ray_token: bool = False,
-) -> list[str]:
-    """The `docker run` argument list of a lane's container; a cluster lane's gets the Ray
-    token as ray.py mounts it (``ray_token``) and Ray's session directory, where its driver
-    finds the box's Ray node (the raylet's sockets), sharing the Ray container's processes
-    (``cluster``)."""
-    container = PREFIX + name
-    args = ["/usr/bin/docker", "run", "--rm", "--name", container, "--gpus", "all"]
-    args += ["--network", "host", "--ipc", "host", "--oom-score-adj", str(OOM_SCORE_ADJ)]
-    if unlimited_memlock:  # RDMA registers (pins) memory; a container without the right keeps 8 MiB
-        args += ["--ulimit", "memlock=-1"]
-    if rdma:  # or NCCL silently falls back to sockets (vllm PR#42075)
-        args += ["--device", "/dev/infiniband"]
-    args += ["--env-file", f"{LANE_DIR}/{name}.env"]
-    args += ["-v", f"{models_dir}:/root/.cache/huggingface"]
-    if api_key:
-        args += ["-v", f"{key_path(name)}:{KEY_IN_CONTAINER}:ro"]
-    if hf_token:
-        args += ["-v", f"{HF_TOKEN}:{HF_TOKEN_IN_CONTAINER}:ro"]
-    if cluster:  # the box's Ray node: its processes (the driver looks for its raylet there)
-        args += ["--pid", f"container:{ray.CONTAINER}", "-v", f"{ray.SESSION_DIR}:/tmp/ray"]
-    if ray_token:
-        args += ["-v", f"{ray.TOKEN_PATH}:{ray.TOKEN_IN_CONTAINER}:ro"]
-    return [*args, image, "/bin/sh", "-c", serve_script(serve_args, api_key)]
+@dataclass(frozen=True)
+class LaneUnit:
+    """A validated lane as this box runs it: its systemd unit, environment file and container.
+
+    + lane: the lane (operations/recipes.py), checked before any host was contacted
+    + environment: the cluster's environment (the lane's own and SM121's are added); no secrets
+    + after: the lane that starts before this one, if any
+    + hf_token: mount /etc/spark/secrets/hf-token (see ``hf_token``) for gated models
+    + start_timeout_s: how long a start may take, model load included, until /health answers
+    + models_dir: the Hugging Face cache on the box, shared by the lanes
+    + ray_address: a cluster lane's Ray GCS, host:port (the head's fabric address)
+    + ray_token: a cluster lane mounts Ray's token (Ray runs with token authentication)
+    """
+
+    lane: Lane
+    environment: Mapping[str, str] = field(default_factory=dict)
+    after: str | None = None
+    hf_token: bool = False
+    start_timeout_s: int = 1200
+    models_dir: str = MODELS_DIR
+    ray_address: str | None = None
+    ray_token: bool = False
+
+    @property
+    def name(self) -> str:
+        return self.lane.name
+
+    @property
+    def cluster(self) -> bool:
+        """A cluster lane: its ranks run on every box's Ray node (this box's among them)."""
+        return self.lane.is_cluster
+
+    def variables(self) -> dict[str, str]:
+        """The container's environment (its env file): names and paths, never a secret."""
+        variables = dict(self.environment) | self.lane.container_env()
+        for key, value in variables.items():
+            if not util.ENV_NAME.fullmatch(key) or any(c in value for c in "\n\r\0"):
+                raise OperationError(
+                    f"lane {self.name}: environment {key}={value!r}: a name of A-Z a-z 0-9 _ and"
+                    " a value without line breaks only (docker reads the file line by line)"
+                )
+        if self.cluster:
+            if not self.ray_address:
+                raise OperationError(
+                    f"lane {self.name}: a cluster lane needs ray_address (host:port)"
+                )
+            variables["RAY_ADDRESS"] = self.ray_address
+            if self.ray_token:
+                variables |= {
+                    "RAY_AUTH_MODE": "token",
+                    "RAY_AUTH_TOKEN_PATH": ray.TOKEN_IN_CONTAINER,
+                }
+        if self.hf_token:  # the path only: huggingface_hub reads the token from there
+            variables["HF_TOKEN_PATH"] = HF_TOKEN_IN_CONTAINER
+        return variables
+
+    def docker_run(self, rdma: bool, unlimited_memlock: bool) -> list[str]:
+        """The `docker run` argument list of the lane's container; a cluster lane's gets the Ray
+        token as ray.py mounts it and Ray's session directory, where its driver finds the box's
+        Ray node (the raylet's sockets), sharing the Ray container's processes."""
+        options = ["--oom-score-adj", str(OOM_SCORE_ADJ)]
+        args = util.docker_run(PREFIX + self.name, options, rdma, unlimited_memlock)
+        args += ["--env-file", f"{LANE_DIR}/{self.name}.env"]
+        args += ["-v", f"{self.models_dir}:/root/.cache/huggingface"]
+        if self.lane.api_key:
+            args += ["-v", f"{key_path(self.name)}:{KEY_IN_CONTAINER}:ro"]
+        if self.hf_token:
+            args += ["-v", f"{HF_TOKEN}:{HF_TOKEN_IN_CONTAINER}:ro"]
+        if self.cluster:  # the box's Ray node: its processes (the driver looks for its raylet)
+            args += ["--pid", f"container:{ray.CONTAINER}", "-v", f"{ray.SESSION_DIR}:/tmp/ray"]
+            if self.ray_token:
+                args += ["-v", f"{ray.TOKEN_PATH}:{ray.TOKEN_IN_CONTAINER}:ro"]
+        script = serve_script(self.lane.vllm_args(), self.lane.api_key)
+        return [*args, self.lane.image, "/bin/sh", "-c", script]
+
+    def timeouts(self) -> dict[str, int]:
+        """How long the unit waits: the whole start (TimeoutStartSec), the health wait inside
+        it, and a cluster lane's wait for every Ray node (half the start: a box away longer fails
+        the start, and the restart waits again)."""
+        start = self.start_timeout_s
+        return {
+            "start_timeout": start,
+            "health_timeout": max(start - 30, 30),
+            "nodes_wait": max(start // 2, 30),
+        }
+
+    def unit_variables(self, rdma: bool, unlimited_memlock: bool) -> dict:
+        """What templates/vllm-lane.service.j2 is rendered with."""
+        run = self.docker_run(rdma, unlimited_memlock)
+        return {
+            "lane": self.name,
+            "port": self.lane.port,
+            "after": unit_name(self.after) if self.after else None,
+            "container": PREFIX + self.name,
+            "exec_start": " ".join(systemd_word(arg) for arg in run),
+            "cluster_nodes": self.lane.tensor_parallel_size if self.cluster else None,
+            "ray_unit": ray.UNIT,
+            "nodes_command": ray.NODES_COMMAND,
+            **self.timeouts(),
+        }
 
 
 def _secret_commands(state: dict, name: str) -> tuple[list[str], bool]:
@@ -228,133 +313,68 @@ def _port_owner_problem(state: dict, lane: str, port: int) -> str | None:
 
 
 @operation()
-def serving(
-    lane: str,
-    image: str,
-    serve_args: list[str],
-    port: int,
-    environment: dict[str, str],
-    api_key: bool = True,
-    after: str | None = None,
-    hf_token: bool = False,
-    start_timeout_s: int = 1200,
-    models_dir: str = MODELS_DIR,
-    cluster_nodes: int = 1,
-    ray_address: str | None = None,
-    ray_token: bool = False,
-):
+def serving(unit: LaneUnit):
     """
     Serve one vLLM lane as the systemd unit spark-lane-<lane>, enabled and serving.
 
-    + lane: the lane's name (a-z, 0-9, -)
-    + image: the serving image; present on the box (see ``image_present``)
-    + serve_args: everything after `vllm serve`, model first; never an API key
-    + port: the port vLLM listens on (in serve_args too); refused when another service holds it
-    + environment: the container's environment (the cluster's and the lane's); no secrets
-    + api_key: guard /v1 with the key in /etc/spark/secrets/<lane>.key (root 0600), generated on
-      the box when absent and never regenerated, so clients keep working
-    + after: the lane that starts before this one, if any
-    + hf_token: mount /etc/spark/secrets/hf-token (see ``hf_token``) for gated models
-    + start_timeout_s: how long a start may take, model load included, until /health answers
-    + models_dir: the Hugging Face cache on the box, shared by the lanes
-    + cluster_nodes: above 1, a cluster lane: its ranks run on this many Ray nodes (this box's
-      among them, see ``ray.node``); the unit requires ``spark-ray.service`` and waits until
-      all of them have joined before its container starts
-    + ray_address: a cluster lane's Ray GCS, host:port (the head's fabric address)
-    + ray_token: a cluster lane mounts Ray's token (Ray runs with token authentication)
+    + unit: the lane and how this box runs it (see ``LaneUnit``); its image is on the box (see
+      ``image_present``); a port another service holds is refused; with the lane's api_key,
+      /v1 is guarded by the key in /etc/spark/secrets/<lane>.key (root 0600), generated on the
+      box when absent and never regenerated, so clients keep working; a cluster lane requires
+      ``spark-ray.service`` and waits until all its Ray nodes have joined before its container
+      starts
 
     A changed unit, environment or new key restarts this lane only; otherwise a lane that is
     not running is started. Starting returns once /health answers.
+
+    **Example:**
+
+    .. code:: python
+
+        lanes.serving(name="Lane coder", unit=lanes.LaneUnit(lane, environment, after="fast"))
     """
-    if not NAME.fullmatch(lane) or (after is not None and not NAME.fullmatch(after)):
-        raise OperationError(f"lane names are 1-32 of a-z 0-9 - (got {lane!r}, after {after!r})")
-    for key, value in environment.items():
-        if not ENV_NAME.fullmatch(key) or any(c in value for c in "\n\r\0"):
-            raise OperationError(
-                f"lane {lane}: environment {key}={value!r}: a name of A-Z a-z 0-9 _ and a value"
-                " without line breaks only (docker reads the file line by line)"
-            )
-    state = host.get_fact(LaneHost)
-    problem = _port_owner_problem(state, lane, port)
+    lane = unit.lane
+    if unit.after is not None and not SLUG.fullmatch(unit.after):
+        raise OperationError(f"lane names are 1-32 of a-z 0-9 - (got after {unit.after!r})")
+    state = host.get_fact(LaneServing)
+    problem = _port_owner_problem(state, lane.name, lane.port)
     if problem:
         raise OperationError(problem)
-
-    commands, new_key = _secret_commands(state, lane) if api_key else ([], False)
+    commands, new_key = _secret_commands(state, lane.name) if lane.api_key else ([], False)
     yield from commands
-    cluster = cluster_nodes > 1
-    if cluster and not ray_address:
-        raise OperationError(f"lane {lane}: a cluster lane needs ray_address (host:port)")
-    variables = dict(environment)
-    if cluster:
-        variables["RAY_ADDRESS"] = str(ray_address)
-        if ray_token:
-            variables |= {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN_PATH": ray.TOKEN_IN_CONTAINER}
-    if hf_token:  # the path only: huggingface_hub reads the token from there
-        variables["HF_TOKEN_PATH"] = HF_TOKEN_IN_CONTAINER
-    env_changes = list(
-        files.template._inner(
-            src=str(TEMPLATES / "vllm-lane.env.j2"),
-            dest=f"{LANE_DIR}/{lane}.env",
-            user="root",
-            group="root",
-            mode="644",
-            lane=lane,
-            variables=sorted(variables.items()),
-        )
+    env_changes = util.template(
+        "vllm-lane.env.j2",
+        f"{LANE_DIR}/{lane.name}.env",
+        lane=lane.name,
+        variables=sorted(unit.variables().items()),
     )
     yield from env_changes
-    run = docker_run(
-        lane,
-        image,
-        serve_args,
-        api_key,
-        hf_token,
-        state["rdma"],
-        state["unlimited_memlock"],
-        models_dir,
-        cluster=cluster,
-        ray_token=cluster and ray_token,
-    )
-    unit = unit_name(lane)
-    unit_changes = list(
-        files.template._inner(
-            src=str(TEMPLATES / "vllm-lane.service.j2"),
-            dest=f"{UNIT_DIR}/{unit}",
-            user="root",
-            group="root",
-            mode="644",
-            lane=lane,
-            port=port,
-            after=unit_name(after) if after else None,
-            container=PREFIX + lane,
-            exec_start=" ".join(systemd_word(arg) for arg in run),
-            start_timeout=start_timeout_s,
-            health_timeout=max(start_timeout_s - 30, 30),
-            cluster_nodes=cluster_nodes if cluster else None,
-            ray_unit=ray.UNIT,
-            nodes_command=ray.NODES_COMMAND,
-            # Half the start for the nodes, half for the load; a box away longer fails the
-            # start, and the restart waits again.
-            nodes_wait=max(start_timeout_s // 2, 30),
-        )
+    name = unit_name(lane.name)
+    unit_changes = util.template(
+        "vllm-lane.service.j2",
+        f"{UNIT_DIR}/{name}",
+        **unit.unit_variables(state["rdma"], state["unlimited_memlock"]),
     )
     yield from unit_changes
-    if unit_changes:
-        yield "systemctl daemon-reload"
-    current = state["units"].get(lane, {})
-    if current.get("UnitFileState") != "enabled":
-        yield f"systemctl enable {unit}"
+    current = host.get_fact(LaneUnits).get(lane.name, {})
     # A deploy's start is deliberate: reset-failed keeps it from counting toward the unit's start
     # limit (meant for crash loops). A failed start shows the lane's own log (which holds no
     # secret) where pyinfra shows errors.
-    start = f"systemctl reset-failed {unit}; systemctl {{}} {unit}"
-    show_log = f"{{ journalctl -u {unit} -n 40 --no-pager >&2; exit 1; }}"
-    if unit_changes or env_changes or new_key:
-        yield f"{start.format('restart')} || {show_log}"
-    elif current.get("ActiveState") != "active":
-        yield f"{start.format('start')} || {show_log}"
-    else:
-        host.noop(f"lane {lane} is serving on port {port}")
+    start = f"systemctl reset-failed {name}; systemctl {{}} {name}"
+    show_log = f"{{ journalctl -u {name} -n 40 --no-pager >&2; exit 1; }}"
+    running = current.get("ActiveState") == "active"
+    changed = bool(unit_changes or env_changes or new_key)
+    yield from util.unit_started(
+        name,
+        unit_changed=bool(unit_changes),
+        enabled=current.get("UnitFileState"),
+        running=running,
+        changed=changed,
+        start=f"{start.format('start')} || {show_log}",
+        restart=f"{start.format('restart')} || {show_log}",
+    )
+    if running and not changed:
+        host.noop(f"lane {lane.name} is serving on port {lane.port}")
 
 
 @operation()
@@ -366,7 +386,7 @@ def lanes_removed(keep: list[str]):
 
     Their API keys stay in /etc/spark/secrets: a lane added back keeps its clients' key.
     """
-    stale = sorted(set(host.get_fact(LaneHost)["units"]) - set(keep))
+    stale = sorted(set(host.get_fact(LaneUnits)) - set(keep))
     for name in stale:
         unit = unit_name(name)
         yield f"systemctl disable --now {unit}"
@@ -386,7 +406,7 @@ def image_present(image: str):
 
     + image: registry/repository:tag
     """
-    if image in host.get_fact(LaneHost)["images"]:
+    if image in host.get_fact(LocalImages):
         host.noop(f"{image} is present")
     else:
         yield ray.pull(image)
@@ -409,105 +429,3 @@ def hf_token(src: str, path: str = HF_TOKEN):
         host.noop(f"{path} holds the token")
         return
     yield from ray.root_only_upload(src, path)
-
-
-# --- after the run: the endpoints table and a client configuration ---------------------------
-
-
-class Endpoint(NamedTuple):
-    """One lane as its clients see it."""
-
-    lane: str
-    served_name: str
-    url: str  # the OpenAI base URL, ending in /v1
-    memory_fraction: float
-    max_model_len: int
-    api_key: bool
-
-
-def opencode_config(box: str, endpoints: Sequence[Endpoint]) -> dict:
-    """An OpenCode configuration (as in seed 002) with one provider per lane of the box. The key
-    is read from a file on the client ({file:...}), never written here."""
-    slug = re.sub(r"[^a-z0-9-]+", "-", box.lower())
-    providers = {}
-    for endpoint in endpoints:
-        options = {"baseURL": endpoint.url}
-        if endpoint.api_key:
-            options["apiKey"] = f"{{file:~/.config/opencode/{slug}-{endpoint.lane}.key}}"
-        limit = {
-            "context": endpoint.max_model_len,
-            # Seed 002 leaves 16K of its 128K context for output; never more than a quarter.
-            "output": min(16384, endpoint.max_model_len // 4),
-        }
-        providers[f"{slug}-{endpoint.lane}"] = {
-            "npm": "@ai-sdk/openai-compatible",
-            "name": f"{box} {endpoint.lane}",
-            "options": options,
-            "models": {endpoint.served_name: {"name": endpoint.served_name, "limit": limit}},
-        }
-    return {"$schema": "https://opencode.ai/config.json", "provider": providers}
-
-
-def endpoints_table(endpoints: dict[str, Sequence[Endpoint]]) -> str:
-    """The lanes of every box, one line each, and where their keys are."""
-    rows = [("box", "lane", "served name", "URL", "memory", "API key")]
-    rows += [
-        (
-            box,
-            e.lane,
-            e.served_name,
-            e.url,
-            f"{e.memory_fraction:.2f}",
-            key_path(e.lane) if e.api_key else "none",
-        )
-        for box, lanes in endpoints.items()
-        for e in lanes
-    ]
-    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
-    return "\n".join(
-        "    " + "  ".join(f"{c:{w}}" for c, w in zip(row, widths, strict=True)).rstrip()
-        for row in rows
-    )
-
-
-class EndpointsReport(BaseStateCallback):
-    """Once the run is over (pyinfra's results printed, hosts disconnecting): the endpoints of
-    every box whose deploy succeeded, and clients/<box>.json for each."""
-
-    def __init__(self) -> None:
-        self.endpoints: dict[str, list[Endpoint]] = {}
-        self.done = False
-
-    def host_disconnect(self, state: State, host: Host) -> None:
-        # The Disconnect stage is reached only after the operations ran (not with --dry).
-        if self.done or state.current_stage != StateStage.Disconnect:
-            return
-        self.done = True
-        failed = {failed.name for failed in state.failed_hosts}
-        served = {box: e for box, e in self.endpoints.items() if box not in failed and e}
-        if not served:
-            return
-        clients = Path(state.cwd or ".") / "clients"
-        clients.mkdir(exist_ok=True)
-        for box, endpoints in served.items():
-            text = json.dumps(opencode_config(box, endpoints), indent=2) + "\n"
-            (clients / f"{box}.json").write_text(text)
-        click.echo("--> vLLM lanes serving:", err=True)
-        click.echo(endpoints_table(served), err=True)
-        click.echo(
-            f"    OpenCode configuration: clients/<box>.json. Keys stay on the boxes; copy one"
-            f" without showing it: ssh <box> sudo cat {SECRETS_DIR}/<lane>.key >"
-            " ~/.config/opencode/<box>-<lane>.key",
-            err=True,
-        )
-
-
-_reports: weakref.WeakKeyDictionary[State, EndpointsReport] = weakref.WeakKeyDictionary()
-
-
-def report_endpoints(state: State, box: str, endpoints: Sequence[Endpoint]) -> None:
-    """Print this box's endpoints after the run (call from deploy.py, once per box)."""
-    if state not in _reports:
-        _reports[state] = EndpointsReport()
-        state.add_callback_handler(_reports[state])
-    _reports[state].endpoints[box] = list(endpoints)

@@ -3,15 +3,16 @@
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
+from pyinfra import host
 from pyinfra.api import operation
 from pyinfra.api.exceptions import OperationError
-from pyinfra.operations import files, systemd
+from pyinfra.facts.systemd import SystemdEnabled, SystemdStatus
 
-from operations.lanes import NAME, PREFIX, unit_name
+from operations import util
+from operations.lanes import PREFIX, unit_name
+from operations.recipes import SLUG
 
-TEMPLATES = Path(__file__).parents[1] / "templates"
 SERVICE = "spark-memguard.service"
 
 
@@ -51,35 +52,27 @@ def memory_guard(
     """
     if not min_available_gib > 0:
         raise OperationError(f"min_available_gib must be above 0 (got {min_available_gib})")
-    bad = [name for name, _priority in lanes if not NAME.fullmatch(name)]
+    bad = [name for name, _priority in lanes if not SLUG.fullmatch(name)]
     if bad:
         raise OperationError(f"lane names are 1-32 of a-z 0-9 - (got {bad})")
     settings = {"min_available_gib": min_available_gib, "lanes": stop_order(lanes)}
-    rendered = [
-        ("spark-memguard.py.j2", script, "755", {}),
-        ("spark-memguard.json.j2", config, "644", {"config": json.dumps(settings, indent=2)}),
-        (
-            "spark-memguard.service.j2",
-            f"/etc/systemd/system/{SERVICE}",
-            "644",
-            {"script": script, "config": config},
-        ),
-    ]
     changes = [
-        command
-        for template, dest, mode, variables in rendered
-        for command in files.template._inner(
-            src=str(TEMPLATES / template),
-            dest=dest,
-            user="root",
-            group="root",
-            mode=mode,
-            **variables,
-        )
+        *util.template("spark-memguard.py.j2", script, "755"),
+        *util.template("spark-memguard.json.j2", config, config=json.dumps(settings, indent=2)),
     ]
+    unit = util.template(
+        "spark-memguard.service.j2", f"/etc/systemd/system/{SERVICE}", script=script, config=config
+    )
     yield from changes
-    if changes:
-        yield "systemctl daemon-reload"
-        yield f"systemctl enable {SERVICE} && systemctl restart {SERVICE}"
-    else:
-        yield from systemd.service._inner(service=SERVICE, running=True, enabled=True)
+    yield from unit
+    running = host.get_fact(SystemdStatus, services=[SERVICE]).get(SERVICE)
+    enabled = host.get_fact(SystemdEnabled, services=[SERVICE]).get(SERVICE)
+    yield from util.unit_started(
+        SERVICE,
+        unit_changed=bool(unit),
+        enabled="enabled" if enabled else None,
+        running=bool(running),
+        changed=bool(changes or unit),
+    )
+    if running and enabled and not (changes or unit):
+        host.noop(f"{SERVICE} is running")

@@ -36,17 +36,11 @@ class NmConnections(FactBase):
         {
             "f5f09c80-9b6a-3b50-9c46-5418db689999": {
                 "connection.id": "Wired connection 1",
-                "connection.uuid": "f5f09c80-9b6a-3b50-9c46-5418db689999",
-                "connection.type": "802-3-ethernet",
                 "connection.interface-name": "enP2p1s0f1np1",
-                "connection.autoconnect": "yes",
                 "ipv4.method": "auto",
-                "ipv4.addresses": "",
-                "ipv4.gateway": "",
-                "ipv6.method": "auto",
                 "802-3-ethernet.mtu": "auto",
-                "GENERAL.DEVICES": "enP2p1s0f1np1",
                 "GENERAL.STATE": "activating",
+                # ... and the other FIELDS, each as nmcli prints it
             },
         }
     """

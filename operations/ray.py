@@ -15,11 +15,9 @@ from pyinfra import host
 from pyinfra.api import FactBase, operation
 from pyinfra.api.command import FileUploadCommand
 from pyinfra.api.exceptions import OperationError
-from pyinfra.operations import files
 
-from operations.hygiene import CAP_SYS_RESOURCE  # `--ulimit memlock=-1` needs it too
+from operations import util
 
-TEMPLATES = Path(__file__).parents[1] / "templates"
 UNIT = "spark-ray.service"  # what the cluster lane orders itself after
 CONTAINER = "spark-ray"
 UNIT_PATH = f"/etc/systemd/system/{UNIT}"
@@ -113,12 +111,7 @@ def docker_run(
     """The container of a Ray node: host network and IPC, the GPU, the RDMA devices, the
     cluster environment passed by name (systemd reads the file: docker's --env-file would keep
     its quotes), the token as a read-only file."""
-    args = ["/usr/bin/docker", "run", "--rm", "--name", CONTAINER, "--network", "host"]
-    args += ["--ipc", "host", "--shm-size", "10.24g", "--gpus", "all"]
-    if rdma:  # or NCCL silently falls back to sockets (vllm PR#42075)
-        args += ["--device", "/dev/infiniband"]
-    if unlimited_memlock:  # RDMA pins memory; without CAP_SYS_RESOURCE docker may not raise it
-        args += ["--ulimit", "memlock=-1"]
+    args = util.docker_run(CONTAINER, ["--shm-size", "10.24g"], rdma, unlimited_memlock)
     for name in env_names:
         args += ["-e", name]
     if auth:
@@ -196,8 +189,7 @@ class RayNode(FactBase):
             f' echo "enabled $(systemctl is-enabled {UNIT} 2>/dev/null)";'
             f' echo "active $(systemctl is-active {UNIT} 2>/dev/null)";'
             f' echo "token $(sha256sum {TOKEN_PATH} 2>/dev/null | cut -d" " -f1)";'
-            " [ -d /dev/infiniband ] && echo rdma;"
-            " sed -n 's/^CapEff:[[:space:]]*/capeff /p' /proc/self/status; true"
+            f" {util.RIGHTS_COMMAND}; true"
         )
 
     def process(self, output: list[str]) -> dict:
@@ -210,9 +202,7 @@ class RayNode(FactBase):
             "enabled": fields.get("enabled") or None,
             "active": fields.get("active") or None,
             "token": fields.get("token") or None,
-            "rdma": "rdma" in fields,
-            "unlimited_memlock": bool(int(fields.get("capeff", "0"), 16) >> CAP_SYS_RESOURCE & 1),
-        }
+        } | util.container_rights(fields)
 
 
 def _token_commands(token: Secret, current: str | None) -> list:
@@ -277,16 +267,7 @@ def node(
         yield record_ray_version(image)
     if token is not None:
         changes += _token_commands(token, state["token"])
-    script = list(
-        files.template._inner(
-            src=str(TEMPLATES / "spark-ray-nodes.sh.j2"),
-            dest=NODES_COMMAND,
-            user="root",
-            group="root",
-            mode="755",
-            container=CONTAINER,
-        )
-    )
+    script = util.template("spark-ray-nodes.sh.j2", NODES_COMMAND, "755", container=CONTAINER)
     exec_start = docker_run(
         image,
         ray_start(role, node_ip, head_ip, port),
@@ -295,35 +276,29 @@ def node(
         rdma=state["rdma"],
         unlimited_memlock=state["unlimited_memlock"],
     )
-    unit = list(
-        files.template._inner(
-            src=str(TEMPLATES / "spark-ray.service.j2"),
-            dest=UNIT_PATH,
-            user="root",
-            group="root",
-            mode="644",
-            role=role,
-            node_ip=node_ip,
-            head=f"{head_ip}:{port}",
-            env_file=env_file,
-            # Values are not in the unit: their digest is, so that a change restarts Ray.
-            env_digest=hashlib.sha256(repr(sorted(environment.items())).encode()).hexdigest(),
-            container=CONTAINER,
-            exec_start=" \\\n    ".join(_systemd_word(arg) for arg in exec_start),
-        )
+    unit = util.template(
+        "spark-ray.service.j2",
+        UNIT_PATH,
+        role=role,
+        node_ip=node_ip,
+        head=f"{head_ip}:{port}",
+        env_file=env_file,
+        # Values are not in the unit: their digest is, so that a change restarts Ray.
+        env_digest=hashlib.sha256(repr(sorted(environment.items())).encode()).hexdigest(),
+        container=CONTAINER,
+        exec_start=" \\\n    ".join(_systemd_word(arg) for arg in exec_start),
     )
     yield from script
     yield from changes
     yield from unit
-    if unit:
-        yield "systemctl daemon-reload"
-    if state["enabled"] != "enabled":
-        yield f"systemctl enable {UNIT}"
     # "activating": between two tries of a worker whose head is not up yet.
     running = state["active"] in ("active", "activating")
-    if running and (unit or changes):
-        yield f"systemctl restart {UNIT}"
-    elif not running:
-        yield f"systemctl start {UNIT}"
-    elif state["enabled"] == "enabled" and not script:
+    yield from util.unit_started(
+        UNIT,
+        unit_changed=bool(unit),
+        enabled=state["enabled"],
+        running=running,
+        changed=running and bool(unit or changes),
+    )
+    if running and not (unit or changes) and state["enabled"] == "enabled" and not script:
         host.noop(f"Ray {role} runs on {node_ip} ({UNIT})")

@@ -15,9 +15,10 @@ import re
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal, TypeVar
 
 from pydantic import (
+    AfterValidator,
     BaseModel,
     ConfigDict,
     Field,
@@ -27,13 +28,34 @@ from pydantic import (
 )
 
 from operations import ray
+from operations.util import ENV_NAME
 
+T = TypeVar("T")
 DATA = Path(__file__).parent / "data"
 # vLLM 0.19.0, the release in NGC's nvcr.io/nvidia/vllm:26.04-py3 (seed 004).
 SERVE_OPTIONS: dict[str, dict[str, Any]] = json.loads(
     (DATA / "vllm-0.19.0-serve-options.json").read_text()
 )["options"]
 VLLM_ENV_VARS = frozenset(json.loads((DATA / "vllm-0.19.0-env-vars.json").read_text())["names"])
+
+
+def refused(value: T, problems: list[str]) -> T:
+    """``value``, unless there are ``problems``: pydantic reports them (one a line) under the
+    field, or the model, that the validator checks."""
+    if problems:
+        raise ValueError("\n".join(problems))
+    return value
+
+
+def matching(pattern: re.Pattern[str], problem: str) -> AfterValidator:
+    """A field's check that all of its value matches ``pattern``, else ``problem`` ("{!r}" is
+    the value), which pydantic reports under the field."""
+
+    def check(value: str) -> str:
+        return refused(value, [] if pattern.fullmatch(value) else [problem.format(value)])
+
+    return AfterValidator(check)
+
 
 SLUG = re.compile(r"[a-z0-9][a-z0-9-]{0,31}")
 # registry/repository:tag (a digest may follow the tag); the registry may carry a port.
@@ -44,9 +66,9 @@ IMAGE = re.compile(
 HF_ID = re.compile(r"(?P<org>[A-Za-z0-9][A-Za-z0-9._-]{0,95})/[A-Za-z0-9][A-Za-z0-9._-]{0,95}")
 MODEL_PATH = re.compile(r"(/[A-Za-z0-9_.-]+)+")
 SERVED_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:/-]{0,127}")
-ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 LINE_BREAK = re.compile(r"[\n\r\0]")  # would split the unit or env file that carries it
 NEGATIVE_NUMBER = re.compile(r"-\d+(\.\d*)?|-\.\d+")  # a value, not an option, to argparse
+IMAGE_PROBLEM = "{!r} is not registry/repository:tag; pin a tag, e.g. nvcr.io/nvidia/vllm:26.04-py3"
 
 # The sum of the lanes' fractions: never above 0.90, 0.85-0.87 safe (seed 001). vLLM checks at
 # each start that fraction x total is free, and a Spark shows only ~102 of 121.69 GiB free
@@ -99,54 +121,11 @@ class ModelSpec(BaseModel):
         return 2 * self.attention_layers * self.kv_heads * self.head_dim * size
 
 
-# Known checkpoints. Weights are the field's figures (field-facts.md, seeds 003/004); where a
-# source wrote "GB" the number is taken as GiB, 7% on the safe side. Layer counts: the models'
-# config.json (Qwen3-Next/3.5/3.6 hybrids keep a KV cache in one layer of four; gpt-oss in the
-# full-attention half, the other half has a 128-token sliding window).
+# Known checkpoints: the field's figures and the models' config.json, each entry with its source.
 CATALOG: dict[str, ModelSpec] = {
-    # Seed 003 lane A: ~40 GB, 256K native. Qwen3-Next: 48 layers, 12 full attention, 2x256.
-    "bullpoint/Qwen3-Coder-Next-AWQ-4bit": ModelSpec(
-        weights_gib=40, attention_layers=12, kv_heads=2, head_dim=256, quantization="awq",
-        max_context=262144,
-    ),
-    # Seed 003/004: the FP8 build takes ~75-85 GB; the upper figure.
-    "Qwen/Qwen3-Coder-Next-FP8": ModelSpec(
-        weights_gib=85, attention_layers=12, kv_heads=2, head_dim=256, quantization="fp8",
-        max_context=262144,
-    ),
-    # Seed 003 lane B: NVFP4 ~20 GB. 40 layers, 10 full attention, 2x256 (model card). The seed
-    # names no repository; this one is compressed-tensors (its Hugging Face tags).
-    "inference-optimization/Qwen3.6-35B-A3B-NVFP4": ModelSpec(
-        weights_gib=20, attention_layers=10, kv_heads=2, head_dim=256, quantization="nvfp4",
-        max_context=262144,
-    ),
-    # Seed 004: FP8 ~35 GB.
-    "Qwen/Qwen3.6-35B-A3B-FP8": ModelSpec(
-        weights_gib=35, attention_layers=10, kv_heads=2, head_dim=256, quantization="fp8",
-        max_context=262144,
-    ),
-    # Seed 003: loaded at ~73 GiB (seed 004: ~75 GB). 48 layers, 12 full attention, 2x256.
-    "RedHatAI/Qwen3.5-122B-A10B-NVFP4": ModelSpec(
-        weights_gib=73, attention_layers=12, kv_heads=2, head_dim=256, quantization="nvfp4",
-        max_context=262144,
-    ),
-    # Seed 004: mxfp4 ~61 GB, 128K context. 36 layers alternating sliding/full, 8x64.
-    "openai/gpt-oss-120b": ModelSpec(
-        weights_gib=61, attention_layers=18, kv_heads=8, head_dim=64, quantization="mxfp4",
-        max_context=131072,
-    ),
-    # Seed 004: 57.64 GiB of weights per node at TP=2, so twice that whole: two boxes only.
-    # 94 layers, 4x128.
-    "Qwen/Qwen3-235B-A22B-GPTQ-Int4": ModelSpec(
-        weights_gib=2 * 57.64, attention_layers=94, kv_heads=4, head_dim=128,
-        quantization="gptq", max_context=40960,
-    ),
-    # A small model for trying a lane out: 1.5 GB of bf16 weights; 28 layers, 8x128.
-    "Qwen/Qwen3-0.6B": ModelSpec(
-        weights_gib=1.5, attention_layers=28, kv_heads=8, head_dim=128, quantization="bf16",
-        max_context=40960,
-    ),
-}  # fmt: skip
+    name: ModelSpec.model_validate({key: value for key, value in entry.items() if key != "source"})
+    for name, entry in json.loads((DATA / "model-catalog.json").read_text())["models"].items()
+}
 
 
 class MemoryEstimate(BaseModel):
@@ -173,12 +152,20 @@ class Lane(BaseModel):
 
     model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
 
-    name: str = Field(description="a slug of a-z 0-9 -, at most 32, unique on the host")
+    name: Annotated[
+        str, matching(SLUG, "{!r} is not a slug; use 1..32 of a-z 0-9 - (e.g. coder)")
+    ] = Field(description="a slug of a-z 0-9 -, at most 32, unique on the host")
     image: str = Field(
         description="registry/repository:tag with a pinned tag, e.g. nvcr.io/nvidia/vllm:26.04-py3"
     )
     model: str = Field(description='a Hugging Face id "org/name" or an absolute path')
-    served_name: str = Field(description="the model name clients ask for, e.g. coder")
+    served_name: Annotated[
+        str,
+        matching(
+            SERVED_NAME,
+            "{!r} is not a model name clients can send; use 1..128 of A-Z a-z 0-9 . _ : / -",
+        ),
+    ] = Field(description="the model name clients ask for, e.g. coder")
     port: int = Field(ge=1024, le=65535, description="an integer 1024..65535, unique on the host")
     memory_fraction: float = Field(
         gt=0, le=FRACTION_LIMIT, description="the lane's share of unified memory, 0 < f <= 0.90"
@@ -227,22 +214,12 @@ class Lane(BaseModel):
     def _list_is_fine(cls, value: Any) -> Any:
         return tuple(value) if isinstance(value, list) else value
 
-    @field_validator("name")
-    @classmethod
-    def _name(cls, name: str) -> str:
-        if not SLUG.fullmatch(name):
-            raise ValueError(f"{name!r} is not a slug; use 1..32 of a-z 0-9 - (e.g. coder)")
-        return name
-
     @field_validator("image")
     @classmethod
     def _image(cls, image: str) -> str:
         match = IMAGE.fullmatch(image)
         if not match:
-            raise ValueError(
-                f"{image!r} is not registry/repository:tag; pin a tag, e.g."
-                " nvcr.io/nvidia/vllm:26.04-py3"
-            )
+            raise ValueError(IMAGE_PROBLEM.format(image))
         if match["tag"] == "latest":
             raise ValueError(
                 f"{image!r} moves with every release; pin a tag, e.g. nvcr.io/nvidia/vllm:26.04-py3"
@@ -261,16 +238,6 @@ class Lane(BaseModel):
             )
         return model
 
-    @field_validator("served_name")
-    @classmethod
-    def _served_name(cls, served_name: str) -> str:
-        if not SERVED_NAME.fullmatch(served_name):
-            raise ValueError(
-                f"{served_name!r} is not a model name clients can send; use 1..128 of"
-                " A-Z a-z 0-9 . _ : / -"
-            )
-        return served_name
-
     @field_validator("kv_cache_dtype", "tool_call_parser")
     @classmethod
     def _choice(cls, value: str | None, info: ValidationInfo) -> str | None:
@@ -286,17 +253,13 @@ class Lane(BaseModel):
     @classmethod
     def _extra_args(cls, extra_args: tuple[str, ...]) -> tuple[str, ...]:
         problems = parse_options(extra_args)[1]
-        if problems:
-            raise ValueError("\n".join(problems))
-        return extra_args
+        return refused(extra_args, problems)
 
     @field_validator("environment")
     @classmethod
     def _environment(cls, environment: dict[str, str]) -> dict[str, str]:
         problems = [problem for item in environment.items() for problem in _env_problems(*item)]
-        if problems:
-            raise ValueError("\n".join(problems))
-        return environment
+        return refused(environment, problems)
 
     @model_validator(mode="after")
     def _rules_and_model(self) -> Lane:
@@ -321,9 +284,7 @@ class Lane(BaseModel):
                 f"max_model_len {self.max_model_len} is beyond the model's {spec.max_context};"
                 f" lower it to {spec.max_context} or less (vLLM refuses to start)"
             )
-        if problems:
-            raise ValueError("\n".join(problems))
-        return self
+        return refused(self, problems)
 
     @property
     def spec(self) -> ModelSpec | None:
@@ -654,7 +615,6 @@ class Addition:
     """A setting the lane adds on the GB10, and where we know it from."""
 
     name: str
-    adds: str
     source: str
     args: Callable[[Lane], list[str]]
     env: Callable[[Lane], dict[str, str]]
@@ -670,8 +630,8 @@ def _no_env(lane: Lane) -> dict[str, str]:
 
 SM121_ADDITIONS = (
     Addition(
+        # --attention-backend TRITON_ATTN, unless extra_args choose another (e.g. TRITON_MLA)
         "triton-attention",
-        "--attention-backend TRITON_ATTN, unless extra_args choose another (e.g. TRITON_MLA)",
         "seed 003; seed 004",
         lambda lane: (
             [] if lane.option("--attention-backend") else ["--attention-backend", "TRITON_ATTN"]
@@ -679,8 +639,8 @@ SM121_ADDITIONS = (
         _no_env,
     ),
     Addition(
+        # VLLM_NVFP4_GEMM_BACKEND=marlin for NVFP4 checkpoints
         "marlin-nvfp4",
-        "VLLM_NVFP4_GEMM_BACKEND=marlin for NVFP4 checkpoints",
         "seed 003",
         _no_args,
         lambda lane: (
@@ -688,8 +648,8 @@ SM121_ADDITIONS = (
         ),
     ),
     Addition(
+        # --generation-config vllm for Qwen3 models
         "qwen3-generation-config",
-        "--generation-config vllm for Qwen3 models",
         "seed 003",
         lambda lane: (
             ["--generation-config", "vllm"]

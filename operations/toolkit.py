@@ -4,14 +4,13 @@ from __future__ import annotations
 
 import json
 import shlex
-from pathlib import Path
 
 from pyinfra import host
 from pyinfra.api import FactBase, operation
 from pyinfra.api.exceptions import OperationError
 from pyinfra.facts.files import File
-from pyinfra.operations import files
 
+from operations import util
 from operations.debpkg import PackageStates, apt_install
 
 # NVIDIA's documented install line names these four, each at the same version.
@@ -21,7 +20,6 @@ PACKAGES = (
     "libnvidia-container-tools",
     "libnvidia-container1",
 )
-LIST_TEMPLATE = Path(__file__).parents[1] / "templates" / "nvidia-container-toolkit.list.j2"
 DAEMON_JSON = "/etc/docker/daemon.json"
 HOOK = "nvidia-container-runtime-hook"  # docker looks it up in its PATH when it starts
 
@@ -118,16 +116,8 @@ def repository(
     Updates the package lists of this repository alone, and only when the list or the key
     changed.
     """
-    list_changes = list(
-        files.template._inner(
-            src=str(LIST_TEMPLATE),
-            dest=list_path,
-            user="root",
-            group="root",
-            mode="644",
-            url=url,
-            keyring=keyring,
-        )
+    list_changes = util.template(
+        "nvidia-container-toolkit.list.j2", list_path, url=url, keyring=keyring
     )
     yield from list_changes
     key_missing = host.get_fact(File, path=keyring) is None

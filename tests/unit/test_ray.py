@@ -28,7 +28,7 @@ from jinja2 import Template
 from pyinfra.api.exceptions import OperationError
 from pyinfra.facts.files import File
 
-from operations import ray
+from operations import ray, util
 from tests.unit.harness import FakeHost, captured, file_facts, process, run_op
 
 IMAGE = "nvcr.io/nvidia/vllm:26.04-py3"
@@ -276,7 +276,7 @@ def test_nodes_command_counts_the_alive_nodes(
     tmp_path: Path, status: str, want: int, code: int, said: str
 ) -> None:
     script = tmp_path / "spark-ray-nodes"
-    source = (ray.TEMPLATES / "spark-ray-nodes.sh.j2").read_text()
+    source = (util.TEMPLATES / "spark-ray-nodes.sh.j2").read_text()
     script.write_text(Template(source).render(container=ray.CONTAINER))
     docker = tmp_path / "docker"  # answers `docker exec spark-ray ray status` as the lab did
     docker.write_text(f"#!/bin/sh\ncat {tmp_path / 'status.txt'}\n")
@@ -296,7 +296,7 @@ def test_nodes_command_says_while_it_waits_how_many_are_in(tmp_path: Path) -> No
     """One node of two alive, waiting 6 s: the wait is said once (the count does not change),
     then the count and the failure (in the journal of the cluster lane that runs it)."""
     script = tmp_path / "spark-ray-nodes"
-    source = (ray.TEMPLATES / "spark-ray-nodes.sh.j2").read_text()
+    source = (util.TEMPLATES / "spark-ray-nodes.sh.j2").read_text()
     script.write_text(Template(source).render(container=ray.CONTAINER))
     docker = tmp_path / "docker"
     docker.write_text("#!/bin/sh\necho 'Active:'; echo ' 1 node_0a'\n")

@@ -3,20 +3,26 @@ budget; and how operations/config.py reports them before any host is contacted."
 
 from __future__ import annotations
 
+import json
 import logging
+import re
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
 import pytest
+from pydantic import BaseModel, ValidationError
 
 from operations.config import ConfigError, load_from_dicts
 from operations.recipes import (
     CATALOG,
+    DATA,
     OVERHEAD_GIB,
     SM121_ADDITIONS,
     SM121_RULES,
     Lane,
+    matching,
     parse_options,
+    refused,
 )
 
 from .test_config import PROBLEM_LINE, group_defaults, merged, run_pyinfra
@@ -559,3 +565,25 @@ def test_a_cluster_lane_adds_tensor_parallelism_over_ray_and_counts_one_boxs_sha
     assert estimate.fits
     single = big.model_copy(update={"tensor_parallel_size": 1})
     assert "--tensor-parallel-size" not in single.vllm_args()
+
+
+def test_every_catalog_entry_names_its_source() -> None:
+    entries = json.loads((DATA / "model-catalog.json").read_text())["models"]
+    assert list(CATALOG) == list(entries)
+    assert all(entry["source"].strip() for entry in entries.values())
+    # The 235B model at TP=2: seed 004's 57.64 GiB per node, twice over.
+    assert CATALOG["Qwen/Qwen3-235B-A22B-GPTQ-Int4"].weights_gib == pytest.approx(2 * 57.64)
+
+
+def test_matching_and_refused_report_the_problem_under_the_field() -> None:
+    class Named(BaseModel):
+        name: Annotated[str, matching(re.compile("[a-z]+"), "{!r} is no name")]
+
+    assert Named(name="ab").name == "ab"
+    with pytest.raises(ValidationError) as error:
+        Named(name="A b")
+    assert error.value.errors()[0]["loc"] == ("name",)
+    assert str(error.value.errors()[0]["ctx"]["error"]) == "'A b' is no name"
+    assert refused(3, []) == 3
+    with pytest.raises(ValueError, match=r"^one\ntwo$"):
+        refused(3, ["one", "two"])

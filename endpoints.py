@@ -1,0 +1,134 @@
+"""After a run: the lanes' endpoints of every box, printed as a table, and an OpenCode client
+configuration per box (clients/<box>.json). Reporting only: nothing here touches a host."""
+
+from __future__ import annotations
+
+import json
+import re
+import weakref
+from collections.abc import Sequence
+from pathlib import Path
+from typing import NamedTuple
+
+import click
+from pyinfra.api import State
+from pyinfra.api.host import Host
+from pyinfra.api.state import BaseStateCallback, StateStage
+
+from operations.config import HostConfig
+from operations.lanes import SECRETS_DIR, key_path
+
+
+class Endpoint(NamedTuple):
+    """One lane as its clients see it."""
+
+    lane: str
+    served_name: str
+    url: str  # the OpenAI base URL, ending in /v1
+    memory_fraction: float
+    max_model_len: int
+    api_key: bool
+
+
+def endpoints_of(box: HostConfig, address: str) -> list[Endpoint]:
+    """The endpoints of a box's lanes, reached at ``address`` (where the inventory connects)."""
+    return [
+        Endpoint(
+            lane=lane.name,
+            served_name=lane.served_name,
+            url=f"http://{address}:{lane.port}/v1",
+            memory_fraction=lane.memory_fraction,
+            max_model_len=lane.max_model_len,
+            api_key=lane.api_key,
+        )
+        for lane in box.lanes
+    ]
+
+
+def opencode_config(box: str, endpoints: Sequence[Endpoint]) -> dict:
+    """An OpenCode configuration (as in seed 002) with one provider per lane of the box. The key
+    is read from a file on the client ({file:...}), never written here."""
+    slug = re.sub(r"[^a-z0-9-]+", "-", box.lower())
+    providers = {}
+    for endpoint in endpoints:
+        options = {"baseURL": endpoint.url}
+        if endpoint.api_key:
+            options["apiKey"] = f"{{file:~/.config/opencode/{slug}-{endpoint.lane}.key}}"
+        limit = {
+            "context": endpoint.max_model_len,
+            # Seed 002 leaves 16K of its 128K context for output; never more than a quarter.
+            "output": min(16384, endpoint.max_model_len // 4),
+        }
+        providers[f"{slug}-{endpoint.lane}"] = {
+            "npm": "@ai-sdk/openai-compatible",
+            "name": f"{box} {endpoint.lane}",
+            "options": options,
+            "models": {endpoint.served_name: {"name": endpoint.served_name, "limit": limit}},
+        }
+    return {"$schema": "https://opencode.ai/config.json", "provider": providers}
+
+
+def endpoints_table(endpoints: dict[str, Sequence[Endpoint]]) -> str:
+    """The lanes of every box, one line each, and where their keys are."""
+    rows = [("box", "lane", "served name", "URL", "memory", "API key")]
+    rows += [
+        (
+            box,
+            e.lane,
+            e.served_name,
+            e.url,
+            f"{e.memory_fraction:.2f}",
+            key_path(e.lane) if e.api_key else "none",
+        )
+        for box, lanes in endpoints.items()
+        for e in lanes
+    ]
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    return "\n".join(
+        "    " + "  ".join(f"{c:{w}}" for c, w in zip(row, widths, strict=True)).rstrip()
+        for row in rows
+    )
+
+
+class EndpointsReport(BaseStateCallback):
+    """Once the run is over (pyinfra's results printed, hosts disconnecting): the endpoints of
+    every box whose deploy succeeded, and clients/<box>.json for each."""
+
+    def __init__(self) -> None:
+        self.endpoints: dict[str, list[Endpoint]] = {}
+        self.done = False
+
+    def host_disconnect(self, state: State, host: Host) -> None:
+        # The Disconnect stage is reached only after the operations ran (not with --dry).
+        if self.done or state.current_stage != StateStage.Disconnect:
+            return
+        self.done = True
+        failed = {failed.name for failed in state.failed_hosts}
+        served = {box: e for box, e in self.endpoints.items() if box not in failed and e}
+        if not served:
+            return
+        clients = Path(state.cwd or ".") / "clients"
+        clients.mkdir(exist_ok=True)
+        for box, endpoints in served.items():
+            text = json.dumps(opencode_config(box, endpoints), indent=2) + "\n"
+            (clients / f"{box}.json").write_text(text)
+        click.echo("--> vLLM lanes serving:", err=True)
+        click.echo(endpoints_table(served), err=True)
+        click.echo(
+            f"    OpenCode configuration: clients/<box>.json. Keys stay on the boxes; copy one"
+            f" without showing it: ssh <box> sudo cat {SECRETS_DIR}/<lane>.key >"
+            " ~/.config/opencode/<box>-<lane>.key",
+            err=True,
+        )
+
+
+_reports: weakref.WeakKeyDictionary[State, EndpointsReport] = weakref.WeakKeyDictionary()
+
+
+def report(state: State, box: HostConfig, address: str) -> None:
+    """Print this box's endpoints after the run (call from deploy.py, once per box); clients
+    reach it at ``address``."""
+    if state not in _reports:
+        _reports[state] = EndpointsReport()
+        state.add_callback_handler(_reports[state])
+    _reports[state].endpoints[box.name] = endpoints_of(box, address)

@@ -1,0 +1,80 @@
+"""endpoints.py: the endpoints table and the OpenCode client files after a run."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+from pyinfra.api.state import StateStage
+
+import endpoints
+from operations.config import load_from_dicts
+from tests.unit.test_config import TWO_SPARKS, merged
+
+ENDPOINTS = [
+    endpoints.Endpoint("coder", "qwen3-coder-next", "http://spark-1:10101/v1", 0.45, 131072, True),
+    endpoints.Endpoint("fast", "qwen3.6-35b-a3b", "http://spark-1:10102/v1", 0.35, 8192, False),
+]
+
+
+def test_opencode_config_names_the_key_file_never_the_key() -> None:
+    config = endpoints.opencode_config("Spark-1.local", ENDPOINTS)
+    coder = config["provider"]["spark-1-local-coder"]
+    assert coder["options"] == {
+        "baseURL": "http://spark-1:10101/v1",
+        "apiKey": "{file:~/.config/opencode/spark-1-local-coder.key}",
+    }
+    assert coder["npm"] == "@ai-sdk/openai-compatible"
+    assert coder["models"] == {
+        "qwen3-coder-next": {
+            "name": "qwen3-coder-next",
+            "limit": {"context": 131072, "output": 16384},
+        }
+    }
+    fast = config["provider"]["spark-1-local-fast"]
+    assert "apiKey" not in fast["options"]
+    assert fast["models"]["qwen3.6-35b-a3b"]["limit"] == {"context": 8192, "output": 2048}
+
+
+def test_endpoints_table() -> None:
+    assert endpoints.endpoints_table({"spark-1": ENDPOINTS}).splitlines() == [
+        "    box      lane   served name       URL                      memory  API key",
+        "    spark-1  coder  qwen3-coder-next  http://spark-1:10101/v1  0.45"
+        "    /etc/spark/secrets/coder.key",
+        "    spark-1  fast   qwen3.6-35b-a3b   http://spark-1:10102/v1  0.35    none",
+    ]
+
+
+def test_report_after_a_run_only_for_boxes_that_succeeded(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    report = endpoints.EndpointsReport()
+    report.endpoints = {"spark-1": ENDPOINTS, "spark-2": ENDPOINTS}
+    state = SimpleNamespace(
+        current_stage=StateStage.Prepare,
+        failed_hosts=[SimpleNamespace(name="spark-2")],
+        cwd=tmp_path,
+    )
+    report.host_disconnect(state, None)  # a --dry run, or one that stopped early: nothing
+    assert not (tmp_path / "clients").exists()
+    state.current_stage = StateStage.Disconnect
+    report.host_disconnect(state, None)
+    report.host_disconnect(state, None)  # the next host's disconnect: once is enough
+    assert sorted(path.name for path in (tmp_path / "clients").iterdir()) == ["spark-1.json"]
+    written = json.loads((tmp_path / "clients/spark-1.json").read_text())
+    assert written == endpoints.opencode_config("spark-1", ENDPOINTS)
+    shown = capsys.readouterr().err
+    assert shown.count("--> vLLM lanes serving:") == 1
+    assert "spark-1  coder" in shown and "spark-2" not in shown.split("OpenCode")[0]
+    assert "sudo cat /etc/spark/secrets/<lane>.key > ~/.config/opencode/<box>-<lane>.key" in shown
+
+
+def test_endpoints_of_a_box_from_its_validated_lanes() -> None:
+    box = load_from_dicts(merged(TWO_SPARKS)).host("spark-1")
+    found = endpoints.endpoints_of(box, "10.0.0.5")
+    assert [(e.lane, e.url, e.api_key) for e in found] == [
+        (lane.name, f"http://10.0.0.5:{lane.port}/v1", lane.api_key) for lane in box.lanes
+    ]
+    assert found and found[0].served_name == box.lanes[0].served_name
