@@ -32,6 +32,38 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
                 item.add_marker(pytest.mark.skip(reason=reason))
 
 
+# A run that skips the lab proves nothing about what the deploy does to a host: it says so in
+# capitals, and as root (CI runs as root, and so can the lab) it fails. `make unit` is the way
+# to run only the unit tests: it deselects the lab tests instead of skipping them.
+_lab_skipped: list[str] = []
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    if report.skipped and "lab" in report.keywords and report.when in ("setup", "call"):
+        _lab_skipped.append(report.nodeid)
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus: int, config: pytest.Config) -> None:
+    if _lab_skipped:
+        terminalreporter.section("LAB TESTS SKIPPED", sep="!", red=True, bold=True)
+        terminalreporter.line(
+            f"{len(_lab_skipped)} end-to-end tests on the simulated lab did not run "
+            f"({lab_unavailable() or 'skipped inside the test'}), e.g. {_lab_skipped[0]}",
+            red=True,
+        )
+        if must_run_lab():
+            terminalreporter.line("as root (or in CI) every lab test must run: failing", red=True)
+
+
+def must_run_lab() -> bool:
+    return os.geteuid() == 0 or os.environ.get("CI", "").lower() in ("1", "true")
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    if _lab_skipped and must_run_lab() and exitstatus == 0:
+        session.exitstatus = 1
+
+
 @pytest.fixture(scope="session")
 def lab() -> Iterator[simlab.Lab]:
     """Two bare Sparks, booted once per session and torn down at its end, failure or not."""
