@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import queue
 import re
+import shlex
 import subprocess
 import threading
 import time
@@ -45,7 +46,6 @@ from tests.e2e.runs import (
     start_deploy,
 )
 from tests.simlab import lab as simlab
-from tests.simlab.paths import STATE
 
 pytestmark = pytest.mark.lab
 
@@ -136,25 +136,39 @@ def test_killed_in_every_operation_the_next_runs_finish(bare: simlab.Lab) -> Non
     converged()
 
 
+# dpkg runs its post-invoke hooks through `sh -c` after each run, with DPKG_HOOK_ACTION naming
+# it (dpkg(1)); apt unpacks new packages in one dpkg run and configures them in the next. So this
+# hook holds dpkg, lock taken and packages unpacked but not configured, for as long as the flag
+# in /run exists: until the power cut empties /run. No race: dpkg waits for the test.
+FREEZE_CFG = "/etc/dpkg/dpkg.cfg.d/zz-freeze"
+FREEZE_AFTER_UNPACK = (
+    'post-invoke=if [ "$DPKG_HOOK_ACTION" = unpack ] && [ -e /run/freeze-dpkg ];'
+    " then touch /run/dpkg-frozen; while [ -e /run/freeze-dpkg ]; do sleep 1; done; fi"
+)
+
+
 def test_power_cut_during_dpkg_is_repaired(bare: simlab.Lab) -> None:
     # On the lab the test before left converged: spark-2 loses its container toolkit, so that
-    # the deploy installs it again; once dpkg has recorded its first step of that in its
-    # journal, it is frozen there and the box's power is cut.
+    # the deploy installs it again; once dpkg has unpacked it, dpkg is held there and the box's
+    # power is cut.
     spark_2 = bare.hosts[1]
     packages = " ".join(PACKAGES)
     run_on(spark_2, f"sudo apt-get purge -qq -y --allow-change-held-packages {packages}")
-    watch = subprocess.Popen(
-        ["ssh", "-F", str(STATE / "ssh_config"), "-o", "BatchMode=yes", spark_2.name,
-         "echo watching; until [ -e /var/lib/dpkg/updates/0001 ]; do :; done;"
-         " pid=$(pgrep -x -n dpkg) && sudo kill -STOP $pid && echo frozen $pid"],
-        stdout=subprocess.PIPE, text=True, stdin=subprocess.DEVNULL,
-    )  # fmt: skip
-    assert watch.stdout is not None and watch.stdout.readline() == "watching\n"
+    run_on(
+        spark_2,
+        f"echo {shlex.quote(FREEZE_AFTER_UNPACK)} | sudo tee {FREEZE_CFG} >/dev/null"
+        " && sudo touch /run/freeze-dpkg",
+    )
     deploy = start_deploy()
-    assert watch.stdout.readline().startswith("frozen")
+    frozen = run_on(
+        spark_2,
+        "timeout 600 sh -c 'until [ -e /run/dpkg-frozen ]; do sleep 0.2; done' && echo frozen"
+        " || echo 'dpkg never reached the hook'",
+        check=False,
+    )
+    assert frozen.strip() == "frozen", (frozen, deploy.poll())
     power_cut(spark_2)
     output = plain(deploy.communicate(timeout=900)[0])
-    watch.wait(timeout=30)
 
     # pyinfra names the box it lost; the other one went on, with nothing to do, up to the
     # cluster stage, which it refuses without spark-2.
@@ -166,6 +180,7 @@ def test_power_cut_during_dpkg_is_repaired(bare: simlab.Lab) -> None:
     assert refusal in output, output
 
     power_on(spark_2)
+    run_on(spark_2, f"sudo rm {FREEZE_CFG}")  # its flag in /run went with the power
     audit = run_on(spark_2, "sudo dpkg --audit", check=False)
     assert "not yet configured" in audit or "reinstalled" in audit, audit
     repaired = pyinfra(INVENTORY, "deploy.py")
