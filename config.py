@@ -1,14 +1,14 @@
-"""pyinfra CLI configuration: refuse invalid inventory data before any host is contacted.
+"""pyinfra CLI configuration, read from the directory pyinfra starts in.
 
-pyinfra runs this file first (from the directory it is started in), then loads the
-inventory, then connects: the check hooks into the connect step. Fact reads are then
-answered in batches (operations/factcache.py; SPARK_FACTCACHE=off turns that off).
+Nothing here changes how pyinfra runs by default: the inventory is validated by deploy.py before
+any operation (operations/config.py), and pyinfra reads facts one command each, as it always does.
+SPARK_FACTCACHE=on opts in to batched fact reads (operations/factcache.py), which replaces parts
+of pyinfra's own objects and is therefore switched on only for the pyinfra release it was written
+against (requirements.txt pins it).
 """
 
 from pyinfra import state
 
-from operations.config import validate_before_connect
 from operations.factcache import batch_fact_reads
 
-validate_before_connect(state)
 batch_fact_reads(state)

@@ -9,9 +9,27 @@ are checked; docker is restarted whenever the running daemon lacks the nvidia ru
 box's own lanes: the memory guard first, so it watches while they load, then each lane once the
 one before it serves. The cluster (Ray, its firewall, the cluster lane) comes last: it needs
 every box, and stops when one is missing, after each box has done what it can alone.
+
+Every box's data is validated before anything else (operations/config.py): a bad value stops
+the run, naming the box and the key, before any operation or fact reaches a box.
 """
 
+# ruff: noqa: E402 - the check below must run before this collection's own modules are imported
+from pathlib import Path
+
 from pyinfra import host, inventory, state
+from pyinfra.api.exceptions import PyinfraError
+
+# pyinfra reads config.py and group_data/ from the directory it starts in, and imports this
+# collection's modules from there: started anywhere else, the deploy would run on defaults
+# nobody checked, so it refuses.
+COLLECTION = Path(__file__).resolve().parent
+if Path.cwd().resolve() != COLLECTION:
+    raise PyinfraError(
+        f"start pyinfra in {COLLECTION} (cd there, or add --chdir {COLLECTION}): it reads"
+        " config.py and group_data/ from the directory it starts in, and without them the"
+        " deploy would run on defaults nobody checked"
+    )
 
 import endpoints
 from operations import (
@@ -31,7 +49,7 @@ from operations import (
 )
 from operations.recipes import Lane
 
-spark = config.load(inventory)  # already checked before connecting (config.py): cached
+spark = config.load(inventory)  # validated once for the whole inventory, then cached
 me = spark.host(host.name)
 
 debpkg.completed(name="dpkg: nothing left half installed")

@@ -9,8 +9,8 @@ machines are noisy), prints a table and writes it as JSON (bench-results.json):
 - the first converge of 2 bare hosts, on freshly reimaged hosts each time; the serving image
   is loaded into each host's docker before the clock starts (on a real box it is a pull);
 - the no-change re-run on 2 hosts, with -y and with pyinfra's change-detection pass (what an
-  interactive run does), each with fact batching (operations/factcache.py) on and off
-  (SPARK_FACTCACHE=off: pyinfra's one command per fact);
+  interactive run does), each as pyinfra runs by default (one command per fact) and with the
+  opt-in fact batching (SPARK_FACTCACHE=on, operations/factcache.py);
 - pyinfra with an empty deploy (start, validate, connect, disconnect): the floor of any run;
 - the limit: the distinct fact commands of the no-change run, asked of each host in one SSH
   session as one script under one sudo, hosts in parallel;
@@ -124,8 +124,7 @@ def pyinfra(lab: simlab.Lab, *args: str, cache: bool = True, yes: bool = True) -
     """One pyinfra run: wall time, this machine's CPU time for it (pyinfra's own work), output,
     and the sessions each host saw."""
     env = dict(os.environ, SIMLAB_STATE=str(STATE))
-    if not cache:
-        env["SPARK_FACTCACHE"] = "off"
+    env["SPARK_FACTCACHE"] = "on" if cache else "off"
     cursors = {host.name: cursor(host) for host in lab.hosts}
     argv = [PYINFRA, *(["-y"] if yes else []), INVENTORY, *args]
     start, used = time.monotonic(), cpu_of_children()

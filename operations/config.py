@@ -12,7 +12,6 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 from urllib.parse import urlsplit
 
-import gevent
 from pydantic import (
     BaseModel,
     ConfigDict,
@@ -26,9 +25,7 @@ from pyinfra import logger
 from pyinfra.api.arguments import all_argument_meta
 from pyinfra.api.connectors import get_all_connectors
 from pyinfra.api.exceptions import PyinfraError
-from pyinfra.api.host import Host
 from pyinfra.api.inventory import Inventory
-from pyinfra.api.state import BaseStateCallback, State
 
 from operations.recipes import (
     FRACTION_LIMIT,
@@ -720,30 +717,3 @@ def load(inventory: Inventory) -> SparkConfig:
     if isinstance(result, ConfigError):
         raise ConfigError(result.problems)  # a fresh one: no traceback piled up per host
     return result
-
-
-class ValidateBeforeConnect(BaseStateCallback):
-    """Refuse to connect anywhere while the inventory data is invalid."""
-
-    @staticmethod
-    def host_before_connect(state: State, host: Host) -> None:
-        load(state.inventory)
-
-
-def validate_before_connect(state: State) -> None:
-    """Make pyinfra validate the inventory before its first connection (call from config.py).
-
-    The CLI runs config.py before ``State.init()``, and init starts a fresh list of
-    callback handlers, so the handler is added right after init. Every host's connect
-    greenlet then raises the same ConfigError before opening a connection; gevent is told
-    it is no crash, or it would print a traceback per host before pyinfra's own message.
-    """
-    init = state.init
-
-    def init_then_add_handler(*args: Any, **kwargs: Any) -> None:
-        init(*args, **kwargs)
-        state.add_callback_handler(ValidateBeforeConnect())
-        hub = gevent.get_hub()
-        hub.NOT_ERROR = (*hub.NOT_ERROR, ConfigError)
-
-    state.init = init_then_add_handler

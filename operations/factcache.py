@@ -24,7 +24,9 @@ questions travel, never what they are or how their answers are read:
   the answers lead the operations to ask next. A question no walk foresaw is read singly, as
   pyinfra reads it.
 
-``SPARK_FACTCACHE=off`` in the environment leaves pyinfra as it is.
+It is opt-in: ``SPARK_FACTCACHE=on`` in the environment, and only on pyinfra
+``PYINFRA_VERSION`` (the version it replaces parts of; on any other it says so once and leaves
+pyinfra as it is). Without it, pyinfra runs as pyinfra runs.
 """
 
 from __future__ import annotations
@@ -36,6 +38,8 @@ from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
+import pyinfra
+from pyinfra import logger
 from pyinfra.api import FactBase, State, StringCommand
 from pyinfra.api.host import Host
 from pyinfra.api.state import BaseStateCallback, StateStage
@@ -331,13 +335,25 @@ class WalkBeforeOperations(BaseStateCallback):
         answers.walk([h for h in order[order.index(op_hash) :] if h in ops])
 
 
+# The pyinfra release whose get_fact, run_shell_command, put_file, get_temp_filename and
+# State.init this module wraps; requirements.txt pins it.
+PYINFRA_VERSION = "3.10.0"
+
+
 def batch_fact_reads(state: State) -> None:
-    """Serve fact reads from batched answers on every host (call from config.py).
+    """With SPARK_FACTCACHE=on, serve fact reads from batched answers on every host (call from
+    config.py).
 
     pyinfra runs config.py before ``State.init()``, which makes the hosts' connectors and a
     fresh list of callback handlers: the wrappers and the handler are added right after it.
     """
-    if os.environ.get("SPARK_FACTCACHE") == "off":
+    if os.environ.get("SPARK_FACTCACHE") != "on":
+        return
+    if pyinfra.__version__ != PYINFRA_VERSION:
+        logger.warning(
+            f"SPARK_FACTCACHE=on ignored: batched fact reads are written for pyinfra"
+            f" {PYINFRA_VERSION}, this is {pyinfra.__version__}; facts are read one by one"
+        )
         return
     init = state.init
 

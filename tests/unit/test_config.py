@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import re
 import runpy
 import subprocess
@@ -11,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from pyinfra.api import Config, Inventory, State
+from pyinfra.api import Inventory
 
 from operations import config
 from operations.config import ConfigError, load, load_from_dicts
@@ -245,37 +246,25 @@ def test_load_caches_the_error_too(monkeypatch: pytest.MonkeyPatch) -> None:
     assert errors[0].problems[0].startswith("spark-2: fabric_mtu: ")
 
 
-def test_validate_before_connect_refuses_before_the_connector_is_used() -> None:
-    hosts = {"spark-1": {"ssh_hostname": "127.0.0.1", "ssh_port": 1, "fabric_mtu": 1}}
-    state = State()
-    config.validate_before_connect(state)
-    state.init(inventory(hosts), Config())
-    host = state.inventory.get_host("spark-1")
-    host.connector.connect = lambda: pytest.fail("the connector was used")
-
-    with pytest.raises(ConfigError, match="spark-1: fabric_mtu: "):
-        host.connect()
-    assert not host.connected
-
-
-def run_pyinfra(tmp_path: Path, hosts: dict[str, dict[str, Any]]) -> subprocess.CompletedProcess:
-    """The pyinfra CLI from the repository root (its config.py and group_data/) on a
-    throwaway inventory whose hosts are loopback port 1: nothing listens there."""
-    reachable_nowhere = {"ssh_hostname": "127.0.0.1", "ssh_port": 1}
+def run_pyinfra(
+    tmp_path: Path, hosts: dict[str, dict[str, Any]], cwd: Path = REPO, *deploy: str
+) -> subprocess.CompletedProcess:
+    """The pyinfra CLI deploying deploy.py (from the repository root: its config.py and
+    group_data/) to a throwaway inventory of pyinfra's fake connector: "@fake/<name>" hosts
+    that connect, answer every command with nothing and touch no machine."""
     inventory_file = tmp_path / "inventory.py"
-    inventory_file.write_text(
-        f"spark = {[(name, reachable_nowhere | data) for name, data in hosts.items()]!r}\n"
-    )
+    inventory_file.write_text(f"spark = {[(f'@fake/{n}', d) for n, d in hosts.items()]!r}\n")
     return subprocess.run(
-        [sys.executable, "-m", "pyinfra", "-y", str(inventory_file), "exec", "--", "true"],
-        cwd=REPO,
+        [sys.executable, "-m", "pyinfra", "-y", str(inventory_file), *(deploy or ["deploy.py"])],
+        cwd=cwd,
         capture_output=True,
         text=True,
         timeout=120,
+        env=os.environ | {"PYINFRA_FAKE_DELAY": "0", "PYINFRA_FAKE_DELAY_JITTER": "0"},
     )
 
 
-def test_cli_refuses_bad_data_without_connecting(tmp_path: Path) -> None:
+def test_cli_refuses_bad_data_before_any_operation(tmp_path: Path) -> None:
     bad = {name: dict(data) for name, data in TWO_SPARKS.items()}
     bad["spark-2"]["fabric_adresses"] = bad["spark-2"].pop("fabric_addresses")
     bad["spark-1"]["_sudo_password"] = "hunter2"
@@ -285,19 +274,34 @@ def test_cli_refuses_bad_data_without_connecting(tmp_path: Path) -> None:
 
     assert run.returncode != 0
     assert "spark-2: fabric_adresses: unknown key; did you mean fabric_addresses?" in output
-    assert "Could not connect" not in output
+    assert "Starting operation" not in output  # no box was asked or told anything
     assert "Traceback" not in output
     assert "hunter2" not in output
 
 
-def test_cli_with_good_data_goes_on_to_connect(tmp_path: Path) -> None:
-    """The counterpart of the test above: without the refusal pyinfra does try port 1."""
+def test_cli_with_good_data_goes_on_to_the_operations(tmp_path: Path) -> None:
+    """The counterpart of the test above: valid data reaches the first operation."""
     run = run_pyinfra(tmp_path, TWO_SPARKS)
     output = run.stdout + run.stderr
 
+    assert "problem(s)" not in output
+    assert "--> Starting operation: dpkg: nothing left half installed" in output
+
+
+def test_started_elsewhere_the_deploy_refuses_to_run_unchecked(tmp_path: Path) -> None:
+    """From another directory pyinfra finds neither config.py nor group_data/: refused, with the
+    way out named; with --chdir the deploy runs as from the repository root."""
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    run = run_pyinfra(tmp_path, TWO_SPARKS, elsewhere, str(REPO / "deploy.py"))
+    output = run.stdout + run.stderr
     assert run.returncode != 0
-    assert "[spark-1] Could not connect" in output
-    assert "[spark-2] Could not connect" in output
+    here = REPO.resolve()
+    assert f"start pyinfra in {here} (cd there, or add --chdir {here})" in output
+    assert "Starting operation" not in output
+
+    run = run_pyinfra(tmp_path, TWO_SPARKS, elsewhere, "--chdir", str(REPO), "deploy.py")
+    assert "--> Starting operation: dpkg: nothing left half installed" in run.stdout + run.stderr
     assert "problem(s)" not in output
 
 

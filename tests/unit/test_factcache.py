@@ -112,6 +112,12 @@ class Run:
         assert not self.state.failed_hosts
 
 
+@pytest.fixture(autouse=True)
+def opted_in(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Batching is opt-in: these tests run with it on (the last two without)."""
+    monkeypatch.setenv("SPARK_FACTCACHE", "on")
+
+
 @pytest.fixture
 def files(tmp_path: Path) -> Iterator[Path]:
     (tmp_path / "a").write_text("one")
@@ -291,14 +297,31 @@ def test_a_failing_fact_command_is_left_to_pyinfra(files: Path) -> None:
     assert run.host in run.state.failed_hosts
 
 
-def test_off_leaves_pyinfra_alone(monkeypatch: pytest.MonkeyPatch, files: Path) -> None:
-    monkeypatch.setenv("SPARK_FACTCACHE", "off")
+def one_by_one(files: Path) -> Run:
     run = Run(check_for_changes=False)
     run.add(text, path=str(files / "a"), content="one")
     run.add(text, path=str(files / "b"), content="two")
     run.execute()
+    return run
+
+
+PYINFRA_AS_IT_IS = ["cat {a} 2>/dev/null || true", "cat {b} 2>/dev/null || true"]
+
+
+def test_by_default_pyinfra_is_left_alone(monkeypatch: pytest.MonkeyPatch, files: Path) -> None:
+    monkeypatch.delenv("SPARK_FACTCACHE")
+    run = one_by_one(files)
     assert not hasattr(run.host, "fact_answers")
-    assert run.sent == [
-        f"cat {files / 'a'} 2>/dev/null || true",
-        f"cat {files / 'b'} 2>/dev/null || true",
-    ]
+    assert run.sent == [cmd.format(a=files / "a", b=files / "b") for cmd in PYINFRA_AS_IT_IS]
+
+
+def test_another_pyinfra_release_turns_it_off(
+    monkeypatch: pytest.MonkeyPatch, files: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    monkeypatch.setattr(factcache.pyinfra, "__version__", "3.11.0")
+    run = one_by_one(files)
+    assert not hasattr(run.host, "fact_answers")
+    assert run.sent == [cmd.format(a=files / "a", b=files / "b") for cmd in PYINFRA_AS_IT_IS]
+    assert "SPARK_FACTCACHE=on ignored: batched fact reads are written for pyinfra 3.10.0," in (
+        caplog.text
+    )

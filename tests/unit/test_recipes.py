@@ -359,14 +359,14 @@ def test_a_total_above_087_is_accepted_with_a_warning(caplog: pytest.LogCaptureF
     ]
 
 
-def test_the_warning_shows_in_pyinfra_output_before_connecting(tmp_path: Path) -> None:
+def test_the_warning_shows_in_pyinfra_output_before_any_operation(tmp_path: Path) -> None:
     two = [lane(memory_fraction=0.45), lane(name="b", port=10102, memory_fraction=0.43)]
 
     run = run_pyinfra(tmp_path, {"spark-1": {"lanes": two}})
     output = run.stdout + run.stderr
 
     assert "spark-1: lanes: the memory fractions add up to 0.88" in output
-    assert output.index("add up to 0.88") < output.index("[spark-1] Could not connect")
+    assert output.index("add up to 0.88") < output.index("--> Starting operation")
 
 
 def test_a_lane_fraction_above_090_is_refused() -> None:
