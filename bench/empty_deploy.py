@@ -1,1 +1,1 @@
-"""No operations: what any pyinfra run of this repository costs (start, load the inventory, connect)."""
+"""No operations: what any pyinfra run of this repository costs (start, inventory, connect)."""
