@@ -19,6 +19,10 @@ fabric_hcas = {"enp1s0f1np1": "rocep1s0f1", "enP2p1s0f1np1": "roceP2p1s0f1"}
 # Jumbo frames on every fabric interface, equal on all hosts (seed 001; NVIDIA's own
 # two-Spark guide leaves 1500: dgx-spark-playbooks#25).
 fabric_mtu = 9000
+# A fabric below 9000 is refused unless this says why in one line (a switch without jumbo
+# frames, say): NCCL measured 18.9-21 GB/s at 1500 against 23.74 GB/s at 9000
+# (dgx-spark-playbooks#25).
+fabric_mtu_below_9000_because = None
 
 # RoCE v2 + IPv4 GID entry NCCL uses (seed 001); the deploy checks the host's table,
 # since another index was seen in the field (GLM-5.3-Flash-EXL3-2x-DGX-Sparks PR#26).

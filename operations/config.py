@@ -13,6 +13,7 @@ from typing import Annotated, Any, Literal
 from urllib.parse import urlsplit
 
 from pydantic import (
+    AfterValidator,
     BaseModel,
     ConfigDict,
     Field,
@@ -30,14 +31,15 @@ from pyinfra.api.inventory import Inventory
 from operations.recipes import (
     FRACTION_LIMIT,
     FRACTION_WARNING,
-    IMAGE,
-    IMAGE_PROBLEM,
+    LINE_BREAK,
     SLUG,
     Lane,
     ModelSpec,
     budget_problems,
     budget_warnings,
+    context_warnings,
     matching,
+    pinned_image,
     refused,
     reserved_ports,
 )
@@ -52,6 +54,15 @@ DRIVER_PACKAGE = re.compile(r"nvidia-driver-(\d+)(-open)?")
 DEBIAN_VERSION = re.compile(r"(\d+:)?\d[A-Za-z0-9.+~]*(-[A-Za-z0-9.+~]+)*")
 ABSOLUTE_PATH = re.compile(r"(/[A-Za-z0-9_.-]+)+")
 SUPPORTED_BRANCH = 580
+# Jumbo frames on the fabric (seed 001); NVIDIA's guide leaves 1500, which measured 18.9-21 GB/s
+# of NCCL against 23.74 GB/s at 9000 (dgx-spark-playbooks#25).
+FABRIC_MTU = 9000
+# Keys whose value may be a secret: no message ever shows their value (a key pasted as api_key,
+# a token pasted into hf_token_file). Keys of pyinfra's own are never shown either.
+SECRET_KEYS = frozenset({"api_key", "hf_token_file"})
+# A Spark has 128 GB of LPDDR5X in all, shared by CPU and GPU (seed 003); CUDA reports 121.69
+# GiB of it. No value of unified_memory_gib or of the guard's floor can be above that.
+SPARK_MEMORY_GIB = 128
 
 
 class ConfigError(PyinfraError):
@@ -90,7 +101,15 @@ class HostSettings(BaseModel):
         " one distinct device for each fabric interface",
     )
     fabric_mtu: int = Field(
-        ge=1500, le=9216, description="an integer 1500..9216, the same on every host (9000)"
+        ge=1500,
+        le=9216,
+        description=f"an integer {FABRIC_MTU}..9216, the same on every host ({FABRIC_MTU});"
+        " lower only with fabric_mtu_below_9000_because",
+    )
+    fabric_mtu_below_9000_because: str | None = Field(
+        description="None, or one line saying why the fabric runs below 9000 (e.g. a switch"
+        " without jumbo frames)",
+        max_length=200,
     )
     roce_gid_index: int = Field(ge=0, le=255, description="an integer 0..255 (3: RoCE v2 + IPv4)")
     driver_branch: int = Field(description=f"the integer {SUPPORTED_BRANCH}")
@@ -112,20 +131,26 @@ class HostSettings(BaseModel):
     ray_port: int = Field(
         ge=1024, le=32000, description="an integer 1024..32000, the head's GCS port (6379)"
     )
-    ray_image: Annotated[str, matching(IMAGE, IMAGE_PROBLEM)] = Field(
+    ray_image: Annotated[str, AfterValidator(pinned_image)] = Field(
         description="registry/repository:tag of the image Ray runs in, with Ray in it,"
         " e.g. nvcr.io/nvidia/vllm:26.04-py3"
     )
     ray_auth: bool = Field(description="True or False (Ray's token authentication)")
     unified_memory_gib: float = Field(
-        ge=1, le=4096, description="the GiB CUDA reports as total memory (121.69 on a Spark)"
+        ge=1,
+        le=SPARK_MEMORY_GIB,
+        description=f"the GiB CUDA reports as total memory (121.69 on a Spark), at most the"
+        f" {SPARK_MEMORY_GIB} GB the box has",
     )
     lanes: list[Lane] = Field(
         description="a list of lanes, each a dict of name, image, model, served_name, port,"
         " memory_fraction, max_model_len and optional keys (see group_data/all.py)"
     )
     memory_guard_min_available_gib: float = Field(
-        gt=0, description="GiB of MemAvailable below which a lane is stopped, e.g. 8"
+        gt=0,
+        le=SPARK_MEMORY_GIB,
+        description="GiB of MemAvailable below which a lane is stopped, e.g. 8; below what the"
+        " lanes leave free",
     )
     lane_start_timeout_min: int = Field(
         ge=1, le=240, description="minutes a lane may take to load until /health answers (20)"
@@ -221,8 +246,8 @@ class HostSettings(BaseModel):
     def _hf_token_file(cls, path: str | None) -> str | None:
         if path is not None and not Path(path).expanduser().is_file():
             raise ValueError(
-                f"{path!r} is no file on this machine; put the Hugging Face token in"
-                " one, or set None"
+                "the value is no file on this machine (not shown: it may be a token pasted by"
+                " mistake); put the Hugging Face token in a file and give its path, or set None"
             )
         return path
 
@@ -232,8 +257,12 @@ class HostSettings(BaseModel):
         is reported under the field the user edits."""
         problems = {
             "fabric_hcas": _device_problems(self.fabric_addresses, self.fabric_hcas),
+            "fabric_mtu": _mtu_problems(self.fabric_mtu, self.fabric_mtu_below_9000_because),
             "lanes": budget_problems(
                 self.lanes, self.unified_memory_gib, reserved_ports(self.ray_port)
+            ),
+            "memory_guard_min_available_gib": _guard_problems(
+                self.memory_guard_min_available_gib, self.unified_memory_gib, self.lanes
             ),
         }
         errors = [
@@ -267,6 +296,32 @@ def _device_problems(fabric: dict[str, str], hcas: dict[str, str]) -> list[str]:
         " (rocep1s0f1 and roceP2p1s0f1 on a Spark)"
         for hca, ifnames in by_hca.items()
         if len(ifnames) > 1
+    ]
+
+
+def _mtu_problems(mtu: int, because: str | None) -> list[str]:
+    """Jumbo frames unless the owner says why not, in one line."""
+    if because is not None and LINE_BREAK.search(because):
+        return ["fabric_mtu_below_9000_because: a line break or NUL; write one line"]
+    if mtu < FABRIC_MTU and not (because and because.strip()):
+        return [
+            f"{mtu} is below {FABRIC_MTU}: NCCL measured 18.9-21 GB/s at 1500 against 23.74 GB/s"
+            f" at 9000 (dgx-spark-playbooks#25); set {FABRIC_MTU} (seed 001), or keep it and say"
+            " why in fabric_mtu_below_9000_because"
+        ]
+    return []
+
+
+def _guard_problems(floor_gib: float, unified_gib: float, lanes: list[Lane]) -> list[str]:
+    """The guard's floor below what the lanes leave free once loaded: at or above it, it would
+    stop a lane each time all of them are up (the OS takes its part of the rest too)."""
+    free = unified_gib * (1 - sum(lane.memory_fraction for lane in lanes))
+    if floor_gib < free:
+        return []
+    return [
+        f"{floor_gib:g} GiB is not below the {free:.1f} GiB the lanes leave free (of"
+        f" {unified_gib:g}); the guard would stop a lane whenever all are loaded; lower it (8"
+        " leaves the kernel, docker and sshd room) or the lanes' memory_fraction"
     ]
 
 
@@ -649,9 +704,8 @@ def _problems(name: str, error: ValidationError, data: dict[str, Any]) -> list[s
             problems.append(f"{where}missing; set it in {place} ({allowed})")
         else:
             allowed = model.model_fields[field].description
-            problems.append(
-                f"{where}{item['msg']} (got {_shown(item['input'])}); allowed: {allowed}"
-            )
+            got = "not shown: it may be a secret" if field in SECRET_KEYS else _shown(item["input"])
+            problems.append(f"{where}{item['msg']} (got {got}); allowed: {allowed}")
     return problems
 
 
@@ -691,7 +745,8 @@ def load_from_dicts(hosts: dict[str, dict[str, Any]]) -> SparkConfig:
         lane for host in configs if host.role == "head" for lane in host.lanes if lane.is_cluster
     ]
     for host in configs:
-        for warning in budget_warnings([*host.lanes, *(cluster if host.role == "worker" else [])]):
+        shares = [*host.lanes, *(cluster if host.role == "worker" else [])]
+        for warning in budget_warnings(shares) + context_warnings(host.lanes):
             # Allowed but risky: in pyinfra's output (yellow) before the first connection.
             logger.warning(f"{host.name}: lanes: {warning}")
     return SparkConfig(hosts=tuple(configs))

@@ -37,6 +37,11 @@ SERVE_OPTIONS: dict[str, dict[str, Any]] = json.loads(
     (DATA / "vllm-0.19.0-serve-options.json").read_text()
 )["options"]
 VLLM_ENV_VARS = frozenset(json.loads((DATA / "vllm-0.19.0-env-vars.json").read_text())["names"])
+# What an option's value must be where it is more than one string: {type, nargs, none}, read from
+# vLLM 0.19.0's own field types (the file's "about" says how). Checked by _value_problems alone.
+OPTION_VALUES: dict[str, dict[str, Any]] = json.loads(
+    (DATA / "vllm-0.19.0-option-values.json").read_text()
+)["values"]
 
 
 def refused(value: T, problems: list[str]) -> T:
@@ -69,6 +74,11 @@ SERVED_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:/-]{0,127}")
 LINE_BREAK = re.compile(r"[\n\r\0]")  # would split the unit or env file that carries it
 NEGATIVE_NUMBER = re.compile(r"-\d+(\.\d*)?|-\.\d+")  # a value, not an option, to argparse
 IMAGE_PROBLEM = "{!r} is not registry/repository:tag; pin a tag, e.g. nvcr.io/nvidia/vllm:26.04-py3"
+# The values argparse's int and float (and vLLM's human_readable_int) turn into numbers, less
+# the oddities they also take (spaces, "1_000", "nan", "inf").
+INTEGER = re.compile(r"[+-]?\d+")
+FLOAT = re.compile(r"[+-]?(\d+\.?\d*|\.\d+)([eE][+-]?\d+)?")
+HUMAN_INTEGER = re.compile(r"\d+|\d+(\.\d+)?[kmgt]|\d+[KMGT]")
 
 # The sum of the lanes' fractions: never above 0.90, 0.85-0.87 safe (seed 001). vLLM checks at
 # each start that fraction x total is free, and a Spark shows only ~102 of 121.69 GiB free
@@ -84,11 +94,27 @@ OVERHEAD_GIB = 4.0
 IMAGES_WITHOUT_FASTSAFETENSORS = frozenset(
     {"nvcr.io/nvidia/vllm:26.03-py3", "nvcr.io/nvidia/vllm:26.04-py3"}
 )
+# Agent clients refuse a shorter context: Hermes Agent says "below the minimum 64,000 required"
+# (seed 003); 65536 is the 64K the field gives its lanes (seed 003's lane B).
+AGENT_CONTEXT = 65536
 # Variables beside vLLM's own that a lane may set: libraries vLLM runs on.
 ENV_PREFIXES = ("CUDA_", "NCCL_", "HF_", "TORCH_", "PYTORCH_", "TRITON_", "TRANSFORMERS_", "OMP_")
 SECRET_ENV = frozenset(
     {"VLLM_API_KEY", "HF_TOKEN", "HUGGING_FACE_HUB_TOKEN", "S3_SECRET_ACCESS_KEY"}
 )
+
+
+def pinned_image(image: str) -> str:
+    """``image`` if it is registry/repository:tag with a tag that stays put, else ValueError
+    (a lane's image and Ray's alike)."""
+    match = IMAGE.fullmatch(image)
+    if not match:
+        raise ValueError(IMAGE_PROBLEM.format(image))
+    if match["tag"] == "latest":
+        raise ValueError(
+            f"{image!r} moves with every release; pin a tag, e.g. nvcr.io/nvidia/vllm:26.04-py3"
+        )
+    return image
 
 
 class ModelSpec(BaseModel):
@@ -217,14 +243,7 @@ class Lane(BaseModel):
     @field_validator("image")
     @classmethod
     def _image(cls, image: str) -> str:
-        match = IMAGE.fullmatch(image)
-        if not match:
-            raise ValueError(IMAGE_PROBLEM.format(image))
-        if match["tag"] == "latest":
-            raise ValueError(
-                f"{image!r} moves with every release; pin a tag, e.g. nvcr.io/nvidia/vllm:26.04-py3"
-            )
-        return image
+        return pinned_image(image)
 
     @field_validator("model")
     @classmethod
@@ -383,14 +402,18 @@ NOT_IN_EXTRA_ARGS = {
     " and set tensor_parallel_size (a cluster lane)",
     "--nnodes": "a cluster lane spans boxes over Ray, not vLLM's own multi-node mode; leave it"
     " out and set tensor_parallel_size",
+    "--hf-token": "a token in argv shows in `ps` and `docker inspect`; set hf_token_file (the"
+    " token goes to a root-only file on the box)",
 }
 
 
 def parse_options(tokens: Iterable[str]) -> tuple[list[tuple[str, str | bool]], list[str]]:
     """extra_args read as vLLM 0.19.0's parser reads them: ([(--name, value or True)], problems).
 
-    `--name value` and `--name=value`; underscores count as dashes (vLLM's
-    FlexibleArgumentParser). Every problem names what to do instead.
+    `--name value` and `--name=value`; an option of several values (nargs "+") takes every
+    value up to the next option, given back joined by spaces; underscores count as dashes
+    (vLLM's FlexibleArgumentParser). Each value is checked against the option's choices and
+    type (OPTION_VALUES). Every problem names what to do instead.
     """
     tokens = list(tokens)
     broken = [n for n, token in enumerate(tokens, 1) if LINE_BREAK.search(token)]
@@ -411,17 +434,21 @@ def parse_options(tokens: Iterable[str]) -> tuple[list[tuple[str, str | bool]], 
         name, has_value, value = token.partition("=")
         name = name.replace("_", "-")
         spec = SERVE_OPTIONS.get(name)
+        values = [value] if has_value else []
         # The value of an unknown option is taken too, so it is neither reported nor echoed.
         wants_value = spec is None or spec["takes_value"]
-        if wants_value and not has_value and i < len(tokens) and _is_value(tokens[i]):
-            has_value, value = "=", tokens[i]
+        several = OPTION_VALUES.get(name, {}).get("nargs") == "+"
+        while wants_value and (several or not values) and not has_value:
+            if i == len(tokens) or not _is_value(tokens[i]):
+                break
+            values.append(tokens[i])
             i += 1
-        problem = _option_problem(name, spec, has_value, value)
+        problem = _option_problem(name, spec, bool(has_value), values)
         if problem:
             problems.append(problem)
         else:
             assert spec is not None  # an unknown option is a problem
-            options.append((name, value if spec["takes_value"] else True))
+            options.append((name, " ".join(values) if spec["takes_value"] else True))
     return options, problems
 
 
@@ -429,7 +456,9 @@ def _is_value(token: str) -> bool:
     return not token.startswith("-") or bool(NEGATIVE_NUMBER.fullmatch(token))
 
 
-def _option_problem(name: str, spec: dict[str, Any] | None, has_value: str, value: str) -> str:
+def _option_problem(
+    name: str, spec: dict[str, Any] | None, has_value: bool, values: list[str]
+) -> str:
     if spec is None:
         return (
             f"{name} is no option of vLLM 0.19.0's `vllm serve`{_guess(name, SERVE_OPTIONS)};"
@@ -440,16 +469,50 @@ def _option_problem(name: str, spec: dict[str, Any] | None, has_value: str, valu
     if name in NOT_IN_EXTRA_ARGS:
         return f"{name} is refused: {NOT_IN_EXTRA_ARGS[name]}"
     if not spec["takes_value"]:
-        return f"{name} takes no value; drop ={value}" if has_value else ""
-    if not has_value:
+        return f"{name} takes no value; drop ={values[0]}" if has_value else ""
+    if not values:
         return f"{name} needs a value; put it after {name}"
     choices = spec.get("choices")
-    if choices and value not in choices:
+    if choices and values[0] not in choices:
         return (
-            f"{name} {value!r} is no choice of vLLM 0.19.0{_guess(value, choices)}; one of:"
-            f" {', '.join(choices)}"
+            f"{name} {values[0]!r} is no choice of vLLM 0.19.0{_guess(values[0], choices)};"
+            f" one of: {', '.join(choices)}"
         )
-    return ""
+    return "; ".join(_value_problems(name, values))
+
+
+def _value_problems(name: str, values: list[str]) -> list[str]:
+    """What vLLM 0.19.0's parser would refuse in an option's values (OPTION_VALUES): caught
+    here, the lane never crash-loops on it, and nothing of the value reaches the box."""
+    kind = OPTION_VALUES.get(name, {"type": "str"})
+    if kind.get("none") and values in (["None"], [""]):
+        return []
+    wanted, check = {
+        "int": ("an integer", INTEGER.fullmatch),
+        "float": ("a number", FLOAT.fullmatch),
+        "human_int": (
+            "an integer (or 8k, 2M: vLLM's human-readable form)",
+            HUMAN_INTEGER.fullmatch,
+        ),
+        "human_int_or_auto": (
+            "an integer (or 8k, 2M) or auto",
+            lambda value: value == "auto" or HUMAN_INTEGER.fullmatch(value),
+        ),
+        "json": ("a JSON object, e.g. '{\"key\": 1}'", _is_json_object),
+        "json_or_str": (
+            "a JSON object where it starts with '{'",
+            lambda value: not value.lstrip().startswith("{") or _is_json_object(value),
+        ),
+        "str": ("a string", lambda value: True),
+    }[kind["type"]]
+    return [f"{name} {value!r} is not {wanted}; give one" for value in values if not check(value)]
+
+
+def _is_json_object(value: str) -> bool:
+    try:
+        return isinstance(json.loads(value), dict)
+    except ValueError:
+        return False
 
 
 def _env_problems(name: str, value: str) -> list[str]:
@@ -507,6 +570,17 @@ def _uses_cutlass_fp4(lane: Lane) -> bool:
     )
 
 
+def _uses_flashinfer_moe(lane: Lane) -> bool:
+    """VLLM_USE_FLASHINFER_MOE_FP4 has its own rule: there =0 breaks too (seed 003)."""
+    switches = [
+        value
+        for name, value in lane.environment.items()
+        if name.startswith("VLLM_USE_FLASHINFER_MOE_") and name != "VLLM_USE_FLASHINFER_MOE_FP4"
+    ]
+    moe_backend = str(lane.option("--moe-backend") or "")
+    return moe_backend.startswith("flashinfer_") or any(value != "0" for value in switches)
+
+
 def _offloads(lane: Lane) -> bool:
     return any(
         lane.option(name) is not None
@@ -525,6 +599,24 @@ class Rule:
     breaks: Callable[[Lane], bool]
 
 
+# Field rules weighed and not made rules here (each option exists in vLLM 0.19.0's list):
+# - `--moe-backend marlin` "required for MoE models" (seed 001, a GPTQ-Int4 cluster): not added.
+#   vLLM already runs these builds' experts on Marlin (gptq_marlin, awq_marlin, and NVFP4 with
+#   VLLM_NVFP4_GEMM_BACKEND=marlin: seeds 003, 004), and seed 003 served both default lanes
+#   without it; forcing it would also force it on builds Marlin has no MoE kernel for (bf16).
+#   A lane may still set it; what is refused is the FlashInfer MoE backends (rule below).
+# - `--max-cudagraph-capture-size 2048` "required for full throughput" (seed 001): not added.
+#   vLLM 0.19.0 captures up to min(2 x max_num_seqs, 512) by default: "prevents capture of many
+#   large graphs (>512) that would greatly increase startup time with limited performance
+#   benefit" (CompilationConfig's own docstring). Seed 001's 2048 serves a batch of that size; a
+#   lane serving a few agents (seed 003: 3 at once) batches far below 512, and every graph costs
+#   memory in the lane's share and minutes at each start (~5 min capture on seed 001's cluster).
+#   A lane wanting it sets it in extra_args (its value is checked as an integer).
+# - FP8 KV cache: seeds 001, 002 and 004 call `--kv-cache-dtype fp8` safe and recommended; the
+#   model card of ig1/Qwen3.5-35B-A3B-NVFP4 reports gibberish with FP8 KV on Qwen3.5's hybrid
+#   attention, which the Qwen3.5/3.6/Next models of the default lanes share. The project
+#   follows the model card: the default lanes keep the model's bf16 cache (group_data); fp8 stays
+#   open to a lane that asks (seed 004's 235B cluster lane, a plain transformer, runs it).
 SM121_RULES = (
     Rule(
         "flashinfer-attention",
@@ -576,6 +668,16 @@ SM121_RULES = (
         "leave it unset: VLLM_NVFP4_GEMM_BACKEND=marlin is the one variable NVFP4 needs",
         "seed 003; seed 004",
         lambda lane: "VLLM_USE_FLASHINFER_MOE_FP4" in lane.environment,
+    ),
+    Rule(
+        "flashinfer-moe",
+        "the FlashInfer MoE backends (--moe-backend flashinfer_*; VLLM_USE_FLASHINFER_MOE_FP8,"
+        " _FP16, _INT4 or _MXFP4_* other than 0) are refused: FlashInfer's MoE kernels are absent"
+        " on SM121",
+        "leave them out: vLLM picks Marlin's MoE kernels for the GPTQ, AWQ and NVFP4 builds, or"
+        " set --moe-backend marlin",
+        "seed 001",
+        _uses_flashinfer_moe,
     ),
     Rule(
         "force-fp8-marlin",
@@ -712,6 +814,17 @@ def budget_warnings(lanes: Iterable[Lane]) -> list[str]:
             f" start; a total of {FRACTION_WARNING} or less is safe"
         ]
     return []
+
+
+def context_warnings(lanes: Iterable[Lane]) -> list[str]:
+    """Lanes whose context is too short for agent clients (AGENT_CONTEXT): allowed, since
+    other clients do with less, but said before the deploy and in the client configuration."""
+    return [
+        f"{lane.name}: max_model_len {lane.max_model_len} is below {AGENT_CONTEXT}: agent"
+        " clients refuse it (Hermes Agent needs 64K, seed 003); raise it to serve them"
+        for lane in lanes
+        if lane.max_model_len < AGENT_CONTEXT
+    ]
 
 
 def _fractions(lanes: list[Lane]) -> str:

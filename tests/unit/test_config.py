@@ -390,3 +390,44 @@ def test_fetch_weights_is_off_by_default_and_set_per_box() -> None:
     spark = load_from_dicts(hosts)
 
     assert (spark.head.fetch_weights, spark.host("spark-2").fetch_weights) == (False, True)
+
+
+def refusals(**data: Any) -> list[str]:
+    try:
+        load_from_dicts(merged({"spark-1": dict(TWO_SPARKS["spark-1"], **data)}))
+    except ConfigError as error:
+        return error.problems
+    return []
+
+
+def test_a_fabric_below_9000_needs_a_reason_in_one_line():
+    assert refusals(fabric_mtu=1500) == [
+        "spark-1: fabric_mtu: 1500 is below 9000: NCCL measured 18.9-21 GB/s at 1500 against"
+        " 23.74 GB/s at 9000 (dgx-spark-playbooks#25); set 9000 (seed 001), or keep it and say"
+        " why in fabric_mtu_below_9000_because"
+    ]
+    assert refusals(fabric_mtu=1500, fabric_mtu_below_9000_because="switch without jumbo") == []
+    assert refusals(fabric_mtu=1500, fabric_mtu_below_9000_because="a\nb") == [
+        "spark-1: fabric_mtu: fabric_mtu_below_9000_because: a line break or NUL; write one line"
+    ]
+
+
+def test_a_token_pasted_as_the_token_file_is_never_shown():
+    (refusal,) = refusals(hf_token_file="hf_SENTINELTOKEN0123456789")
+    assert refusal.startswith("spark-1: hf_token_file: the value is no file on this machine")
+    assert "SENTINEL" not in refusal
+
+
+def test_memory_settings_are_bounded_by_the_box():
+    (unified,) = refusals(unified_memory_gib=4096)
+    assert unified.startswith("spark-1: unified_memory_gib: Input should be less than or equal")
+    assert "128" in unified
+    (floor,) = refusals(memory_guard_min_available_gib=200)
+    assert floor.startswith("spark-1: memory_guard_min_available_gib: Input should be less")
+
+
+def test_ray_image_latest_is_refused_like_a_lanes():
+    assert refusals(ray_image="nvcr.io/nvidia/vllm:latest") == [
+        "spark-1: ray_image: 'nvcr.io/nvidia/vllm:latest' moves with every release; pin a tag,"
+        " e.g. nvcr.io/nvidia/vllm:26.04-py3"
+    ]

@@ -562,7 +562,8 @@ def test_lane_settings_defaults_and_a_token_file(tmp_path: Path) -> None:
         (
             "hf_token_file",
             "/nonexistent/hf-token",
-            "spark-1: hf_token_file: '/nonexistent/hf-token' is no file on this machine;",
+            "spark-1: hf_token_file: the value is no file on this machine (not shown: it may be a"
+            " token pasted by mistake)",
         ),
         ("memory_guard_min_available_gib", 0, "spark-1: memory_guard_min_available_gib: Input"),
         ("lane_start_timeout_min", 0, "spark-1: lane_start_timeout_min: Input should be"),

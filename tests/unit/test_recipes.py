@@ -156,6 +156,7 @@ def test_each_addition_is_made_where_needed_and_only_there(addition: Any) -> Non
 # The SM121 rules: every rule refuses its example, naming what to do and the source.
 
 FAILING_EXAMPLES = {
+    "flashinfer-moe": lane(extra_args=["--moe-backend", "flashinfer_cutlass"]),
     "flashinfer-attention": lane(extra_args=["--attention-backend", "FLASHINFER"]),
     "cutlass-fp4": lane(environment={"VLLM_NVFP4_GEMM_BACKEND": "cutlass"}),
     "enforce-eager": lane(extra_args=["--enforce-eager"]),
@@ -339,10 +340,12 @@ def test_max_model_len_beyond_the_model_is_refused_unless_allowed() -> None:
 
 
 def test_a_total_above_090_is_refused() -> None:
-    (refusal,) = problems(
+    refusal, guard = problems(
         lane(memory_fraction=0.5), lane(name="b", port=10102, memory_fraction=0.45)
     )
 
+    # 5% of 121.69 GiB left free is also under the memory guard's 8 GiB floor
+    assert guard.startswith("spark-1: memory_guard_min_available_gib: 8 GiB is not below the 6.1")
     assert refusal.startswith(
         "spark-1: lanes: the memory fractions add up to 0.95 (probe 0.5, b 0.45), above 0.9"
     )
@@ -587,3 +590,52 @@ def test_matching_and_refused_report_the_problem_under_the_field() -> None:
     assert refused(3, []) == 3
     with pytest.raises(ValueError, match=r"^one\ntwo$"):
         refused(3, ["one", "two"])
+
+
+# Option values, read as vLLM 0.19.0's parser reads them (operations/data/*-option-values.json).
+
+
+def test_a_typed_option_refuses_what_its_parser_would():
+    assert problems(lane(extra_args=["--max-num-seqs", "8; touch x"])) == [
+        "spark-1: lanes: probe: extra_args: --max-num-seqs '8; touch x' is not an integer; give one"
+    ]
+    assert accepted(lane(extra_args=["--max-num-seqs", "8"]))
+
+
+def test_options_of_several_values_json_and_human_integers():
+    several = ["--cudagraph-capture-sizes", "1", "2", "4", "--max-num-batched-tokens", "8k"]
+    (probe,) = accepted(lane(extra_args=several))
+    assert probe.option("--cudagraph-capture-sizes") == "1 2 4"
+    assert accepted(lane(extra_args=['--compilation-config={"cudagraph_capture_sizes": [1]}']))
+    refused = problems(lane(extra_args=["--compilation-config", "3"]))
+    assert refused == [
+        "spark-1: lanes: probe: extra_args: --compilation-config '3' is not a JSON object,"
+        " e.g. '{\"key\": 1}'; give one"
+    ]
+    assert problems(lane(extra_args=["--cudagraph-capture-sizes", "1", "two"])) == [
+        "spark-1: lanes: probe: extra_args: --cudagraph-capture-sizes 'two' is not an integer;"
+        " give one"
+    ]
+
+
+def test_flashinfer_moe_is_refused_by_variable_too():
+    (refusal,) = problems(lane(environment={"VLLM_USE_FLASHINFER_MOE_FP8": "1"}))
+    assert "FlashInfer's MoE kernels are absent on SM121" in refusal
+    assert "(seed 001)" in refusal
+    assert accepted(lane(environment={"VLLM_USE_FLASHINFER_MOE_FP8": "0"}))
+
+
+def test_a_context_agents_refuse_is_warned_not_refused(caplog: pytest.LogCaptureFixture):
+    with caplog.at_level(logging.WARNING, logger="pyinfra"):
+        assert accepted(lane(max_model_len=32768))
+    assert caplog.messages == [
+        "spark-1: lanes: probe: max_model_len 32768 is below 65536: agent clients refuse it"
+        " (Hermes Agent needs 64K, seed 003); raise it to serve them"
+    ]
+
+
+def test_a_plaintext_key_given_as_api_key_is_never_shown():
+    (refusal,) = problems(lane(api_key="sk-SENTINEL-0123456789"))
+    assert refusal.startswith("spark-1: lanes: probe: api_key: Input should be a valid boolean")
+    assert "not shown: it may be a secret" in refusal
+    assert "SENTINEL" not in refusal
