@@ -22,23 +22,40 @@ UNIT = "spark-firewall.service"
 # vLLM's other sockets take ports from the kernel's ephemeral range, which the rules add.
 BACKEND_PORTS = [(14579, 14579), (29500, 29500)]
 DIGEST = re.compile(r'comment "spark:([0-9a-f]{64})"')
+PATH = "/etc/spark/firewall.nft"
+
+
+def rules_check(path: str = PATH) -> str:
+    """Shell that prints "rules none" (no table), "rules as-file" or "rules differ": the live
+    table against what `path` gives once loaded by the same nft into a throwaway network
+    namespace (unshare --net), both as nft lists them. A flushed chain or a deleted rule leaves
+    the table's comment as it was: only its rules tell."""
+    return (
+        f"live=$(nft list table {TABLE} 2>/dev/null);"
+        f" want=$(unshare --net sh -c 'nft -f \"$1\" && nft list table {TABLE}' sh {path}"
+        " 2>/dev/null);"
+        ' if [ -z "$live" ]; then echo "rules none";'
+        ' elif [ "$live" = "$want" ]; then echo "rules as-file"; else echo "rules differ"; fi'
+    )
 
 
 class FirewallState(FactBase):
     """Whether nft is installed, the kernel's ephemeral port range, the digest of the loaded
-    `inet spark` table (from its comment) and the state of its unit.
+    `inet spark` table (from its comment), whether its rules are what the ruleset file gives
+    (rules_check) and the state of its unit.
 
     .. code:: python
 
-        {"nft": True, "ephemeral": (32768, 60999), "loaded": "5be1...", "enabled": "enabled",
-         "active": "active"}
+        {"nft": True, "ephemeral": (32768, 60999), "loaded": "5be1...", "rules": "as-file",
+         "enabled": "enabled", "active": "active"}
     """
 
-    def command(self) -> str:
+    def command(self, path: str = PATH) -> str:
         return (
             "command -v nft >/dev/null && echo nft;"
             ' echo "ephemeral $(cat /proc/sys/net/ipv4/ip_local_port_range)";'
             f' echo "loaded $(nft list table {TABLE} 2>/dev/null | head -n 3)";'
+            f" {rules_check(path)};"
             f' echo "enabled $(systemctl is-enabled {UNIT} 2>/dev/null)";'
             f' echo "active $(systemctl is-active {UNIT} 2>/dev/null)"; true'
         )
@@ -52,6 +69,7 @@ class FirewallState(FactBase):
             "nft": "nft" in fields,
             "ephemeral": (low, high),
             "loaded": digest[1] if digest else None,
+            "rules": fields.get("rules"),
             "enabled": fields.get("enabled") or None,
             "active": fields.get("active") or None,
         }
@@ -87,7 +105,7 @@ def cluster_ports_fabric_only(
     fabric: dict[str, str],
     ports: list[tuple[int, int]],
     open_ports: list[int],
-    path: str = "/etc/spark/firewall.nft",
+    path: str = PATH,
 ):
     """
     Let the cluster's ports accept connections only from the fabric; everything else is left
@@ -103,9 +121,10 @@ def cluster_ports_fabric_only(
 
     From elsewhere, a connection to a cluster port is refused (TCP reset, ICMP unreachable) rather
     than dropped, so a client fails at once. The table is replaced whole, in one transaction,
-    when its digest differs from the file's.
+    when its digest differs from the file's or its rules from what the file gives (a flushed
+    chain, a deleted rule).
     """
-    state = host.get_fact(FirewallState)
+    state = host.get_fact(FirewallState, path=path)
     ranges = merged([*ports, *BACKEND_PORTS, state["ephemeral"]])
     closed = [port for port in open_ports if any(low <= port <= high for low, high in ranges)]
     if closed:
@@ -127,7 +146,7 @@ def cluster_ports_fabric_only(
     )
     yield from unit
     active = state["active"] == "active"  # starting it loads the file
-    reload = active and state["loaded"] != DIGEST.search(rules)[1]
+    reload = active and (state["loaded"] != DIGEST.search(rules)[1] or state["rules"] != "as-file")
     yield from util.unit_started(
         UNIT,
         unit_changed=bool(unit),

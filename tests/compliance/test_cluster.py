@@ -47,12 +47,26 @@ def test_firewall_table(box: Box, found: Callable[[object], None]) -> None:
     rules = firewall.ruleset(fabric, firewall.merged([*ports, (int(low), int(high))]))
     want = firewall.DIGEST.search(rules)[1]
     loaded = firewall.DIGEST.search(box.run(f"nft list table {firewall.TABLE}").stdout)
+    # The comment alone would pass a flushed chain: the rules themselves are compared with
+    # what the deployed file gives, and the file with what the deploy renders.
+    on_disk = firewall.DIGEST.search(box.run(f"cat {firewall.PATH}").stdout)
+    rules = box.run(firewall.rules_check()).stdout.strip().removeprefix("rules ")
     unit = box.run(f"systemctl is-enabled {firewall.UNIT}").stdout.strip() or "no unit"
-    state = f"table {'absent' if loaded is None else loaded[1][:12]}, unit {unit}"
+    state = (
+        f"table {'absent' if loaded is None else loaded[1][:12]}, rules {rules},"
+        f" file {'absent' if on_disk is None else on_disk[1][:12]}, unit {unit}"
+    )
     found(state)
-    assert loaded and loaded[1] == want and unit == "enabled", (
-        f"expected table {firewall.TABLE} with digest {want[:12]} and its unit enabled,"
-        f" found {state}"
+    assert (
+        loaded
+        and loaded[1] == want
+        and on_disk
+        and on_disk[1] == want
+        and rules == "as-file"
+        and unit == "enabled"
+    ), (
+        f"expected table {firewall.TABLE} with digest {want[:12]}, its rules as {firewall.PATH}"
+        f" gives them, and its unit enabled, found {state}"
     )
 
 

@@ -2,6 +2,9 @@
 
 Captures (FirewallState's command, run with sudo on the simulated lab):
 - lab-head-deployed-firewall.txt: spark-1 after a deploy (table loaded, unit enabled and active).
+- lab-worker-deployed-firewall.txt: spark-2 after the same deploy.
+- lab-worker-flushed-firewall.txt: spark-2 after `nft flush chain inet spark input`: the table's
+  comment (its digest) as deployed, its rules gone.
 - lab-bare-firewall.txt: spark-2 freshly reimaged (no nft installed, no unit).
 """
 
@@ -21,7 +24,7 @@ FABRIC = {"enp1s0f1np1": "192.168.100.0/24", "enP2p1s0f1np1": "192.168.101.0/24"
 RULES = "/etc/spark/firewall.nft"
 UNIT = f"/etc/systemd/system/{firewall.UNIT}"
 ARGS = {"fabric": FABRIC, "ports": ray.listen_ports(6379), "open_ports": [22, 10101, 10102]}
-LAB_DIGEST = "124e0c15e5bf5b6e8d6d4e3fa3f120abc5fadc026c39d760c9f852183b240e64"
+LAB_DIGEST = "36b091a649359321c8246eea9a87c25f4aa5e66df63ca1449032d1f832ac0dc4"
 
 
 def firewall_host(fact: str, files: dict[str, str | None] | None = None) -> FakeHost:
@@ -39,6 +42,7 @@ def test_fact_reads_a_deployed_and_a_bare_box() -> None:
         "nft": True,
         "ephemeral": (32768, 60999),
         "loaded": LAB_DIGEST,
+        "rules": "as-file",
         "enabled": "enabled",
         "active": "active",
     }
@@ -46,9 +50,19 @@ def test_fact_reads_a_deployed_and_a_bare_box() -> None:
         "nft": False,
         "ephemeral": (32768, 60999),
         "loaded": None,
+        "rules": "none",
         "enabled": None,
         "active": "inactive",
     }
+
+
+def test_a_flushed_chain_is_seen_by_its_rules_and_reloaded() -> None:
+    flushed = process(firewall.FirewallState, captured("lab-worker-flushed-firewall.txt"))
+    assert (flushed["loaded"], flushed["rules"]) == (LAB_DIGEST, "differ")  # the comment lies
+    host = firewall_host(captured("lab-worker-flushed-firewall.txt"), deployed_files())
+    assert run_op(firewall.cluster_ports_fabric_only, **ARGS, host=host) == [f"nft -f {RULES}"]
+    worker = firewall_host(captured("lab-worker-deployed-firewall.txt"), deployed_files())
+    assert run_op(firewall.cluster_ports_fabric_only, **ARGS, host=worker) == []
 
 
 def test_the_lab_loaded_what_the_deploy_renders_today() -> None:
@@ -71,7 +85,8 @@ def test_bare_box_gets_nftables_the_ruleset_and_its_unit() -> None:
     # Ray's pinned ports, the back-end's, the kernel's ephemeral range: joined where adjacent.
     assert "elements = { 6379-6385, 8265, 10001, 14579, 20000-20999, 29500, 32768-60999 }" in rules
     assert 'iifname { "enP2p1s0f1np1", "enp1s0f1np1" } ip saddr @fabric_subnets accept' in rules
-    assert "th dport @cluster_ports reject with tcp reset" in rules
+    assert "\t\ttcp dport @cluster_ports reject with tcp reset\n" in rules
+    assert "udp" not in rules.split("chain input")[1]  # WireGuard, Tailscale, mosh: left open
     assert f"ExecStart=/usr/sbin/nft -f {RULES}" in host.uploads[UNIT]
     assert "After=nftables.service" in host.uploads[UNIT]
 
