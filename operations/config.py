@@ -38,8 +38,8 @@ from operations.recipes import (
     budget_problems,
     budget_warnings,
     context_warnings,
+    image_with_ray,
     matching,
-    pinned_image,
     refused,
     reserved_ports,
 )
@@ -131,7 +131,7 @@ class HostSettings(BaseModel):
     ray_port: int = Field(
         ge=1024, le=32000, description="an integer 1024..32000, the head's GCS port (6379)"
     )
-    ray_image: Annotated[str, AfterValidator(pinned_image)] = Field(
+    ray_image: Annotated[str, AfterValidator(image_with_ray)] = Field(
         description="registry/repository:tag of the image Ray runs in, with Ray in it,"
         " e.g. nvcr.io/nvidia/vllm:26.04-py3"
     )

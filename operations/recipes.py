@@ -2,8 +2,9 @@
 
 A lane is one `vllm serve` in a container, on its own port, with its own share of the box's
 unified memory. Everything here is checked before any host is contacted: the options against
-vLLM 0.19.0's own option list (operations/data/, read from its parser), the settings known to
-break the GB10 (SM121) against the rules table, and the memory each lane needs against its share.
+the own option list of the vLLM release the lane's image carries (operations/vllm_release.py),
+the settings known to break the GB10 (SM121) against the rules table, each in that release's
+terms, and the memory each lane needs against its share.
 """
 
 from __future__ import annotations
@@ -14,7 +15,6 @@ import math
 import re
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Annotated, Any, Literal, TypeVar
 
 from pydantic import (
@@ -22,26 +22,25 @@ from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
-    ValidationInfo,
     field_validator,
     model_validator,
 )
 
 from operations import ray
 from operations.util import ENV_NAME
+from operations.vllm_release import (
+    DATA,
+    DEFAULT_IMAGE,
+    Release,
+    image_has_ray,
+    image_release,
+    images_with_ray,
+    known_versions,
+    newer,
+    release,
+)
 
 T = TypeVar("T")
-DATA = Path(__file__).parent / "data"
-# vLLM 0.19.0, the release in NGC's nvcr.io/nvidia/vllm:26.04-py3 (seed 004).
-SERVE_OPTIONS: dict[str, dict[str, Any]] = json.loads(
-    (DATA / "vllm-0.19.0-serve-options.json").read_text()
-)["options"]
-VLLM_ENV_VARS = frozenset(json.loads((DATA / "vllm-0.19.0-env-vars.json").read_text())["names"])
-# What an option's value must be where it is more than one string: {type, nargs, none}, read from
-# vLLM 0.19.0's own field types (the file's "about" says how). Checked by _value_problems alone.
-OPTION_VALUES: dict[str, dict[str, Any]] = json.loads(
-    (DATA / "vllm-0.19.0-option-values.json").read_text()
-)["values"]
 
 
 def refused(value: T, problems: list[str]) -> T:
@@ -99,6 +98,18 @@ IMAGES_WITHOUT_FASTSAFETENSORS = frozenset(
 AGENT_CONTEXT = 65536
 # Variables beside vLLM's own that a lane may set: libraries vLLM runs on.
 ENV_PREFIXES = ("CUDA_", "NCCL_", "HF_", "TORCH_", "PYTORCH_", "TRITON_", "TRANSFORMERS_", "OMP_")
+GEMM_VARIABLE = "VLLM_NVFP4_GEMM_BACKEND"  # NVFP4's GEMM kernel up to vLLM 0.20.1
+# Kernel variables vLLM 0.31.0 dropped for options (vllm-option-changes.md, its watch list).
+REPLACED_BY = {
+    "VLLM_NVFP4_GEMM_BACKEND": "--linear-backend",
+    "VLLM_TEST_FORCE_FP8_MARLIN": "--linear-backend",
+    "VLLM_USE_NVFP4_CT_EMULATIONS": "--linear-backend",
+    "VLLM_FLASHINFER_MOE_BACKEND": "--moe-backend",
+    "VLLM_USE_FLASHINFER_MOE_FP4": "--moe-backend",
+    "VLLM_USE_FLASHINFER_MOE_FP8": "--moe-backend",
+    "VLLM_USE_FLASHINFER_MOE_FP16": "--moe-backend",
+    "VLLM_MXFP4_USE_MARLIN": "--moe-backend",
+}
 SECRET_ENV = frozenset(
     {"VLLM_API_KEY", "HF_TOKEN", "HUGGING_FACE_HUB_TOKEN", "S3_SECRET_ACCESS_KEY"}
 )
@@ -115,6 +126,20 @@ def pinned_image(image: str) -> str:
             f"{image!r} moves with every release; pin a tag, e.g. nvcr.io/nvidia/vllm:26.04-py3"
         )
     return image
+
+
+def image_with_ray(image: str) -> str:
+    """``image`` pinned and not one the image table knows to lack Ray, else ValueError."""
+    return refused(pinned_image(image), _without_ray(image))
+
+
+def _without_ray(image: str) -> list[str]:
+    if image_has_ray(image) is not False:
+        return []
+    return [
+        f"{image} carries no Ray (NVIDIA/dgx-spark-playbooks#109); a cluster runs on Ray:"
+        f" use {' or '.join(images_with_ray())}"
+    ]
 
 
 class ModelSpec(BaseModel):
@@ -184,6 +209,11 @@ class Lane(BaseModel):
     image: str = Field(
         description="registry/repository:tag with a pinned tag, e.g. nvcr.io/nvidia/vllm:26.04-py3"
     )
+    vllm_version: str | None = Field(
+        None,
+        description="the vLLM release the image carries, for an image the table of"
+        " operations/vllm_release.py does not list (e.g. 0.20.1); None: the table's",
+    )
     model: str = Field(description='a Hugging Face id "org/name" or an absolute path')
     served_name: Annotated[
         str,
@@ -211,7 +241,7 @@ class Lane(BaseModel):
         (), description='further `vllm serve` long options, e.g. ["--max-num-seqs", "8"]'
     )
     environment: dict[str, str] = Field(
-        default_factory=dict, description="variables for vLLM (names vLLM 0.19.0 reads)"
+        default_factory=dict, description="variables for vLLM (names its release reads)"
     )
     model_spec: ModelSpec | None = Field(
         None,
@@ -232,7 +262,7 @@ class Lane(BaseModel):
         ge=1,
         le=64,
         description="1: the lane runs on its box; N > 1: a cluster lane, on the head, spread"
-        " over all N boxes of the cluster by tensor parallelism over Ray",
+        " over all N boxes of the cluster by tensor parallelism over Ray (an image with Ray)",
     )
 
     @field_validator("extra_args", mode="before")
@@ -257,36 +287,16 @@ class Lane(BaseModel):
             )
         return model
 
-    @field_validator("kv_cache_dtype", "tool_call_parser")
-    @classmethod
-    def _choice(cls, value: str | None, info: ValidationInfo) -> str | None:
-        choices = SERVE_OPTIONS["--" + info.field_name.replace("_", "-")]["choices"]
-        if value is not None and value not in choices:
-            raise ValueError(
-                f"{value!r} is not a vLLM 0.19.0 choice{_guess(value, choices)}; one of:"
-                f" {', '.join(choices)}"
-            )
-        return value
-
-    @field_validator("extra_args")
-    @classmethod
-    def _extra_args(cls, extra_args: tuple[str, ...]) -> tuple[str, ...]:
-        problems = parse_options(extra_args)[1]
-        return refused(extra_args, problems)
-
-    @field_validator("environment")
-    @classmethod
-    def _environment(cls, environment: dict[str, str]) -> dict[str, str]:
-        problems = [problem for item in environment.items() for problem in _env_problems(*item)]
-        return refused(environment, problems)
-
     @model_validator(mode="after")
-    def _rules_and_model(self) -> Lane:
-        problems = [
-            f"{rule.refused}; {rule.instead} ({rule.source})"
-            for rule in SM121_RULES
-            if rule.breaks(self)
-        ]
+    def _release_rules_and_model(self) -> Lane:
+        try:
+            vllm = self.release
+        except ValueError as error:
+            raise ValueError(str(error)) from None
+        problems = _release_problems(self, vllm)
+        problems += [rule.problem(vllm) for rule in SM121_RULES if rule.breaks(self)]
+        if self.is_cluster:
+            problems += [f"tensor_parallel_size: {problem}" for problem in _without_ray(self.image)]
         spec = self.spec
         if spec is None:
             problems.append(
@@ -306,13 +316,19 @@ class Lane(BaseModel):
         return refused(self, problems)
 
     @property
+    def release(self) -> Release:
+        """The vLLM release of the lane's image (ValueError naming what to set if unknown)."""
+        return image_release(self.image, self.vllm_version)
+
+    @property
     def spec(self) -> ModelSpec | None:
         """The lane's model_spec, else the catalog's entry for its model."""
         return self.model_spec or CATALOG.get(self.model)
 
     def option(self, name: str) -> str | bool | None:
         """The value extra_args give an option (True for a flag), the last one winning."""
-        found = [value for option, value in parse_options(self.extra_args)[0] if option == name]
+        options = parse_options(self.extra_args, self.release)[0]
+        found = [value for option, value in options if option == name]
         return found[-1] if found else None
 
     def vllm_args(self) -> list[str]:
@@ -407,14 +423,18 @@ NOT_IN_EXTRA_ARGS = {
 }
 
 
-def parse_options(tokens: Iterable[str]) -> tuple[list[tuple[str, str | bool]], list[str]]:
-    """extra_args read as vLLM 0.19.0's parser reads them: ([(--name, value or True)], problems).
+def parse_options(
+    tokens: Iterable[str], vllm: Release | None = None
+) -> tuple[list[tuple[str, str | bool]], list[str]]:
+    """extra_args read as ``vllm``'s parser reads them (the default image's release if None):
+    ([(--name, value or True)], problems).
 
     `--name value` and `--name=value`; an option of several values (nargs "+") takes every
     value up to the next option, given back joined by spaces; underscores count as dashes
     (vLLM's FlexibleArgumentParser). Each value is checked against the option's choices and
-    type (OPTION_VALUES). Every problem names what to do instead.
+    type (the release's option values). Every problem names what to do instead.
     """
+    vllm = vllm or image_release(DEFAULT_IMAGE, None)
     tokens = list(tokens)
     broken = [n for n, token in enumerate(tokens, 1) if LINE_BREAK.search(token)]
     if broken:
@@ -433,17 +453,17 @@ def parse_options(tokens: Iterable[str]) -> tuple[list[tuple[str, str | bool]], 
             continue
         name, has_value, value = token.partition("=")
         name = name.replace("_", "-")
-        spec = SERVE_OPTIONS.get(name)
+        spec = vllm.options.get(name)
         values = [value] if has_value else []
         # The value of an unknown option is taken too, so it is neither reported nor echoed.
         wants_value = spec is None or spec["takes_value"]
-        several = OPTION_VALUES.get(name, {}).get("nargs") == "+"
+        several = vllm.values.get(name, {}).get("nargs") == "+"
         while wants_value and (several or not values) and not has_value:
             if i == len(tokens) or not _is_value(tokens[i]):
                 break
             values.append(tokens[i])
             i += 1
-        problem = _option_problem(name, spec, bool(has_value), values)
+        problem = _option_problem(vllm, name, bool(has_value), values)
         if problem:
             problems.append(problem)
         else:
@@ -456,12 +476,11 @@ def _is_value(token: str) -> bool:
     return not token.startswith("-") or bool(NEGATIVE_NUMBER.fullmatch(token))
 
 
-def _option_problem(
-    name: str, spec: dict[str, Any] | None, has_value: bool, values: list[str]
-) -> str:
+def _option_problem(vllm: Release, name: str, has_value: bool, values: list[str]) -> str:
+    spec = vllm.options.get(name)
     if spec is None:
         return (
-            f"{name} is no option of vLLM 0.19.0's `vllm serve`{_guess(name, SERVE_OPTIONS)};"
+            f"{name} is no option of {vllm.label}'s `vllm serve`{_guess(name, vllm.options)};"
             " see `vllm serve --help`"
         )
     if name in LANE_KEYS:
@@ -475,16 +494,16 @@ def _option_problem(
     choices = spec.get("choices")
     if choices and values[0] not in choices:
         return (
-            f"{name} {values[0]!r} is no choice of vLLM 0.19.0{_guess(values[0], choices)};"
+            f"{name} {values[0]!r} is no choice of {vllm.label}{_guess(values[0], choices)};"
             f" one of: {', '.join(choices)}"
         )
-    return "; ".join(_value_problems(name, values))
+    return "; ".join(_value_problems(vllm, name, values))
 
 
-def _value_problems(name: str, values: list[str]) -> list[str]:
-    """What vLLM 0.19.0's parser would refuse in an option's values (OPTION_VALUES): caught
-    here, the lane never crash-loops on it, and nothing of the value reaches the box."""
-    kind = OPTION_VALUES.get(name, {"type": "str"})
+def _value_problems(vllm: Release, name: str, values: list[str]) -> list[str]:
+    """What the release's parser would refuse in an option's values: caught here, the lane
+    never crash-loops on it, and nothing of the value reaches the box."""
+    kind = vllm.values.get(name, {"type": "str"})
     if kind.get("none") and values in (["None"], [""]):
         return []
     wanted, check = {
@@ -515,7 +534,26 @@ def _is_json_object(value: str) -> bool:
         return False
 
 
-def _env_problems(name: str, value: str) -> list[str]:
+def _release_problems(lane: Lane, vllm: Release) -> list[str]:
+    """The lane's choices, extra_args and environment against its image's release."""
+    problems = []
+    for key in ("kv_cache_dtype", "tool_call_parser"):
+        value = getattr(lane, key)
+        choices = vllm.options["--" + key.replace("_", "-")]["choices"]
+        if value is not None and value not in choices:
+            problems.append(
+                f"{key}: {value!r} is not a {vllm.label} choice{_guess(value, choices)};"
+                f" one of: {', '.join(choices)}"
+            )
+    problems += [f"extra_args: {problem}" for problem in parse_options(lane.extra_args, vllm)[1]]
+    return problems + [
+        f"environment: {problem}"
+        for item in lane.environment.items()
+        for problem in _env_problems(vllm, *item)
+    ]
+
+
+def _env_problems(vllm: Release, name: str, value: str) -> list[str]:
     if name in SECRET_ENV:
         return [
             f"{name} is a secret: here it would show in `docker inspect` and the"
@@ -523,16 +561,31 @@ def _env_problems(name: str, value: str) -> list[str]:
             " root-only file on the box"
         ]
     problems = []
-    known = name in VLLM_ENV_VARS or name.startswith(ENV_PREFIXES)
+    known = vllm.reads(name) or name.startswith(ENV_PREFIXES)
     if not ENV_NAME.fullmatch(name) or not known:
         problems.append(
-            f"{name!r} is no variable vLLM 0.19.0 reads"
-            f"{_guess(name, VLLM_ENV_VARS)}; use one of vLLM's or a"
+            f"{name!r} is no variable {vllm.label} reads"
+            f"{_retired(vllm, name) or _guess(name, vllm.env_vars)}; use one of vLLM's or a"
             f" {'/'.join(prefix + '*' for prefix in ENV_PREFIXES)} variable"
         )
     if LINE_BREAK.search(value):
         problems.append(f"{name}: its value has a line break or NUL; remove it")
     return problems
+
+
+def _retired(vllm: Release, name: str) -> str:
+    """Where an older release read the variable: the release now ignores it with a warning
+    (vllm-option-changes.md), so a setting it carried would silently do nothing."""
+    older = [
+        version
+        for version in known_versions()
+        if newer(vllm.version, version) and release(version).reads(name)
+    ]
+    if not older:
+        return ""
+    option = REPLACED_BY.get(name)
+    instead = f"; it chooses that with {option}" if option and vllm.has(option) else ""
+    return f" (vLLM {older[-1]} did; {vllm.label} warns and ignores it{instead})"
 
 
 def _is_gpt_oss(lane: Lane) -> bool:
@@ -563,10 +616,11 @@ def _is_modelopt_nvfp4(lane: Lane) -> bool:
 
 def _uses_cutlass_fp4(lane: Lane) -> bool:
     gemm = lane.environment.get("VLLM_NVFP4_GEMM_BACKEND")
+    linear = lane.option("--linear-backend")
     moe = lane.option("--moe-backend")
     nvfp4 = _quantization(lane) in ("nvfp4", "nvfp4-modelopt")
     return (gemm is not None and gemm != "marlin") or (
-        nvfp4 and moe in ("cutlass", "flashinfer_cutlass")
+        nvfp4 and (linear not in (None, "marlin") or moe in ("cutlass", "flashinfer_cutlass"))
     )
 
 
@@ -588,17 +642,69 @@ def _offloads(lane: Lane) -> bool:
     )
 
 
+def marlin_setting(vllm: Release) -> str:
+    """How ``vllm`` is told to run NVFP4's GEMMs on Marlin: the variable up to 0.20.1, the
+    option that replaced it in 0.31.0 (vllm-option-changes.md)."""
+    return f"{GEMM_VARIABLE}=marlin" if vllm.reads(GEMM_VARIABLE) else "--linear-backend marlin"
+
+
+def _marlin_args(lane: Lane) -> list[str]:
+    wanted = _quantization(lane) == "nvfp4" and not lane.release.reads(GEMM_VARIABLE)
+    return ["--linear-backend", "marlin"] if wanted and not lane.option("--linear-backend") else []
+
+
+def _marlin_env(lane: Lane) -> dict[str, str]:
+    wanted = _quantization(lane) == "nvfp4" and lane.release.reads(GEMM_VARIABLE)
+    return {GEMM_VARIABLE: "marlin"} if wanted else {}
+
+
+def _turns_cuda_graphs_off(lane: Lane) -> bool:
+    """--enforce-eager, or what comes to the same: optimization level 0, a compilation config
+    with cudagraph_mode NONE, no capture sizes, or a compilation mode other than VLLM_COMPILE
+    (3) without full graphs, which vLLM overrides to no graphs (vLLM 0.19.0,
+    vllm/config/vllm.py VllmConfig.__post_init__: "Overriding to NONE")."""
+    if lane.option("--enforce-eager") is True or lane.option("--max-cudagraph-capture-size") == "0":
+        return True
+    if str(lane.option("--optimization-level") or "").upper() in ("0", "O0"):
+        return True
+    config = lane.option("--compilation-config")
+    settings = json.loads(config) if isinstance(config, str) and config.strip() else {}
+    graphs = str(settings.get("cudagraph_mode", "")).upper()
+    mode = settings.get("mode", settings.get("level"))
+    compiles = mode is None or str(mode).upper() in ("3", "VLLM_COMPILE")
+    return (
+        graphs in ("NONE", "0")
+        or (not compiles and graphs not in ("FULL", "FULL_DECODE_ONLY", "2"))
+        or settings.get("max_cudagraph_capture_size") == 0
+        or settings.get("cudagraph_capture_sizes") == []
+    )
+
+
 @dataclass(frozen=True)
 class Rule:
-    """A setting refused on the GB10: what, what to do instead, where we know it from."""
+    """A setting refused on the GB10: what, what to do instead, where we know it from, and the
+    vLLM release that source ran. ``refused`` and ``instead`` may name {marlin}: how the lane's
+    release keeps NVFP4 on Marlin (marlin_setting)."""
 
     name: str
     refused: str
     instead: str
     source: str
+    seen_on: str
     breaks: Callable[[Lane], bool]
 
+    def problem(self, vllm: Release) -> str:
+        """The refusal in ``vllm``'s terms; on a later release than its source saw, it says so
+        (a rule holds until a source says the release fixed it)."""
+        text = f"{self.refused}; {self.instead} ({self.source}".format(marlin=marlin_setting(vllm))
+        if newer(vllm.version, self.seen_on):
+            text += f", seen on vLLM {self.seen_on}; no source says {vllm.label} fixed it"
+        return text + ")"
 
+
+# Each rule's seen_on is the vLLM its source ran: seed 004 vLLM 0.19.0 (NGC 26.04-py3); seed 001
+# NGC 26.03/26.04 (0.19.0 the later); seed 003 NGC 26.05.post1-py3, the 26.05 line (vLLM 0.20.1,
+# NGC's release notes). Where two seeds saw it, the later release.
 # Field rules weighed and not made rules here (each option exists in vLLM 0.19.0's list):
 # - `--moe-backend marlin` "required for MoE models" (seed 001, a GPTQ-Int4 cluster): not added.
 #   vLLM already runs these builds' experts on Marlin (gptq_marlin, awq_marlin, and NVFP4 with
@@ -623,29 +729,35 @@ SM121_RULES = (
         "--attention-backend FLASHINFER* is refused: FlashInfer has no sm_121 kernels",
         "leave --attention-backend out: the lane adds TRITON_ATTN",
         "seed 003; seed 004",
+        "0.20.1",
         lambda lane: str(lane.option("--attention-backend") or "").startswith("FLASHINFER"),
     ),
     Rule(
         "cutlass-fp4",
-        "CUTLASS FP4 (VLLM_NVFP4_GEMM_BACKEND other than marlin; --moe-backend cutlass or"
+        "CUTLASS FP4 (an NVFP4 GEMM backend other than {marlin}; --moe-backend cutlass or"
         " flashinfer_cutlass on an NVFP4 checkpoint) is refused: silent garbage on SM121, which"
         " lacks the TMEM it needs",
-        "leave both out: the lane sets VLLM_NVFP4_GEMM_BACKEND=marlin for NVFP4",
+        "leave both out: the lane sets {marlin} for NVFP4",
         "seed 003; seed 004",
+        "0.20.1",
         _uses_cutlass_fp4,
     ),
     Rule(
         "enforce-eager",
-        "--enforce-eager is refused: without CUDA graphs SM121 loses ~55% of its throughput",
-        "leave it out; CUDA graphs work (size them with --max-cudagraph-capture-size)",
+        "CUDA graphs off (--enforce-eager, --optimization-level 0, a --compilation-config with"
+        " cudagraph_mode NONE, no capture sizes, or a mode other than 3) is refused: without"
+        " CUDA graphs SM121 loses ~55% of its throughput",
+        "leave them on; size them with --max-cudagraph-capture-size",
         "seed 004",
-        lambda lane: lane.option("--enforce-eager") is True,
+        "0.19.0",
+        _turns_cuda_graphs_off,
     ),
     Rule(
         "fastsafetensors",
         "--load-format fastsafetensors is refused on NGC vLLM 26.03/26.04: ImportError",
         "leave --load-format out (safetensors), or use an image that ships fastsafetensors",
         "seed 004",
+        "0.19.0",
         lambda lane: (
             lane.option("--load-format") == "fastsafetensors"
             and lane.image in IMAGES_WITHOUT_FASTSAFETENSORS
@@ -656,6 +768,7 @@ SM121_RULES = (
         "mxfp4 on a checkpoint other than gpt-oss is refused: it breaks on BF16 checkpoints",
         "keep mxfp4 for openai/gpt-oss-*; use an AWQ, GPTQ or compressed-tensors NVFP4 build",
         "seed 004",
+        "0.19.0",
         lambda lane: (
             "mxfp4" in (lane.option("--quantization"), _quantization(lane))
             and not _is_gpt_oss(lane)
@@ -665,8 +778,9 @@ SM121_RULES = (
         "flashinfer-moe-fp4",
         "VLLM_USE_FLASHINFER_MOE_FP4 is refused: =0 raises a ValueError on Qwen models, =1 picks"
         " FlashInfer's CUTLASS FP4 MoE",
-        "leave it unset: VLLM_NVFP4_GEMM_BACKEND=marlin is the one variable NVFP4 needs",
+        "leave it unset: {marlin} is the one setting NVFP4 needs",
         "seed 003; seed 004",
+        "0.20.1",
         lambda lane: "VLLM_USE_FLASHINFER_MOE_FP4" in lane.environment,
     ),
     Rule(
@@ -677,6 +791,7 @@ SM121_RULES = (
         "leave them out: vLLM picks Marlin's MoE kernels for the GPTQ, AWQ and NVFP4 builds, or"
         " set --moe-backend marlin",
         "seed 001",
+        "0.19.0",
         _uses_flashinfer_moe,
     ),
     Rule(
@@ -684,6 +799,7 @@ SM121_RULES = (
         "VLLM_TEST_FORCE_FP8_MARLIN=1 is refused: it crashes on merged linear layers",
         "leave it unset",
         "seed 003",
+        "0.20.1",
         lambda lane: lane.environment.get("VLLM_TEST_FORCE_FP8_MARLIN", "0") != "0",
     ),
     Rule(
@@ -691,6 +807,7 @@ SM121_RULES = (
         "a ModelOpt NVFP4 checkpoint is refused: it loads and answers gibberish on SM121",
         "use a compressed-tensors NVFP4 build (llm-compressor, e.g. RedHatAI's) or AWQ/GPTQ",
         "seed 003",
+        "0.20.1",
         _is_modelopt_nvfp4,
     ),
     Rule(
@@ -699,6 +816,7 @@ SM121_RULES = (
         " its tool calls",
         "leave --generation-config out: the lane adds --generation-config vllm",
         "seed 003",
+        "0.20.1",
         lambda lane: _is_qwen3(lane) and lane.option("--generation-config") not in (None, "vllm"),
     ),
     Rule(
@@ -707,6 +825,7 @@ SM121_RULES = (
         " GPU share one memory, offloading frees nothing",
         "leave them out; size the lane with memory_fraction and max_model_len",
         "seed 003",
+        "0.20.1",
         _offloads,
     ),
 )
@@ -741,13 +860,11 @@ SM121_ADDITIONS = (
         _no_env,
     ),
     Addition(
-        # VLLM_NVFP4_GEMM_BACKEND=marlin for NVFP4 checkpoints
+        # NVFP4 GEMMs on Marlin (marlin_setting): the variable, or --linear-backend from 0.31.0
         "marlin-nvfp4",
-        "seed 003",
-        _no_args,
-        lambda lane: (
-            {"VLLM_NVFP4_GEMM_BACKEND": "marlin"} if _quantization(lane) == "nvfp4" else {}
-        ),
+        "seed 003; vllm-option-changes.md",
+        _marlin_args,
+        _marlin_env,
     ),
     Addition(
         # --generation-config vllm for Qwen3 models

@@ -354,8 +354,11 @@ def test_a_cluster_lane_is_refused_on_a_worker_a_lone_box_or_at_another_size() -
 
 
 def test_a_cluster_lane_in_another_image_than_rays_is_refused() -> None:
-    (problem,) = cluster_problems([BIG | {"image": "nvcr.io/nvidia/vllm:26.05-py3"}], [])
-    assert problem.startswith("spark-1: lanes: big: image: nvcr.io/nvidia/vllm:26.05-py3, but")
+    mirror = {"image": "registry.local:5000/nvidia/vllm:26.04-py3", "vllm_version": "0.19.0"}
+    (problem,) = cluster_problems([BIG | mirror], [])
+    assert problem.startswith(
+        "spark-1: lanes: big: image: registry.local:5000/nvidia/vllm:26.04-py3, but"
+    )
 
 
 def test_a_workers_lanes_and_the_cluster_lanes_share_must_fit_the_worker() -> None:

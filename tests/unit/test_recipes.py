@@ -24,6 +24,7 @@ from operations.recipes import (
     parse_options,
     refused,
 )
+from operations.vllm_release import release
 
 from .test_config import PROBLEM_LINE, group_defaults, merged, run_pyinfra
 
@@ -181,7 +182,7 @@ def test_every_rule_has_a_failing_example() -> None:
 def test_each_rule_refuses_its_example_and_only_with_that_rule(rule: Any) -> None:
     found = problems(FAILING_EXAMPLES[rule.name])
 
-    assert found == [f"spark-1: lanes: probe: {rule.refused}; {rule.instead} ({rule.source})"]
+    assert found == [f"spark-1: lanes: probe: {rule.problem(release('0.19.0'))}"]
 
 
 @pytest.mark.parametrize("rule", SM121_RULES, ids=lambda rule: rule.name)
@@ -218,7 +219,7 @@ def test_modelopt_nvfp4_is_refused_by_spec_and_by_option(example: dict[str, Any]
 
 def test_fastsafetensors_is_left_to_images_that_may_have_it() -> None:
     other = lane(
-        image="nvcr.io/nvidia/vllm:26.05.post1-py3",
+        image="nvcr.io/nvidia/vllm:26.05-py3",
         extra_args=["--load-format", "fastsafetensors"],
     )
     assert accepted(other)
@@ -425,7 +426,9 @@ def test_bad_lane_keys_are_refused_naming_the_key(changes: dict[str, Any], expec
 
 def test_image_digests_and_registry_ports_are_fine() -> None:
     digest = "@sha256:" + 64 * "a"
-    assert accepted(lane(image="registry.local:5000/team/vllm:26.04-py3" + digest))
+    mirror = "registry.local:5000/team/vllm:26.04-py3" + digest
+    assert accepted(lane(image=mirror, vllm_version="0.19.0"))
+    assert accepted(lane(image="nvcr.io/nvidia/vllm:26.04-py3" + digest))
 
 
 def test_a_lane_without_a_usable_name_is_named_by_its_place() -> None:
@@ -639,3 +642,117 @@ def test_a_plaintext_key_given_as_api_key_is_never_shown():
     assert refusal.startswith("spark-1: lanes: probe: api_key: Input should be a valid boolean")
     assert "not shown: it may be a secret" in refusal
     assert "SENTINEL" not in refusal
+
+
+# Lanes follow their image's vLLM release (operations/vllm_release.py).
+
+ON_2610 = {"image": "nvcr.io/nvidia/vllm:26.10-py3"}
+
+
+def nvfp4_lane(**changes: Any) -> dict[str, Any]:
+    return lane(model=NVFP4, memory_fraction=0.35, **changes)
+
+
+def rule(name: str) -> Any:
+    return next(rule for rule in SM121_RULES if rule.name == name)
+
+
+def test_an_option_new_in_0310_is_refused_on_2604_and_accepted_on_2610() -> None:
+    new = ["--enable-nccl-comm-suspend"]
+    found = problems(lane(extra_args=new))
+    assert found[0].startswith(
+        "spark-1: lanes: probe: extra_args: --enable-nccl-comm-suspend is no option of"
+        " vLLM 0.19.0's `vllm serve`"
+    ), found
+    (probe,) = accepted(lane(extra_args=new, **ON_2610))
+    assert probe.vllm_args()[-1] == "--enable-nccl-comm-suspend"
+
+
+def test_nvfp4_is_kept_on_marlin_in_each_releases_own_terms() -> None:
+    (on_2604,) = accepted(nvfp4_lane())
+    assert on_2604.container_env() == {"VLLM_NVFP4_GEMM_BACKEND": "marlin"}
+    assert "--linear-backend" not in on_2604.vllm_args()
+
+    (on_2610,) = accepted(nvfp4_lane(**ON_2610))
+    assert on_2610.container_env() == {}
+    args = on_2610.vllm_args()
+    assert args[args.index("--linear-backend") + 1] == "marlin"
+
+
+def test_the_retired_gemm_variable_is_refused_on_2610_naming_the_option_instead() -> None:
+    found = problems(nvfp4_lane(environment={"VLLM_NVFP4_GEMM_BACKEND": "marlin"}, **ON_2610))
+    assert (
+        "spark-1: lanes: probe: environment: 'VLLM_NVFP4_GEMM_BACKEND' is no variable vLLM"
+        " 0.31.0 reads (vLLM 0.20.1 did; vLLM 0.31.0 warns and ignores it; it chooses that with"
+        " --linear-backend); use one of vLLM's or a"
+    ) in " ".join(found), found
+
+
+def test_cutlass_fp4_is_refused_in_0310s_terms() -> None:
+    found = problems(nvfp4_lane(extra_args=["--linear-backend", "flashinfer_cutlass"], **ON_2610))
+    assert found == [
+        "spark-1: lanes: probe: CUTLASS FP4 (an NVFP4 GEMM backend other than --linear-backend"
+        " marlin; --moe-backend cutlass or flashinfer_cutlass on an NVFP4 checkpoint) is"
+        " refused: silent garbage on SM121, which lacks the TMEM it needs; leave both out: the"
+        " lane sets --linear-backend marlin for NVFP4 (seed 003; seed 004, seen on vLLM 0.20.1;"
+        " no source says vLLM 0.31.0 fixed it)"
+    ]
+    assert accepted(nvfp4_lane(extra_args=["--linear-backend", "marlin"], **ON_2610))
+
+
+def test_a_rule_says_which_release_its_source_saw_on_a_later_one() -> None:
+    eager = lane(extra_args=["--enforce-eager"])
+    (on_2604,) = problems(eager)
+    assert on_2604.endswith("(seed 004)"), on_2604
+    (on_2610,) = problems(eager | ON_2610)
+    assert on_2610.endswith(
+        "(seed 004, seen on vLLM 0.19.0; no source says vLLM 0.31.0 fixed it)"
+    ), on_2610
+
+
+@pytest.mark.parametrize(
+    ("extra_args", "graphs_off"),
+    [
+        (["--compilation-config", '{"cudagraph_mode": "NONE"}'], True),
+        (["--compilation-config", '{"cudagraph_mode": "none"}'], True),
+        (["--compilation-config", '{"mode": 0}'], True),
+        (["--compilation-config", '{"level": 0}'], True),
+        (["--compilation-config", '{"mode": 2}'], True),  # not VLLM_COMPILE: graphs overridden
+        (["--compilation-config", '{"mode": "NONE", "cudagraph_mode": "FULL"}'], False),
+        (["--compilation-config", '{"mode": 3}'], False),
+        (["--compilation-config", '{"cudagraph_mode": "FULL_AND_PIECEWISE"}'], False),
+        (["--compilation-config", '{"max_cudagraph_capture_size": 0}'], True),
+        (["--compilation-config", '{"cudagraph_capture_sizes": []}'], True),
+        (["--optimization-level", "0"], True),
+        (["--optimization-level", "O0"], True),
+        (["--optimization-level", "3"], False),
+        (["--max-cudagraph-capture-size", "0"], True),
+        (["--max-cudagraph-capture-size", "2048"], False),
+    ],
+)
+def test_cuda_graphs_turned_off_any_way_are_refused_like_enforce_eager(
+    extra_args: list[str], graphs_off: bool
+) -> None:
+    expected = [f"spark-1: lanes: probe: {rule('enforce-eager').problem(release('0.19.0'))}"]
+    assert problems(lane(extra_args=extra_args)) == (expected if graphs_off else [])
+
+
+def test_a_cluster_lane_and_ray_need_an_image_with_ray() -> None:
+    without = "nvcr.io/nvidia/vllm:26.05-py3"
+    big = lane(
+        model="Qwen/Qwen3-235B-A22B-GPTQ-Int4",
+        memory_fraction=0.87,
+        max_model_len=40960,
+        kv_cache_dtype="fp8",
+        tensor_parallel_size=2,
+        image=without,
+    )
+    assert (
+        f"spark-1: lanes: probe: tensor_parallel_size: {without} carries no Ray"
+        " (NVIDIA/dgx-spark-playbooks#109); a cluster runs on Ray: use"
+        " nvcr.io/nvidia/vllm:26.04-py3"
+    ) in problems(big)
+    assert problems(ray_image=without) == [
+        f"spark-1: ray_image: {without} carries no Ray (NVIDIA/dgx-spark-playbooks#109); a"
+        " cluster runs on Ray: use nvcr.io/nvidia/vllm:26.04-py3"
+    ]
