@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import pyinfra, reimage_all, run_on
+from tests.conftest import Deployed, pyinfra, run_on
 from tests.simlab import lab as simlab
 from tests.simlab.paths import REPO, STATE
 
@@ -73,11 +73,8 @@ def not_passing(table: Table) -> dict[tuple[str, str], str]:
 
 
 @pytest.fixture(scope="module")
-def deployed(lab: simlab.Lab) -> simlab.Lab:
-    # Bare hosts whatever ran before (another module may have left a 590 driver on one).
-    reimage_all(lab)
-    pyinfra(INVENTORY, "deploy.py")
-    return lab
+def deployed(deployed_lab: Deployed) -> simlab.Lab:
+    return deployed_lab.lab
 
 
 def test_every_check_passes_after_a_deploy(deployed: simlab.Lab) -> None:

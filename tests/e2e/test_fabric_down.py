@@ -16,7 +16,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from tests.conftest import pyinfra, reimage_all, run_on
+from tests.conftest import Deployed, pyinfra, run_on
 from tests.e2e.runs import INVENTORY, output_of
 from tests.e2e.test_host_layer import changes
 from tests.simlab import lab as simlab
@@ -32,10 +32,8 @@ def nft(host: simlab.Host, *args: str) -> None:
 
 
 @pytest.fixture(scope="module")
-def deployed(lab: simlab.Lab) -> simlab.Lab:
-    reimage_all(lab)
-    pyinfra(INVENTORY, "deploy.py")
-    return lab
+def deployed(deployed_lab: Deployed) -> simlab.Lab:
+    return deployed_lab.lab
 
 
 @pytest.fixture

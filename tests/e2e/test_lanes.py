@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import pyinfra, reimage_all, run_on
+from tests.conftest import Deployed, pyinfra, run_on
 from tests.e2e.test_host_layer import changes
 from tests.simlab import lab as simlab
 from tests.simlab.paths import REPO, STATE
@@ -78,11 +78,8 @@ def lanes_data(*lanes: dict[str, Any]) -> str:
 
 
 @pytest.fixture(scope="module")
-def deployed(lab: simlab.Lab) -> dict[str, Any]:
-    reimage_all(lab)
-    (STATE / "hf-token").unlink(missing_ok=True)
-    result = deploy()
-    return {"lab": lab, "output": result.stdout + result.stderr}
+def deployed(deployed_lab: Deployed) -> dict[str, Any]:
+    return {"lab": deployed_lab.lab, "output": deployed_lab.output}
 
 
 def test_lanes_come_up_in_order_and_serving(deployed: dict[str, Any]) -> None:

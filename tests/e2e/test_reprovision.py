@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import pyinfra, reimage_all, run_on
+from tests.conftest import Deployed, pyinfra, run_on
 from tests.e2e.runs import INVENTORY, converged, errors, host_results, output_of
 from tests.e2e.test_host_layer import host_snapshot
 from tests.simlab import lab as simlab
@@ -61,10 +61,8 @@ def undisturbed(host: simlab.Host) -> str:
 
 
 @pytest.fixture(scope="module")
-def deployed(lab: simlab.Lab) -> simlab.Lab:
-    reimage_all(lab)
-    pyinfra(INVENTORY, "deploy.py")
-    return lab
+def deployed(deployed_lab: Deployed) -> simlab.Lab:
+    return deployed_lab.lab
 
 
 def test_readme_steps_bring_a_reimaged_box_back(deployed: simlab.Lab) -> None:
