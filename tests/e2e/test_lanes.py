@@ -164,6 +164,30 @@ def test_changing_lane_b_model_restarts_lane_b_alone(deployed: dict[str, Any]) -
     deploy()  # back to the inventory's lanes
 
 
+def test_lane_b_moved_to_2610_runs_nvfp4_on_marlin_in_vllm_0310_terms(
+    deployed: dict[str, Any],
+) -> None:
+    # NGC 26.10 carries vLLM 0.31.0, which no longer reads VLLM_NVFP4_GEMM_BACKEND and picks
+    # the GEMM kernel with --linear-backend (vllm-option-changes.md); its stand-in accepts
+    # exactly vLLM 0.31.0's options, so a 0.19.0-only one would stop the lane.
+    image = "nvcr.io/nvidia/vllm:26.10-py3"
+    hosts = deployed["lab"].hosts
+    for host in hosts:
+        simlab.load_serving_image(host, image)  # as if pulled from NGC
+    deploy(lanes_data(A, B | {"image": image}))
+    for host in hosts:
+        name = f"spark-lane-{B['name']}"
+        args = json.loads(run_on(host, f"sudo docker inspect -f '{{{{json .Args}}}}' {name}"))
+        assert args[args.index("--linear-backend") + 1] == "marlin", args
+        env = run_on(host, f"sudo docker inspect -f '{{{{json .Config.Env}}}}' {name}")
+        assert "VLLM_NVFP4_GEMM_BACKEND" not in env
+        assert request(f"http://{host.mgmt_ip}:{B['port']}/version")[1] == {"version": "0.31.0"}
+        assert request(f"http://{host.mgmt_ip}:{B['port']}/v1/models", key_of(host, B))[0] == 200
+    deploy()  # back to the inventory's lanes
+    for host in hosts:
+        assert request(f"http://{host.mgmt_ip}:{B['port']}/version")[1] == {"version": "0.19.0"}
+
+
 def test_a_killed_container_is_brought_back_by_systemd(deployed: dict[str, Any]) -> None:
     host = deployed["lab"].hosts[0]
     before = container_id(host, A)

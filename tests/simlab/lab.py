@@ -359,15 +359,17 @@ def stop(host: Host) -> None:
         run("umount", "-R", str(merged))
 
 
-def load_serving_image(host: Host) -> str:
-    """The stand-in NGC vLLM image in the host's docker, as if pulled from NGC; its tag."""
+def load_serving_image(host: Host, tag: str | None = None) -> str:
+    """A stand-in NGC vLLM image (the default one unless `tag` names another) in the host's
+    docker, as if pulled from NGC; its tag."""
     from tests.simlab.serving import SERVING_IMAGE_TAG
 
-    tar = serving_image_tar()
-    present = f"sudo docker image inspect {SERVING_IMAGE_TAG} >/dev/null 2>&1"
-    load = f"sudo docker import {IMAGES_MOUNT}/{tar.name} {SERVING_IMAGE_TAG} >/dev/null"
+    tag = tag or SERVING_IMAGE_TAG
+    tar = serving_image_tar(tag)
+    present = f"sudo docker image inspect {tag} >/dev/null 2>&1"
+    load = f"sudo docker import {IMAGES_MOUNT}/{tar.name} {tag} >/dev/null"
     ssh(host, f"{present} || {load}")
-    return SERVING_IMAGE_TAG
+    return tag
 
 
 def set_gid_index(host: Host, index: int) -> None:

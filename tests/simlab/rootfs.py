@@ -14,6 +14,7 @@ import os
 import re
 import shutil
 import subprocess
+import tempfile
 import time
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
@@ -212,17 +213,67 @@ def stand_in_repositories() -> Path:
     return target
 
 
-def serving_image_tar() -> Path:
-    """The stand-in NGC vLLM image as a tarball for `docker import` (built on first use)."""
+def serving_image_tar(tag: str | None = None) -> Path:
+    """A stand-in NGC vLLM image (the default one unless `tag` names another of the deploy's
+    table) as a tarball for `docker import`, built on first use."""
     from tests.simlab import serving
 
     source = Path(serving.__file__).parent
     parts = [" ".join(SERVING_PACKAGES).encode()]
     parts += [path.read_bytes() for path in sorted(source.rglob("*.py"))]
-    parts.append(serving.OPTIONS_JSON.read_bytes())  # the one data file the image holds
+    parts += [path.read_bytes() for path in serving.RELEASE_DATA]  # the data the image holds
     tar = IMAGES / f"serving-image-{_key(*parts)}.tar"
+    if not _cached(tar):
+        with _building(tar) as needed:
+            if needed:
+                _build_serving_image(tar)
+    if tag is None or tag == serving.SERVING_IMAGE_TAG:
+        return tar
+    return _derived_image(tar, serving.release_of(tag), ray=serving.IMAGES[tag].ray)
+
+
+def _build_serving_image(tar: Path) -> None:
+    from tests.simlab import serving
+
+    ensure_host_tools()
+    IMAGES.mkdir(parents=True, exist_ok=True)
+    for stale in _unused(IMAGES.glob("serving-image-*.tar")):
+        stale.unlink()
+    root = CACHE / "serving-rootfs"
+    shutil.rmtree(root, ignore_errors=True)
+    _debootstrap(root, SERVING_PACKAGES)
+    log("adding Ray and the vllm stand-in to the serving image")
+    serving.assemble_serving_rootfs(root)
+    partial = tar.with_suffix(".partial")
+    subprocess.run(["tar", "-C", str(root), "--numeric-owner", "-cf", str(partial), "."],
+                   check=True)  # fmt: skip
+    partial.rename(tar)
+    shutil.rmtree(root, ignore_errors=True)
+
+
+def _derived_image(base: Path, release: str, ray: bool) -> Path:
+    """The default image's tree as another image of the table: its `release` file names the
+    vLLM it carries, and without Ray where that image has none (NGC's from 26.05)."""
+    from tests.simlab import serving
+
+    tar = base.with_name(f"{base.stem}-{release}{'' if ray else '-noray'}.tar")
     if _cached(tar):
         return tar
+    with _building(tar) as needed:
+        if needed:
+            partial = tar.with_suffix(".partial")
+            shutil.copyfile(base, partial)
+            release_file = serving.RELEASE_FILE.relative_to("/")
+            gone = [release_file, *(() if ray else serving.RAY_PATHS)]
+            subprocess.run(["tar", "--delete", "-f", str(partial), *(f"./{p}" for p in gone)],
+                           check=True)  # fmt: skip
+            with tempfile.TemporaryDirectory() as staging:
+                (Path(staging) / release_file).parent.mkdir(parents=True)
+                (Path(staging) / release_file).write_text(release + "\n")
+                subprocess.run(["tar", "-C", staging, "--owner=0", "--group=0", "-rf",
+                                str(partial), f"./{release_file}"], check=True)  # fmt: skip
+            partial.rename(tar)
+    return tar
     with _building(tar) as needed:
         if needed:
             ensure_host_tools()

@@ -25,7 +25,9 @@ from tests.simlab import serving
 from tests.simlab.serving import vllm_standin
 
 STANDIN = Path(vllm_standin.__file__)
-OPTIONS = json.loads(serving.OPTIONS_JSON.read_text())["options"]
+DATA = serving.DATA
+RELEASE = vllm_standin.Release.read(DATA, "0.19.0")  # the default image's
+OPTIONS = RELEASE.options
 START_TIMEOUT = 15.0
 # Ignore any proxy of the environment: every request here goes to loopback.
 HTTP = urllib.request.build_opener(urllib.request.ProxyHandler({}))
@@ -33,16 +35,16 @@ HTTP = urllib.request.build_opener(urllib.request.ProxyHandler({}))
 
 def standin_env(**extra: str) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if k != "VLLM_API_KEY"}
-    return {**env, "SIMLAB_VLLM_OPTIONS": str(serving.OPTIONS_JSON), **extra}
+    return {**env, "SIMLAB_VLLM_SHARE": str(DATA), "SIMLAB_VLLM_RELEASE": "0.19.0", **extra}
 
 
-def run_vllm(*args: str) -> subprocess.CompletedProcess[str]:
+def run_vllm(*args: str, release: str = "0.19.0") -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, str(STANDIN), *args],
         capture_output=True,
         text=True,
         timeout=30,
-        env=standin_env(),
+        env=standin_env(SIMLAB_VLLM_RELEASE=release),
         check=False,
     )
 
@@ -263,6 +265,9 @@ def test_valid_options_from_the_list_are_accepted(start: Callable[..., Server]) 
         (["--enforce-eager=true"], "argument --enforce-eager: ignored explicit argument 'true'"),
         (["--port"], "argument --port: expected one argument"),
         (["--port", "eighty"], "argument --port: invalid int value: 'eighty'"),
+        (["--max-num-seqs", "8; touch x"], "argument --max-num-seqs: invalid int value"),
+        (["--gpu-memory-utilization", "most"], "--gpu-memory-utilization: invalid float value"),
+        (["--served-model-name"], "argument --served-model-name: expected at least one argument"),
         (["other/model"], "unrecognized arguments: other/model"),
     ],
 )
@@ -287,7 +292,7 @@ def test_world_size_beyond_one_gpu_needs_ray() -> None:
 def test_parse_serve_reads_lists_model_option_and_underscores() -> None:
     model, values = vllm_standin.parse_serve(
         ["--port", "9000", "--served-model-name", "a", "b", "--model=org/m", "--max_model_len=8K"],
-        OPTIONS,
+        RELEASE,
     )
     assert model == "org/m"
     assert values == {"--port": "9000", "--served-model-name": ["a", "b"], "--max-model-len": "8K"}
@@ -331,12 +336,35 @@ def test_assemble_serving_rootfs(tmp_path: Path) -> None:
     )  # fmt: skip
     assert ray.returncode == 0, ray.stderr
     assert serving.RAY_VERSION in ray.stdout
-    env["SIMLAB_VLLM_OPTIONS"] = str(rootfs / "usr/local/share/vllm-standin/serve-options.json")
+    env["SIMLAB_VLLM_SHARE"] = str(rootfs / "usr/local/share/vllm-standin")
     version = subprocess.run(
         [sys.executable, str(vllm), "--version"],
         capture_output=True, text=True, timeout=30, env=env, check=False,
     )  # fmt: skip
-    assert version.stdout.strip() == "0.19.0"
+    assert version.stdout.strip() == "0.19.0"  # the default image's, from its `release` file
+
+
+def test_each_release_accepts_its_own_options_only() -> None:
+    # --linear-backend is new in vLLM 0.31.0 (vllm-option-changes.md): the 26.10 stand-in takes
+    # it and checks its choices, the 26.04 one refuses it as vLLM 0.19.0's parser does.
+    on_0310 = ["serve", "test/model", "--linear-backend", "marlin", "--help"]
+    assert run_vllm(*on_0310, release="0.31.0").returncode == 0
+    refused = run_vllm(*on_0310, release="0.19.0")
+    assert refused.returncode == 2
+    assert "unrecognized arguments: --linear-backend marlin" in refused.stderr
+    bad_choice = run_vllm("serve", "test/model", "--linear-backend", "cutlas", release="0.31.0")
+    assert "argument --linear-backend: invalid choice: 'cutlas'" in bad_choice.stderr
+
+
+def test_an_optional_value_may_be_left_out_where_the_release_says() -> None:
+    # vLLM 0.31.0 reads its one bool | str field with nargs '?' (option-values data).
+    release = vllm_standin.Release.read(DATA, "0.31.0")
+    (optional,) = [name for name, spec in release.values.items() if spec.get("nargs") == "?"]
+    assert vllm_standin.parse_serve([optional, "--port", "1"], release)[1] == {
+        optional: True,
+        "--port": "1",
+    }
+    assert vllm_standin.parse_serve([f"{optional}=x"], release)[1] == {optional: "x"}
 
 
 def test_assemble_refuses_a_tree_without_the_python_ray_is_for(tmp_path: Path) -> None:

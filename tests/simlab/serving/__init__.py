@@ -1,8 +1,10 @@
-"""The stand-in for NGC's vLLM image: Debian 12 with Ray and a `vllm` that serves no model.
+"""The stand-ins for NGC's vLLM images: Debian 12 with Ray and a `vllm` that serves no model.
 
-Real Sparks run nvcr.io/nvidia/vllm:26.04-py3 (vLLM 0.19.0). The lab imports this tree into each
-host's docker under the same tag, so the deploy's containers, `ray start` and `vllm serve` command
-lines run unchanged; only the engine behind them is simulated (see vllm_standin.py).
+Real Sparks run nvcr.io/nvidia/vllm:26.04-py3 (vLLM 0.19.0) by default. The lab imports this tree
+into each host's docker under the same tag, so the deploy's containers, `ray start` and `vllm
+serve` command lines run unchanged; only the engine behind them is simulated (see
+vllm_standin.py). The other images of the deploy's table (operations/vllm_release.py) are the
+same tree as their release and their lack of Ray make it (rootfs.serving_image_tar).
 """
 
 from __future__ import annotations
@@ -13,17 +15,35 @@ import subprocess
 import sys
 from pathlib import Path
 
-from tests.simlab.paths import CACHE, REPO
-from tests.simlab.serving.vllm_standin import IMAGE_OPTIONS_FILE
+from operations.vllm_release import DATA, DEFAULT_IMAGE, IMAGES, KINDS, known_versions
+from tests.simlab.paths import CACHE
+from tests.simlab.serving.vllm_standin import SHARE
 
-SERVING_IMAGE_TAG = "nvcr.io/nvidia/vllm:26.04-py3"
+SERVING_IMAGE_TAG = DEFAULT_IMAGE
 RAY_VERSION = "2.60.0"
 # Bookworm's python3; Ray's wheels are chosen for this version and its ABI.
 IMAGE_PYTHON = "3.11"
 RAY_SITE = Path("opt/ray-site")
-# The option list the deploy validates lanes against (operations/data/) is the one the stand-in
-# accepts: one file, so the lab and the checks cannot drift apart.
-OPTIONS_JSON = REPO / "operations" / "data" / "vllm-0.19.0-serve-options.json"
+RAY_PTH = Path("usr/lib/python3/dist-packages/ray-site.pth")
+RAY_BIN = Path("usr/local/bin/ray")
+# What an image without Ray lacks: the paths assemble_serving_rootfs adds for it.
+RAY_PATHS = (RAY_SITE, RAY_PTH, RAY_BIN)
+# The option lists the deploy validates lanes against (operations/data/) are the ones the
+# stand-in accepts: the same files, so the lab and the checks cannot drift apart.
+RELEASE_DATA = [
+    DATA / f"vllm-{version}-{kind}.json"
+    for version in known_versions()
+    for kind in KINDS
+    if kind != "env-vars"
+]
+RELEASE_FILE = SHARE / "release"
+
+
+def release_of(tag: str) -> str:
+    """The vLLM release an image of the deploy's table carries."""
+    return IMAGES[tag].vllm
+
+
 WHEELS = CACHE / "wheels"
 RAY_COMMAND = '''#!/usr/bin/python3
 """`ray` in the serving image (Ray is installed in /opt/ray-site, found through a .pth)."""
@@ -74,14 +94,16 @@ def assemble_serving_rootfs(rootfs: Path) -> None:
     # nothing here starts.
     shutil.rmtree(site / "bin")
     shutil.rmtree(site / "ray/jars")
-    pth = rootfs / "usr/lib/python3/dist-packages/ray-site.pth"
+    pth = rootfs / RAY_PTH
     pth.parent.mkdir(parents=True, exist_ok=True)
     pth.write_text(f"/{RAY_SITE}\n")
-    _executable(rootfs / "usr/local/bin/ray", RAY_COMMAND)
+    _executable(rootfs / RAY_BIN, RAY_COMMAND)
     _executable(
         rootfs / "usr/local/bin/vllm", (Path(__file__).parent / "vllm_standin.py").read_text()
     )
     _executable(rootfs / "usr/local/bin/hf", (Path(__file__).parent / "hf_standin.py").read_text())
-    options = rootfs / IMAGE_OPTIONS_FILE.relative_to("/")
-    options.parent.mkdir(parents=True, exist_ok=True)
-    shutil.copyfile(OPTIONS_JSON, options)
+    share = rootfs / SHARE.relative_to("/")
+    share.mkdir(parents=True, exist_ok=True)
+    for data in RELEASE_DATA:
+        shutil.copyfile(data, share / data.name)
+    (rootfs / RELEASE_FILE.relative_to("/")).write_text(release_of(SERVING_IMAGE_TAG) + "\n")

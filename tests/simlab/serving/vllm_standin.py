@@ -1,9 +1,10 @@
 #!/usr/bin/python3
-"""Stand-in for vLLM 0.19.0's `vllm` command in the simulated lab's serving image.
+"""Stand-in for vLLM's `vllm` command in the simulated lab's serving images.
 
 It loads no model, uses no GPU and allocates nothing. It keeps what the deploy touches: how
-`vllm serve` parses its options (checked against the option list read from vLLM 0.19.0's own
-parser), the API key on /v1, the shapes of the OpenAI endpoints, a port that refuses connections
+`vllm serve` parses its options (checked against the option list and value types read from
+the own parser of the release the image's tag carries, named in the image's `release` file),
+the API key on /v1, the shapes of the OpenAI endpoints, a port that refuses connections
 while "loading", and the Ray placement of one GPU bundle per worker across the boxes, with an exit
 when a box holding a worker dies. Standard library only, plus Ray on the distributed path.
 """
@@ -28,11 +29,10 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any, NoReturn
 
-IMAGE_OPTIONS_FILE = Path("/usr/local/share/vllm-standin/serve-options.json")
+# Every release's option lists, and the one this image carries (`release`).
+SHARE = Path("/usr/local/share/vllm-standin")
 GPUS_PER_NODE = 1  # one GB10 per Spark
 DEFAULT_MAX_MODEL_LEN = 32768  # vLLM reads it from the model's config; there is no model here
-# Options vLLM declares as list[str], which argparse reads with nargs="+".
-NARGS_PLUS = frozenset({"--served-model-name", "--api-key"})
 NODE_CHECK_SECONDS = 2.0
 USAGE = "usage: vllm serve [model_tag] [options]"
 # argparse reads these as values, not as options.
@@ -70,14 +70,43 @@ def _model_option_first(argv: list[str]) -> list[str]:
     return argv
 
 
-def parse_serve(
-    argv: list[str], options: dict[str, dict[str, Any]]
-) -> tuple[str | None, dict[str, Any]]:
+@dataclass
+class Release:
+    """One vLLM release's `vllm serve` as its data files describe it."""
+
+    version: str
+    options: dict[str, dict[str, Any]]  # {name: {takes_value, choices}}
+    values: dict[str, dict[str, Any]]  # {name: {type, nargs, none}}: the typed ones
+
+    @classmethod
+    def read(cls, share: Path, version: str) -> Release:
+        def load(kind: str) -> dict[str, Any]:
+            return json.loads((share / f"vllm-{version}-{kind}.json").read_text())
+
+        return cls(version, load("serve-options")["options"], load("option-values")["values"])
+
+
+# argparse's own types for the typed options; the others are vLLM's and checked by the deploy.
+ARGPARSE_TYPES: dict[str, Callable[[str], Any]] = {"int": int, "float": float}
+
+
+def _checked(name: str, value: str, spec: dict[str, Any]) -> None:
+    convert = ARGPARSE_TYPES.get(spec.get("type", ""))
+    if convert is None or (spec.get("none") and value in ("None", "")):
+        return
+    try:
+        convert(value)
+    except ValueError:
+        raise UsageError(f"argument {name}: invalid {convert.__name__} value: {value!r}") from None
+
+
+def parse_serve(argv: list[str], release: Release) -> tuple[str | None, dict[str, Any]]:
     """Read `vllm serve` arguments as vLLM's parser does: (model, {option: value or True}).
 
     Names may use underscores (`--max_model_len`) and `--name=value`, as in vLLM's
     FlexibleArgumentParser; short aliases and abbreviations are not in the option list and
-    are refused.
+    are refused. An option takes one value, one or more (nargs '+') or none or one (nargs
+    '?', then True without one) as the release's value types say.
     """
     argv = _model_option_first(argv)
     model: str | None = None
@@ -96,7 +125,7 @@ def parse_serve(
         name, has_inline, inline = token.partition("=")
         if name.startswith("--"):
             name = name.replace("_", "-")
-        spec = options.get(name)
+        spec = release.options.get(name)
         if spec is None:
             unrecognized.append(token)
             continue
@@ -105,14 +134,19 @@ def parse_serve(
                 raise UsageError(f"argument {name}: ignored explicit argument {inline!r}")
             values[name] = True
             continue
+        typed = release.values.get(name, {})
+        nargs = typed.get("nargs")
         given = [inline] if has_inline else []
         while not has_inline and i < len(argv) and not _is_option(argv[i]):
             given.append(argv[i])
             i += 1
-            if name not in NARGS_PLUS:
+            if nargs != "+":
                 break
+        if not given and nargs == "?":
+            values[name] = True
+            continue
         if not given:
-            wanted = "at least one argument" if name in NARGS_PLUS else "one argument"
+            wanted = "at least one argument" if nargs == "+" else "one argument"
             raise UsageError(f"argument {name}: expected {wanted}")
         for value in given:
             if "choices" in spec and value not in spec["choices"]:
@@ -120,7 +154,8 @@ def parse_serve(
                 raise UsageError(
                     f"argument {name}: invalid choice: {value!r} (choose from {allowed})"
                 )
-        values[name] = given if name in NARGS_PLUS else given[0]
+            _checked(name, value, typed)
+        values[name] = given if nargs == "+" else given[0]
     if unrecognized:
         raise UsageError(f"unrecognized arguments: {' '.join(unrecognized)}")
     return model, values
@@ -517,10 +552,10 @@ def serve(config: ServeConfig, version: str, non_default: dict[str, Any]) -> int
 
 
 def main(argv: list[str]) -> int:
-    document = json.loads(
-        Path(os.environ.get("SIMLAB_VLLM_OPTIONS", IMAGE_OPTIONS_FILE)).read_text()
-    )
-    version: str = document["vllm_version"]
+    # The lab's own tests run the stand-in outside an image, naming the data and the release.
+    share = Path(os.environ.get("SIMLAB_VLLM_SHARE", SHARE))
+    version = os.environ.get("SIMLAB_VLLM_RELEASE") or (share / "release").read_text().strip()
+    release = Release.read(share, version)
     if argv[:1] == ["--version"]:
         print(version)
         return 0
@@ -530,7 +565,7 @@ def main(argv: list[str]) -> int:
         print(f"vllm: error: the stand-in knows only `serve` (got {given})", file=sys.stderr)
         return 2
     try:
-        model, values = parse_serve(argv[1:], document["options"])
+        model, values = parse_serve(argv[1:], release)
         if values.get("--help"):
             print(USAGE)
             return 0
