@@ -274,20 +274,3 @@ def _derived_image(base: Path, release: str, ray: bool) -> Path:
                                 str(partial), f"./{release_file}"], check=True)  # fmt: skip
             partial.rename(tar)
     return tar
-    with _building(tar) as needed:
-        if needed:
-            ensure_host_tools()
-            IMAGES.mkdir(parents=True, exist_ok=True)
-            for stale in _unused(IMAGES.glob("serving-image-*.tar")):
-                stale.unlink()
-            root = CACHE / "serving-rootfs"
-            shutil.rmtree(root, ignore_errors=True)
-            _debootstrap(root, SERVING_PACKAGES)
-            log("adding Ray and the vllm stand-in to the serving image")
-            serving.assemble_serving_rootfs(root)
-            partial = tar.with_suffix(".partial")
-            subprocess.run(["tar", "-C", str(root), "--numeric-owner", "-cf", str(partial), "."],
-                           check=True)  # fmt: skip
-            partial.rename(tar)
-            shutil.rmtree(root, ignore_errors=True)
-    return tar
