@@ -177,7 +177,9 @@ def test_lane_b_moved_to_2610_runs_nvfp4_on_marlin_in_vllm_0310_terms(
     deploy(lanes_data(A, B | {"image": image}))
     for host in hosts:
         name = f"spark-lane-{B['name']}"
-        args = json.loads(run_on(host, f"sudo docker inspect -f '{{{{json .Args}}}}' {name}"))
+        # PID 1 of the container is `vllm serve`, exec'd by the lane's script.
+        args = run_on(host, f"sudo docker exec {name} cat /proc/1/cmdline").split("\0")
+        assert args[args.index("serve") - 1].endswith("/vllm"), args  # python3 .../vllm serve
         assert args[args.index("--linear-backend") + 1] == "marlin", args
         env = run_on(host, f"sudo docker inspect -f '{{{{json .Config.Env}}}}' {name}")
         assert "VLLM_NVFP4_GEMM_BACKEND" not in env

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -42,3 +43,31 @@ def test_mirror_comes_from_this_machines_deb822_sources(tmp_path: Path, monkeypa
         rootfs, "Path", lambda p: real_path(str(p).replace("/etc/apt", str(tmp_path)))
     )
     assert rootfs.debian_mirror() == "http://mirror.example/debian"
+
+
+def test_an_image_without_ray_is_the_default_tree_less_ray_and_with_its_release(
+    tmp_path: Path,
+) -> None:
+    from tests.simlab import serving
+
+    tree = tmp_path / "tree"
+    kept = Path("usr/local/bin/vllm")
+    release_file = serving.RELEASE_FILE.relative_to("/")
+    ray_module = serving.RAY_SITE / "ray/__init__.py"
+    for path in [serving.RAY_PTH, serving.RAY_BIN, ray_module, kept, release_file]:
+        (tree / path).parent.mkdir(parents=True, exist_ok=True)
+        (tree / path).write_text("0.19.0\n")
+    base = tmp_path / "serving-image-0123456789ab.tar"
+    subprocess.run(["tar", "-C", str(tree), "-cf", str(base), "."], check=True)
+
+    derived = rootfs._derived_image(base, "0.31.0", ray=False)
+
+    listing = subprocess.run(["tar", "-tf", str(derived)], capture_output=True, text=True,
+                             check=True).stdout.split()  # fmt: skip
+    assert f"./{kept}" in listing and f"./{ray_module}" not in listing
+    for gone in serving.RAY_PATHS:
+        assert not [name for name in listing if name.startswith(f"./{gone}")], gone
+    release = subprocess.run(["tar", "-xOf", str(derived), f"./{release_file}"],
+                             capture_output=True, text=True, check=True).stdout  # fmt: skip
+    assert release == "0.31.0\n"
+    assert rootfs._derived_image(base, "0.31.0", ray=False) == derived  # built once
