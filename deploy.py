@@ -131,11 +131,24 @@ def serve(lane: Lane, after: str | None) -> None:
     )
 
 
-# This box's own lanes, each once the one before it serves; they need nothing of the other
-# boxes, so they come before the cluster stage, which stops when a box is missing.
+def weights(lane: Lane, what: str) -> None:
+    preflight.model_present(
+        name=f"{what}: {lane.model} on this box",
+        model=lane.model,
+        image=lane.image,
+        models_dir=lanes.MODELS_DIR,
+        token_path=lanes.HF_TOKEN if me.hf_token_file else None,
+        fetch=me.fetch_weights,
+    )
+
+
+# This box's own lanes, each once the one before it serves, its weights on the box before it
+# starts; they need nothing of the other boxes, so they come before the cluster stage, which
+# stops when a box is missing.
 previous = None
 for lane in me.lanes:
     if not lane.is_cluster:
+        weights(lane, f"Lane {lane.name}")
         serve(lane, after=previous)
         previous = lane.name
 
@@ -168,14 +181,7 @@ if len(spark.hosts) > 1:
 # the head starts it; the Ray image is its image (config.py), present on every box by now.
 cluster_lane = next((lane for lane in spark.head.lanes if lane.is_cluster), None)
 if cluster_lane and len(spark.hosts) > 1:
-    preflight.model_present(
-        name=f"Cluster lane {cluster_lane.name}: {cluster_lane.model} on this box",
-        model=cluster_lane.model,
-        image=cluster_lane.image,
-        models_dir=lanes.MODELS_DIR,
-        token_path=lanes.HF_TOKEN if me.hf_token_file else None,
-        fetch=me.fetch_weights,
-    )
+    weights(cluster_lane, f"Cluster lane {cluster_lane.name}")
     preflight.image_read(name=f"Cluster lane image {cluster_lane.image}", image=cluster_lane.image)
     preflight.image_agrees(
         name=f"Cluster lane image {cluster_lane.image}: the same on every box",

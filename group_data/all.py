@@ -130,7 +130,8 @@ lane_start_timeout_min = 20
 # there, never from their command line or environment.
 hf_token_file = None
 
-# A cluster lane's model missing on a box: False stops that box with the `hf download` command
-# to run there (a ~120 GB model can take hours per box: not a wait to hide in a deploy); True:
-# the deploy runs it, inside the serving image, with the token above as a mounted file.
+# A lane's model missing on a box (checked before the lane starts; a lane itself never
+# downloads, HF_HUB_OFFLINE=1): False stops that box with the `hf download` command to run
+# there (a ~120 GB model can take hours per box: not a wait to hide in a deploy); True: the
+# deploy runs it first, inside the serving image, with the token above as a mounted file.
 fetch_weights = False

@@ -18,7 +18,7 @@ if not (_state / "lab.json").exists():
 
 _lab_hosts = json.loads((_state / "lab.json").read_text())["hosts"]
 # A Hugging Face token for the lab's lanes, when one is put there (the end-to-end tests put a
-# sentinel, to show it never shows up where it must not); the stand-in downloads nothing.
+# sentinel, to show it never shows up where it must not); the stand-in reaches no hub.
 _hf_token = _state / "hf-token"
 
 spark = [
@@ -46,6 +46,9 @@ spark = [
             # guard stop lanes here; the tests raise the threshold to see it act.
             "memory_guard_min_available_gib": 1,
             "hf_token_file": str(_hf_token) if _hf_token.exists() else None,
+            # The lab's `hf download` writes a model's snapshot in a moment: the deploy fetches
+            # what a lane needs, where on real boxes it can take hours (group_data says why).
+            "fetch_weights": True,
         },
     )
     for host in _lab_hosts

@@ -159,7 +159,7 @@ class HostSettings(BaseModel):
         description="None, or a file on this machine holding a Hugging Face token"
     )
     fetch_weights: bool = Field(
-        description="True or False (fetch a cluster lane's missing model during the deploy)"
+        description="True or False (fetch a lane's missing model during the deploy)"
     )
 
     @field_validator("fabric_addresses")

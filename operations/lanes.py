@@ -215,7 +215,10 @@ class LaneUnit:
 
     def variables(self) -> dict[str, str]:
         """The container's environment (its env file): names and paths, never a secret."""
-        variables = dict(self.environment) | self.lane.container_env()
+        # The weights are on the box before a lane starts (preflight.model_present): a lane
+        # never downloads inside its start window (huggingface_hub's HF_HUB_OFFLINE: cached
+        # files only); a lane's own environment may still say otherwise.
+        variables = {"HF_HUB_OFFLINE": "1"} | dict(self.environment) | self.lane.container_env()
         for key, value in variables.items():
             if not util.ENV_NAME.fullmatch(key) or any(c in value for c in "\n\r\0"):
                 raise OperationError(

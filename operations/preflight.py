@@ -226,8 +226,10 @@ def model_present(
     model: str, image: str, models_dir: str, token_path: str | None, fetch: bool = False
 ):
     """
-    Check that this box holds a cluster lane's model before any box starts it (every rank loads
-    its share of the weights from its own box), or fetch it.
+    Check that this box holds a lane's model before the lane starts, or fetch it first: a
+    download inside the lane's start window would be cut by its start timeout and start over
+    (a ~120 GB model takes hours). A cluster lane's model is checked on every box before any
+    starts it: every rank loads its share of the weights from its own box.
 
     + model: a Hugging Face id or an absolute path
     + image: the serving image (it has the `hf` client)
@@ -242,16 +244,14 @@ def model_present(
         host.noop(f"{model} is on this box")
         return
     if model.startswith("/"):
-        raise OperationError(
-            f"{host.name}: {model} has no config.json; copy the model there on every box"
-        )
+        raise OperationError(f"{host.name}: {model} has no config.json; copy the model there")
     command = fetch_command(model, image, models_dir, token_path)
     if fetch:
         yield command
         return
     raise OperationError(
-        f"{host.name}: {model} is not on this box ({hf_cache_dir(models_dir, model)}); every box"
-        f" of a cluster lane loads its share from its own disk: fetch it first on {host.name}"
+        f"{host.name}: {model} is not on this box ({hf_cache_dir(models_dir, model)}); a lane"
+        f" loads it from the box's disk and downloads nothing: fetch it first on {host.name}"
         f" (or set fetch_weights = True): {command}"
     )
 

@@ -18,6 +18,7 @@ from typing import Any
 
 import pytest
 
+from operations import lanes, preflight
 from tests.conftest import Deployed, pyinfra, run_on
 from tests.e2e.test_host_layer import changes
 from tests.simlab import lab as simlab
@@ -73,8 +74,8 @@ def deploy(*data: str) -> subprocess.CompletedProcess:
     return pyinfra(INVENTORY, "deploy.py", *(arg for item in data for arg in ("--data", item)))
 
 
-def lanes_data(*lanes: dict[str, Any]) -> str:
-    return "lanes=" + json.dumps(list(lanes))
+def lanes_data(*chosen: dict[str, Any]) -> str:
+    return "lanes=" + json.dumps(list(chosen))
 
 
 @pytest.fixture(scope="module")
@@ -162,6 +163,29 @@ def test_changing_lane_b_model_restarts_lane_b_alone(deployed: dict[str, Any]) -
         )  # the same key: clients keep working
         assert (status, listing["data"][0]["root"]) == (200, "Qwen/Qwen3-0.6B")
     deploy()  # back to the inventory's lanes
+
+
+def test_a_lane_whose_model_is_missing_stops_each_box_before_the_lane_changes(
+    deployed: dict[str, Any],
+) -> None:
+    # fetch_weights off, as group_data has it: a download of hours is not hidden in a deploy,
+    # and never run in the lane's start window (the lane would be restarted on its timeout).
+    hosts = deployed["lab"].hosts
+    b_before = {host.name: container_id(host, B) for host in hosts}
+    model = "Qwen/Qwen3-0.6B"  # in the catalog; taken off the boxes first
+    for host in hosts:
+        run_on(host, f"sudo rm -rf {preflight.hf_cache_dir(lanes.MODELS_DIR, model)}")
+    changed = lanes_data(A, B | {"model": model, "max_model_len": 32768})
+    refused = pyinfra(INVENTORY, "deploy.py", "--data", "fetch_weights=False", "--data", changed,
+                      check=False)  # fmt: skip
+    output = refused.stdout + refused.stderr
+    assert refused.returncode != 0, output
+    assert f"hf download {model}" in output, output
+    for host in hosts:
+        assert f"{host.name}: {model} is not on this box" in output, output
+        assert container_id(host, B) == b_before[host.name]  # B still serves its model
+        status, listing = request(f"http://{host.mgmt_ip}:{B['port']}/v1/models", key_of(host, B))
+        assert (status, listing["data"][0]["root"]) == (200, B["model"])
 
 
 def test_lane_b_moved_to_2610_runs_nvfp4_on_marlin_in_vllm_0310_terms(

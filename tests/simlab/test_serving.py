@@ -33,6 +33,19 @@ START_TIMEOUT = 15.0
 HTTP = urllib.request.build_opener(urllib.request.ProxyHandler({}))
 
 
+@pytest.fixture(autouse=True)
+def model_cached(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A Hugging Face cache holding test/model, as `hf download` leaves it, for every server
+    started here; the hub is out of reach, as in the lab."""
+    home = tmp_path_factory.getbasetemp() / "hf-home"
+    snapshot = home / "hub/models--test--model/snapshots/0123abcd"
+    snapshot.mkdir(parents=True, exist_ok=True)
+    (snapshot / "config.json").write_text("{}\n")
+    monkeypatch.setenv("HF_HOME", str(home))
+    monkeypatch.delenv("HF_HUB_CACHE", raising=False)
+    return home
+
+
 def standin_env(**extra: str) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if k != "VLLM_API_KEY"}
     return {**env, "SIMLAB_VLLM_SHARE": str(DATA), "SIMLAB_VLLM_RELEASE": "0.19.0", **extra}
@@ -276,6 +289,24 @@ def test_invalid_command_lines_are_refused(args: list[str], fragment: str) -> No
     assert result.returncode == 2
     assert result.stderr.startswith("usage: vllm serve")
     assert fragment in result.stderr
+
+
+@pytest.mark.parametrize(
+    ("offline", "fragment"),
+    [("1", "outgoing traffic has been disabled"), ("", "We couldn't connect to")],
+)
+def test_a_model_not_in_the_cache_stops_the_start(
+    start: Callable[..., Server], offline: str, fragment: str
+) -> None:
+    port = free_port()
+    result = subprocess.run(
+        [sys.executable, str(STANDIN), "serve", "other/model", "--port", str(port)],
+        capture_output=True, text=True, timeout=30, check=False,
+        env=standin_env(HF_HUB_OFFLINE=offline),
+    )  # fmt: skip
+    assert result.returncode == 1
+    assert fragment in result.stdout and "other/model" in result.stdout
+    assert start(HF_HUB_OFFLINE="1").process.poll() is None  # test/model is cached: it serves
 
 
 def test_world_size_beyond_one_gpu_needs_ray() -> None:

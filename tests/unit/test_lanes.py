@@ -303,6 +303,13 @@ def test_a_lane_without_a_key_mounts_none_and_a_token_when_asked() -> None:
     assert not any("secrets" in command for command in commands)
 
 
+def test_a_lane_never_downloads_its_weights_unless_its_own_environment_says_so() -> None:
+    # The deploy puts the weights on the box first (preflight.model_present).
+    assert "HF_HUB_OFFLINE=1\n" in rendered()[ENV]
+    online = rendered(lane={"environment": {"HF_HUB_OFFLINE": "0"}})[ENV]
+    assert "HF_HUB_OFFLINE=0\n" in online and "HF_HUB_OFFLINE=1" not in online
+
+
 def test_memlock_is_lifted_where_root_may_and_the_order_is_in_the_unit() -> None:
     host = lane_host("lanehost-full-caps.sample.txt", {UNIT: None, ENV: None})
     run_op(lanes.serving, host=host, unit=lane_unit(after="coder-a"))

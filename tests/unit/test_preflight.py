@@ -207,6 +207,7 @@ def test_a_model_missing_is_refused_with_the_command_that_fetches_it() -> None:
         run_op(preflight.model_present, host=host, **MODEL_ARGS)
     message = str(refusal.value)
     assert message.startswith(f"spark-2: {MODEL} is not on this box")
+    assert "a lane loads it from the box's disk and downloads nothing" in message
     assert "(or set fetch_weights = True)" in message
     assert message.endswith(FETCH_COMMAND)
 

@@ -23,7 +23,7 @@ import sys
 import threading
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -503,6 +503,36 @@ def _interrupt(_signum: int, _frame: Any) -> NoReturn:
     raise KeyboardInterrupt("terminated")
 
 
+def hub_cache(env: Mapping[str, str]) -> Path:
+    """Where huggingface_hub keeps repositories: HF_HUB_CACHE, else HF_HOME/hub."""
+    if env.get("HF_HUB_CACHE"):
+        return Path(env["HF_HUB_CACHE"])
+    return Path(env.get("HF_HOME") or os.path.expanduser("~/.cache/huggingface")) / "hub"
+
+
+def model_not_cached(model: str, env: Mapping[str, str]) -> str | None:
+    """What vLLM's start fails with when the model's config.json is not on the box and the hub
+    is out of reach (huggingface_hub's two errors: offline by HF_HUB_OFFLINE, or no network);
+    None when it is there. An absolute path is a local model directory."""
+    if model.startswith("/"):
+        if (Path(model) / "config.json").is_file():
+            return None
+        return f"Invalid repository ID or local directory specified: {model!r}"
+    repo = hub_cache(env) / f"models--{model.replace('/', '--')}"
+    if any(path.is_file() for path in repo.glob("snapshots/*/config.json")):
+        return None
+    if env.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes", "on"):
+        return (
+            "Cannot find the requested files in the disk cache and outgoing traffic has been"
+            " disabled. To enable hf.co look-ups and downloads online, set 'HF_HUB_OFFLINE=0' as"
+            f" environment variable. ({model}: config.json)"
+        )
+    return (
+        "We couldn't connect to 'https://huggingface.co' to load the files, and couldn't find"
+        f" them in the cached files. ({model}: config.json)"
+    )
+
+
 def serve(config: ServeConfig, version: str, non_default: dict[str, Any]) -> int:
     """Start as vLLM does: bind, place the workers, load, then answer. Returns the exit status."""
     signal.signal(signal.SIGTERM, _interrupt)
@@ -516,6 +546,13 @@ def serve(config: ServeConfig, version: str, non_default: dict[str, Any]) -> int
         log("ERROR", f"cannot bind {config.host or '0.0.0.0'}:{config.port}: {error}")
         return 1
     try:
+        # vLLM reads the model's config.json first (its ModelConfig), downloading what the
+        # cache lacks: the lab reaches no hub, so a model not on the box stops the start.
+        missing = model_not_cached(config.model, os.environ)
+        if missing:
+            log("ERROR", missing)
+            server.server_close()
+            return 1
         if config.backend == "ray":
             timeout = float(os.environ.get("SIMLAB_VLLM_PLACEMENT_TIMEOUT", "600"))
             server.placement = place_workers(config.world_size, timeout)
