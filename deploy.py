@@ -69,11 +69,11 @@ for link in me.fabric:
         mtu=me.mtu,
     )
 for link in me.fabric:
-    roce.gid_index(
-        name=f"RoCE v2 IPv4 GID of {link.hca} at index {me.gid_index}",
+    roce.roce_v2_entry(
+        name=f"RoCE v2 IPv4 GID of {link.hca} (NCCL selects it; expected at {me.gid_index})",
         ifname=link.ifname,
         address=str(link.address),
-        index=me.gid_index,
+        expected_index=me.gid_index,
     )
 preflight.fabric_peers(
     name=f"Fabric twins reach the other boxes' twins ({me.mtu}-byte frames)",

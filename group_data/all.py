@@ -24,8 +24,10 @@ fabric_mtu = 9000
 # (dgx-spark-playbooks#25).
 fabric_mtu_below_9000_because = None
 
-# RoCE v2 + IPv4 GID entry NCCL uses (seed 001); the deploy checks the host's table,
-# since another index was seen in the field (GLM-5.3-Flash-EXL3-2x-DGX-Sparks PR#26).
+# Where each box's RoCE v2 + IPv4 GID entry should be (seed 001). NCCL finds the entry itself
+# wherever it is (no NCCL_IB_GID_INDEX: it was seen at 4 on one box of two, GLM-5.3-Flash-EXL3-
+# 2x-DGX-Sparks PR#26, and moving after a network re-apply, sparkring#186); the deploy checks
+# that each twin has exactly one, and says where when it is not at this index.
 roce_gid_index = 3
 
 # The cluster environment file units and login shells read (no secrets go in it).

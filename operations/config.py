@@ -111,7 +111,9 @@ class HostSettings(BaseModel):
         " without jumbo frames)",
         max_length=200,
     )
-    roce_gid_index: int = Field(ge=0, le=255, description="an integer 0..255 (3: RoCE v2 + IPv4)")
+    roce_gid_index: int = Field(
+        ge=0, le=255, description="an integer 0..255 (where the RoCE v2 + IPv4 entry should be: 3)"
+    )
     driver_branch: int = Field(description=f"the integer {SUPPORTED_BRANCH}")
     driver_package: str = Field(
         description=f"nvidia-driver-{SUPPORTED_BRANCH}-open or nvidia-driver-{SUPPORTED_BRANCH}"
@@ -473,7 +475,12 @@ class HostConfig(Frozen):
             first = self.fabric[0]
             hcas = [link.hca for link in self.fabric]
             environment |= {
-                "NCCL_IB_GID_INDEX": str(self.gid_index),
+                # No NCCL_IB_GID_INDEX: NCCL takes each device's RoCE v2 entry of an IPv4
+                # address wherever it is (NVIDIA/nccl net_ib/connect.cc, ncclIbGetGidIndex;
+                # NCCL 2.21 and later, the NGC images carry 2.29: CUDA DL release notes 26.03),
+                # where a fixed index failed on a box whose entry was at 4 (roce.py says more).
+                "NCCL_IB_ADDR_FAMILY": "AF_INET",
+                "NCCL_IB_ROCE_VERSION_NUM": "2",
                 "NCCL_IB_HCA": ",".join(hcas),
                 "NCCL_SOCKET_IFNAME": first.ifname,
                 "GLOO_SOCKET_IFNAME": first.ifname,
@@ -531,19 +538,15 @@ def _cluster_problems(hosts: tuple[HostConfig, ...]) -> list[str]:
             " keep 'head' on one and set 'worker' on the others"
         )
 
-    # What every box of a cluster must agree on; the head's value is the reference.
+    # Every box of a cluster must use one MTU; the head's is the reference. (The GID entry may
+    # differ per box: NCCL finds each box's own.)
     reference = heads[0] if heads else hosts[0]
-    for key, attribute, what in (
-        ("fabric_mtu", "mtu", "MTU"),
-        ("roce_gid_index", "gid_index", "GID index"),
-    ):
-        want = getattr(reference, attribute)
-        problems += [
-            f"{host.name}: {key}: {getattr(host, attribute)} differs from {reference.name}'s"
-            f" {want}; use one {what} on every host (remove the host's own {key})"
-            for host in hosts
-            if getattr(host, attribute) != want
-        ]
+    problems += [
+        f"{host.name}: fabric_mtu: {host.mtu} differs from {reference.name}'s {reference.mtu};"
+        " use one MTU on every host (remove the host's own fabric_mtu)"
+        for host in hosts
+        if host.mtu != reference.mtu
+    ]
 
     if len(hosts) > 1:
         problems += _fabric_problems(hosts)

@@ -1,4 +1,4 @@
-"""Verify the RoCE v2 GID index NCCL will use."""
+"""Verify the RoCE v2 GID entry NCCL selects on each fabric interface."""
 
 from __future__ import annotations
 
@@ -82,52 +82,57 @@ def format_table(entries: list[GidEntry]) -> str:
     )
 
 
-def _wait_command(path: str, index: int, expected: str, problem: str) -> str:
-    """Poll one GID entry until it reads `expected` ("gid|type|ndev"), else print the tables."""
-    reads = "; ".join(
-        f'read -r {var} 2>/dev/null < "$d/{sub}/{index}"'
-        for var, sub in (("g", "gids"), ("t", "gid_attrs/types"), ("n", "gid_attrs/ndevs"))
-    )
+IPV4_MAPPED = "0000:0000:0000:0000:0000:ffff:"  # how sysfs prints an IPv4 address's GID
+
+
+def _wait_command(path: str, gid: str, ifname: str, problem: str) -> str:
+    """Poll a port's table until some entry is the RoCE v2 entry of ``gid`` on ``ifname``,
+    else print the tables and fail."""
     return (
-        f"d={shlex.quote(path)}; s=0; while [ $s -lt {WAIT_SECONDS} ]; do g=; t=; n=; {reads}; "
-        f'[ "$g|$t|$n" = {shlex.quote(expected)} ] && exit 0; sleep 1; s=$((s + 1)); done; '
+        f"d={shlex.quote(path)}; s=0; while [ $s -lt {WAIT_SECONDS} ]; do "
+        'for f in "$d"/gids/*; do i=${f##*/}; g=; t=; n=; read -r g < "$f"; '
+        f'[ "$g" = {gid} ] || continue; read -r t < "$d/gid_attrs/types/$i"; '
+        'read -r n < "$d/gid_attrs/ndevs/$i"; '
+        f'[ "$t|$n" = {shlex.quote(f"RoCE v2|{ifname}")} ] && exit 0; done 2>/dev/null; '
+        "sleep 1; s=$((s + 1)); done; "
         f"printf '%s\\n' {shlex.quote(problem)} >&2; {GidTables().command()}; exit 1"
     )
 
 
 @operation()
-def gid_index(ifname: str, address: str, index: int = 3):
+def roce_v2_entry(ifname: str, address: str, expected_index: int = 3):
     """
-    Check that GID ``index`` of the RDMA device behind ``ifname`` is the RoCE v2 entry of
-    ``address``: the entry NCCL_IB_GID_INDEX must name.
+    Check that the RDMA device port behind ``ifname`` has the RoCE v2 entry of ``address``,
+    and no other IPv4 RoCE v2 entry on that interface: the entry NCCL selects itself.
+
+    NCCL_IB_GID_INDEX is left unset: NCCL then takes the entry of the address family
+    NCCL_IB_ADDR_FAMILY (AF_INET) and RoCE version NCCL_IB_ROCE_VERSION_NUM (2), wherever it
+    is in the table (NVIDIA/nccl src/transport/net_ib/connect.cc, ncclIbGetGidIndex). The entry
+    is at index 3 by NVIDIA's design (seed 001) but was seen at 4 on one box of two, where a
+    fixed NCCL_IB_GID_INDEX=3 failed ("unhandled system error"; MiaAI-Lab/GLM-5.3-Flash-EXL3-
+    2x-DGX-Sparks PR#26), and it can move after the addresses are re-applied (sparkring#186).
 
     + ifname: the fabric interface (the GID entries' ndev)
     + address: its IPv4 address, "192.168.100.10/24" or "192.168.100.10"
-    + index: the GID index NCCL is told to use (roce_gid_index)
+    + expected_index: where the entry should be (roce_gid_index): reported, not required
 
-    This changes nothing on the host; it refuses to go on when the entry is wrong.
+    This changes nothing on the host. The address is often configured by an earlier operation
+    of the same deploy, and the kernel writes its entries just after it appears; pyinfra runs
+    this generator when it prepares the run and again when it executes it, reading the table
+    afresh each time, so:
 
-    The address is often configured by an earlier operation of the same deploy, and the
-    kernel writes its GID entries just after the address appears. pyinfra runs this
-    generator at prepare time (before anything changed) and again at execution, reading the
-    table afresh each time, so:
-
-    - entry right: nothing to do;
-    - the address has entries, but ``index`` is not its RoCE v2 one: the kernel writes all
-      of an address's entries at once, so waiting would not help: fail at once
-      (OperationError) with the table, where the RoCE v2 entry is, and what to do;
-    - the address has no entry yet (not configured yet, or just re-applied): yield a command
-      that polls the entry for up to WAIT_SECONDS (15) and, if it never becomes right, prints the
-      tables and exits non-zero, failing the host at execution. At prepare time this only
-      shows as a change; at execution the fact is read again first, so the command runs only
-      if the entry is still missing then (in the lab it was, right after ``nmcli connection
-      up``, and appeared within a second).
+    - one RoCE v2 entry for the address: nothing to do (the note says where it is);
+    - the address has entries but none of RoCE v2, or the interface has another IPv4
+      address's RoCE v2 entry (NCCL could take either): fail at once (OperationError) with
+      the table and what to do;
+    - the address has no entry yet: yield a command that polls the port for up to
+      WAIT_SECONDS (15) and, if the entry never comes, prints the tables and fails the host.
 
     **Example:**
 
     .. code:: python
 
-        roce.gid_index(ifname="enp1s0f1np1", address="192.168.100.10/24", index=3)
+        roce.roce_v2_entry(ifname="enp1s0f1np1", address="192.168.100.10/24", expected_index=3)
     """
     tables = host.get_fact(GidTables)
     ports = sorted(
@@ -146,36 +151,45 @@ def gid_index(ifname: str, address: str, index: int = 3):
     hca, port = ports[0]
     entries = [e for e in tables[hca] if e["port"] == port]
     gid = ipv4_gid(address)
-    expected = GidEntry(port=port, index=index, type="RoCE v2", ndev=ifname, gid=gid)
-    where = f"GID index {index} of {hca} port {port}"
-    if expected in entries:
-        host.noop(f"{where} is the RoCE v2 entry of {address} on {ifname}")
+    where = f"{hca} port {port}"
+    own = [
+        e["index"] for e in entries if (e["gid"], e["type"], e["ndev"]) == (gid, "RoCE v2", ifname)
+    ]
+    others = [
+        e
+        for e in entries
+        if e["gid"].startswith(IPV4_MAPPED) and e["gid"] != gid
+        and (e["type"], e["ndev"]) == ("RoCE v2", ifname)
+    ]  # fmt: skip
+    if own and not others:
+        index = own[0]
+        if index == expected_index:
+            host.noop(f"GID index {index} of {where} is the RoCE v2 entry of {address} on {ifname}")
+        else:
+            host.noop(
+                f"GID index {index} of {where} is the RoCE v2 entry of {address} on {ifname},"
+                f" not {expected_index} (roce_gid_index): NCCL selects it by address family"
+            )
         return
 
-    if not any(e["gid"] == gid for e in entries):
+    if not others and not any(e["gid"] == gid for e in entries):
         problem = (
-            f"{host.name}: {where} did not become the RoCE v2 entry of {address} on {ifname} "
-            f"within {WAIT_SECONDS} s. The GID tables ({' '.join(COLUMNS)}):"
+            f"{host.name}: {where} has no RoCE v2 entry of {address} on {ifname} after "
+            f"{WAIT_SECONDS} s. The GID tables ({' '.join(COLUMNS)}):"
         )
-        path = f"{SYSFS}/{hca}/ports/{port}"
-        yield _wait_command(path, index, f"{gid}|RoCE v2|{ifname}", problem)
+        yield _wait_command(f"{SYSFS}/{hca}/ports/{port}", gid, ifname, problem)
         return
 
-    v2 = [e["index"] for e in entries if e["gid"] == gid and e["type"] == "RoCE v2"]
-    if v2:
-        found = f"its RoCE v2 entry is at index {v2[0]}"
+    if others:
+        addresses = ", ".join(
+            f"{IPv6Address(e['gid']).ipv4_mapped} at index {e['index']}" for e in others
+        )
+        found = f"{ifname} also has {addresses}"
         todo = (
-            f"If index {v2[0]} stays there across reboots and network restarts, set "
-            f"roce_gid_index = {v2[0]} for {host.name} in the inventory; otherwise find what "
-            f"takes the slots before it (other addresses on {ifname}: ip address show dev "
-            f"{ifname}), remove it, and run again."
+            "NCCL picks one IPv4 RoCE v2 entry per device and could take the other one: remove "
+            f"the other address (ip address show dev {ifname}) and run again."
         )
     else:
-        found = "it has no RoCE v2 entry"
+        found = f"{address} has no RoCE v2 entry"
         todo = f"Find out why the port has no RoCE v2 GID for {address} (RoCE v2 disabled?)."
-    raise OperationError(
-        f"{host.name}: {where} is not the RoCE v2 entry of {address} on {ifname}; {found}.\n"
-        f"{format_table(entries)}\n"
-        "NCCL_IB_GID_INDEX must name that entry on each node (a wrong index gave "
-        f'"NCCL error: unhandled system error" in the field). {todo}'
-    )
+    raise OperationError(f"{host.name}: {where}: {found}.\n{format_table(entries)}\n{todo}")

@@ -282,6 +282,16 @@ def found(request: pytest.FixtureRequest) -> Callable[[object], None]:
     return record
 
 
+@pytest.fixture
+def note(request: pytest.FixtureRequest) -> Callable[[str], None]:
+    """Say something in the table of a check that passes (a PASS worth a second look)."""
+
+    def record(text: str) -> None:
+        request.node.user_properties.append(("note", text))
+
+    return record
+
+
 def pytest_report_header(config: pytest.Config) -> list[str]:
     boxes = config.stash.get(BOXES, [])
     if not boxes:
@@ -314,7 +324,7 @@ def _reason(report: pytest.TestReport) -> str:
 
 
 def _cell(outcome: str, detail: str) -> str:
-    text = f"{outcome} {detail}" if detail and outcome != "PASS" else outcome
+    text = f"{outcome} {detail}" if detail else outcome
     return text if len(text) <= CELL_WIDTH else text[: CELL_WIDTH - 1] + "…"
 
 
@@ -326,7 +336,7 @@ def collect_results(reports: Iterator[pytest.TestReport]) -> dict[str, dict[str,
         if "box" not in properties:
             continue
         outcome = _outcome(report)
-        detail = properties.get("found") if outcome == "FAIL" else None
+        detail = properties.get({"FAIL": "found", "PASS": "note"}.get(outcome, ""))
         detail = detail or ("" if outcome == "PASS" else _reason(report))
         row = results.setdefault(properties["check"], {})
         previous = row.get(properties["box"], ("PASS", ""))

@@ -1,11 +1,13 @@
 """The fabric promise, per twin: its NetworkManager profile, address, MTU 9000 on the link, and
-the RoCE v2 GID entry NCCL is told to use."""
+the one RoCE v2 IPv4 GID entry NCCL selects."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from ipaddress import IPv6Address
 from typing import TYPE_CHECKING
+
+from operations import roce
 
 if TYPE_CHECKING:
     from operations.config import FabricLink
@@ -92,30 +94,26 @@ def test_link_up(box: Box, link: FabricLink, found: Callable[[object], None]) ->
     assert state == "up", f"expected {link.ifname} up (carrier), found {state}"
 
 
-def _gid_entry(line: str) -> str:
-    """ "gid|type|ndev" as "RoCE v2 192.168.100.10 on enp1s0f1np1" (IPv4-mapped GIDs as IPv4)."""
-    gid, kind, ndev = line.split("|")
-    try:
-        address = IPv6Address(gid)
-        shown = str(address.ipv4_mapped or address)
-    except ValueError:
-        shown = gid or "no GID"
-    return f"{kind or 'unused'} {shown} on {ndev or '-'}"
-
-
-def test_gid_index(box: Box, link: FabricLink, found: Callable[[object], None]) -> None:
-    """RoCE GID index {hca}"""
-    index = box.config.gid_index
-    ports = f"/sys/class/infiniband/{link.hca}/ports"
-    output = box.run(
-        f'for p in {ports}/*; do [ -d "$p" ] || continue; printf "%s|%s|%s\\n"'
-        f' "$(cat "$p/gids/{index}")" "$(cat "$p/gid_attrs/types/{index}")"'
-        f' "$(cat "$p/gid_attrs/ndevs/{index}")"; done 2>/dev/null'
-    ).stdout
-    entries = [_gid_entry(line) for line in output.splitlines()]  # one per port
-    want = f"RoCE v2 {link.address.ip} on {link.ifname}"
-    state = "; ".join(entries) or f"no {ports}"
-    found(f"{index}: {state}")
-    assert entries == [want], (
-        f"expected GID index {index} of {link.hca} (one port) to be {want}, found {state}"
+def test_roce_v2_entry(
+    box: Box, link: FabricLink, found: Callable[[object], None], note: Callable[[str], None]
+) -> None:
+    """RoCE v2 IPv4 GID {hca}"""
+    # The deploy's own fact: every entry of every RDMA device (roce.GidTables).
+    tables = roce.GidTables()
+    entries = tables.process(box.run(tables.command()).stdout.splitlines()).get(link.hca, [])
+    ipv4 = {
+        entry["index"]: IPv6Address(entry["gid"]).ipv4_mapped
+        for entry in entries
+        if (entry["type"], entry["ndev"]) == ("RoCE v2", link.ifname)
+        and IPv6Address(entry["gid"]).ipv4_mapped
+    }
+    state = "; ".join(f"{index}: RoCE v2 {ip} on {link.ifname}" for index, ip in ipv4.items())
+    found(state or f"no RoCE v2 IPv4 entry on {link.ifname}")
+    expected = box.config.gid_index
+    if list(ipv4) != [expected]:
+        note(f"at {', '.join(map(str, ipv4))}, not {expected}: NCCL selects it")
+    # NCCL takes the one IPv4 RoCE v2 entry of each device (roce.py): it must be this twin's.
+    assert list(ipv4.values()) == [link.address.ip], (
+        f"expected one RoCE v2 IPv4 entry on {link.ifname} ({link.hca}), of {link.address.ip};"
+        f" found {state or 'none'}"
     )

@@ -1,5 +1,6 @@
 """A fabric twin cut, or too small an MTU on the way: the preflight names the box, the twin and
-the peer; mended, the next deploy passes.
+the peer; mended, the next deploy passes. A box whose RoCE v2 GID entry is not at index 3 is
+no fault: NCCL selects it, and compliance says where it is.
 
 The lab's twins are veth pairs, whose carrier NetworkManager on the far box restores whenever it
 activates its profile; so the cut is a filter dropping every frame that arrives on the twin, on
@@ -18,6 +19,7 @@ import pytest
 
 from tests.conftest import Deployed, pyinfra, run_on
 from tests.e2e.runs import INVENTORY, output_of
+from tests.e2e.test_compliance import PARALLEL, compliance, not_passing
 from tests.e2e.test_host_layer import changes
 from tests.simlab import lab as simlab
 
@@ -83,3 +85,20 @@ def test_mended_the_deploy_passes_and_then_changes_nothing(deployed: simlab.Lab)
     assert changes(pyinfra(INVENTORY, "deploy.py")) == 0
     ping = run_on(deployed.hosts[0], f"ping -c 1 -W 2 -M do -s 8972 -I {B} 192.168.101.11")
     assert "1 received" in ping
+
+
+def test_a_gid_entry_at_index_4_on_one_box_is_used_and_said(deployed: simlab.Lab) -> None:
+    # The field's layout (MiaAI-Lab/GLM-5.3-Flash-EXL3-2x-DGX-Sparks PR#26): an unrelated RoCE
+    # v2 entry at 3, the IPv4 one at 4, on one box of two.
+    spark_2 = deployed.hosts[1]
+    simlab.set_gid_index(spark_2, 4)
+    try:
+        result = pyinfra(INVENTORY, "deploy.py")
+        assert changes(result) == 0, output_of(result)  # nothing NCCL reads names an index
+        code, table, output = compliance(*PARALLEL)
+        assert code == 0 and not_passing(table) == {}, output
+        for _twin, hca in simlab.FABRIC_TWINS:
+            row = table[f"RoCE v2 IPv4 GID {hca}"]
+            assert row == {"spark-1": "PASS", "spark-2": "PASS at 4, not 3: NCCL selects it"}, row
+    finally:
+        simlab.set_gid_index(spark_2, 3)

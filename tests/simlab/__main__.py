@@ -70,7 +70,7 @@ DEMO_SHOW = (
     "echo held: $(apt-mark showhold); "
     "for i in enp1s0f1np1 enP2p1s0f1np1; do echo $i mtu $(cat /sys/class/net/$i/mtu) "
     "$(ip -4 -br addr show $i | awk '{print $3}'); done; "
-    "grep -E '^(VLLM_HOST_IP|MASTER_ADDR|NCCL_IB_HCA|NCCL_IB_GID_INDEX|RAY_memory)' "
+    "grep -E '^(VLLM_HOST_IP|MASTER_ADDR|NCCL_IB_HCA|NCCL_IB_ADDR_FAMILY|RAY_memory)' "
     "/etc/spark/cluster.env; "
     "sudo docker info --format 'docker runtimes: {{range $k, $v := .Runtimes}}{{$k}} {{end}}'"
 )

@@ -74,7 +74,8 @@ def test_cluster_environment_of_head_and_worker() -> None:
     spark = load_from_dicts(merged(TWO_SPARKS))
     common = {
         "RAY_memory_monitor_refresh_ms": "0",
-        "NCCL_IB_GID_INDEX": "3",
+        "NCCL_IB_ADDR_FAMILY": "AF_INET",
+        "NCCL_IB_ROCE_VERSION_NUM": "2",
         "NCCL_IB_HCA": "rocep1s0f1,roceP2p1s0f1",
         "NCCL_SOCKET_IFNAME": "enp1s0f1np1",
         "GLOO_SOCKET_IFNAME": "enp1s0f1np1",
@@ -379,12 +380,13 @@ def test_a_workers_lanes_and_the_cluster_lanes_share_must_fit_the_worker() -> No
     assert cluster_problems([BIG], [fast | {"memory_fraction": 0.07}]) == []
 
 
-def test_a_host_with_its_own_gid_index_is_refused_by_name() -> None:
+def test_a_box_may_expect_its_gid_entry_elsewhere_and_nccl_is_not_pinned() -> None:
+    # NCCL finds each box's own entry (roce.py): a box's roce_gid_index is its own business.
     hosts = {**TWO_SPARKS, "spark-2": TWO_SPARKS["spark-2"] | {"roce_gid_index": 4}}
-    assert cluster_problems([], [], hosts) == [
-        "spark-2: roce_gid_index: 4 differs from spark-1's 3; use one GID index on every host"
-        " (remove the host's own roce_gid_index)"
-    ]
+    assert cluster_problems([], [], hosts) == []
+    spark = load_from_dicts(merged(hosts))
+    assert spark.host("spark-2").gid_index == 4
+    assert not any("GID_INDEX" in name for name in spark.head.cluster_environment(spark.head))
 
 
 def test_fetch_weights_is_off_by_default_and_set_per_box() -> None:
