@@ -18,6 +18,7 @@ from pydantic import (
     ConfigDict,
     Field,
     ValidationError,
+    ValidationInfo,
     field_validator,
     model_validator,
 )
@@ -40,8 +41,8 @@ from operations.recipes import (
     context_warnings,
     image_with_ray,
     matching,
+    port_owners,
     refused,
-    reserved_ports,
 )
 
 # host.data keys that pyinfra and its connectors read themselves: they pass unchecked and
@@ -254,14 +255,18 @@ class HostSettings(BaseModel):
         return path
 
     @model_validator(mode="after")
-    def _across_fields(self) -> HostSettings:
+    def _across_fields(self, info: ValidationInfo) -> HostSettings:
         """The checks of one field against another, once each is valid on its own; a problem
-        is reported under the field the user edits."""
+        is reported under the field the user edits. The context may give the host's SSH port
+        (pyinfra's own `ssh_port`), which no lane may take."""
+        ssh_port = (info.context or {}).get("ssh_port", 22)
         problems = {
             "fabric_hcas": _device_problems(self.fabric_addresses, self.fabric_hcas),
             "fabric_mtu": _mtu_problems(self.fabric_mtu, self.fabric_mtu_below_9000_because),
             "lanes": budget_problems(
-                self.lanes, self.unified_memory_gib, reserved_ports(self.ray_port)
+                self.lanes,
+                self.unified_memory_gib,
+                port_owners(self.ray_port, ssh_port),
             ),
             "memory_guard_min_available_gib": _guard_problems(
                 self.memory_guard_min_available_gib, self.unified_memory_gib, self.lanes
@@ -712,6 +717,11 @@ def _problems(name: str, error: ValidationError, data: dict[str, Any]) -> list[s
     return problems
 
 
+def _ssh_port(value: object) -> int:
+    """The port pyinfra connects to (its `ssh_port`, which pyinfra checks itself), else 22."""
+    return int(value) if str(value).isdigit() else 22
+
+
 def load_from_dicts(hosts: dict[str, dict[str, Any]]) -> SparkConfig:
     """Validate every host's data (as host.data.dict() gives it); raise ConfigError listing
     every problem, log a warning for what is allowed but risky. Cross-host checks run once
@@ -726,7 +736,8 @@ def load_from_dicts(hosts: dict[str, dict[str, Any]]) -> SparkConfig:
                     key: value
                     for key, value in data.items()
                     if not key.startswith(PYINFRA_KEY_PREFIXES)
-                }
+                },
+                context={"ssh_port": _ssh_port(data.get("ssh_port"))},
             )
         except ValidationError as error:
             problems += _problems(name, error, data)

@@ -27,6 +27,7 @@ from pydantic import (
 )
 
 from operations import ray
+from operations.firewall import BACKEND_PORTS
 from operations.util import ENV_NAME
 from operations.vllm_release import (
     DATA,
@@ -880,19 +881,44 @@ SM121_ADDITIONS = (
 )
 
 
-def reserved_ports(ray_port: int) -> dict[int, str]:
-    """Ports of a box that are Ray's (with ``ray_port`` as its GCS port): no lane may take one."""
+# Linux's default net.ipv4.ip_local_port_range (the kernel's ip-sysctl documentation): the
+# ports outgoing connections are given, which NCCL, Gloo and vLLM also listen on and the cluster
+# firewall closes to all but the fabric (firewall.py; a box with another range is checked there).
+EPHEMERAL_PORTS = (32768, 60999)
+
+
+def port_owners(ray_port: int, ssh_port: int = 22) -> list[tuple[int, int, str]]:
+    """The port ranges of a box that no lane may take, each with its owner: Ray's (with
+    ``ray_port`` as its GCS port), the distributed back-end's fixed ports and the ephemeral
+    range (both closed to all but the fabric in a cluster), and SSH's."""
     ranges = ray.listen_ports(ray_port)
-    owner = "Ray's (" + ", ".join(f"{a}-{b}" if a < b else str(a) for a, b in ranges) + ")"
-    return {port: owner for low, high in ranges for port in range(low, high + 1)}
+    ray_owner = "Ray's (" + ", ".join(f"{a}-{b}" if a < b else str(a) for a, b in ranges) + ")"
+    low, high = EPHEMERAL_PORTS
+    return [
+        *((low, high, ray_owner) for low, high in ranges),
+        *(
+            (low, high, "the distributed back-end's (torch's TCPStore 29500, vLLM's 14579)")
+            for low, high in BACKEND_PORTS
+        ),
+        (
+            low,
+            high,
+            f"in the kernel's ephemeral range ({low}-{high}), which outgoing connections take and"
+            " a cluster's firewall closes to all but the fabric",
+        ),
+        (ssh_port, ssh_port, "SSH's (ssh_port)"),
+    ]
 
 
 def budget_problems(
-    lanes: Iterable[Lane], unified_memory_gib: float, reserved: dict[int, str] | None = None
+    lanes: Iterable[Lane],
+    unified_memory_gib: float,
+    owners: list[tuple[int, int, str]] | None = None,
 ) -> list[str]:
-    """What one host's lanes break together: names, ports (``reserved``: a port's owner), the
-    memory they add up to, and each lane's fit in its share."""
-    reserved = reserved_ports(6379) if reserved is None else reserved
+    """What one host's lanes break together: names, ports (``owners``: ranges no lane may
+    take, as port_owners gives them), the memory they add up to, and each lane's fit in its
+    share."""
+    owners = port_owners(6379) if owners is None else owners
     lanes = list(lanes)
     problems = []
     for key in ("name", "port"):
@@ -905,9 +931,9 @@ def budget_problems(
             if len(names) > 1
         ]
     problems += [
-        f"{lane.name}: port {lane.port} is {reserved[lane.port]}; pick another port"
+        f"{lane.name}: port {lane.port} is {owner}; pick another port"
         for lane in lanes
-        if lane.port in reserved
+        if (owner := next((o for low, high, o in owners if low <= lane.port <= high), None))
     ]
     total = round(sum(lane.memory_fraction for lane in lanes), 6)
     if total > FRACTION_LIMIT:
