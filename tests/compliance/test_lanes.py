@@ -18,10 +18,14 @@ if TYPE_CHECKING:
 
 def _http(box: Box, lane: Lane, path: str, with_key: bool) -> tuple[str, str]:
     """(status, body) of a GET to the lane on the box itself; the key, when sent, is read from
-    its file by the shell there, so it is never in this process or the command line."""
-    header = f'-H "Authorization: Bearer $(cat {key_path(lane.name)})" ' if with_key else ""
+    its file on the box and given to curl on its standard input (`-H @-`, curl 7.55 and later),
+    so it is in no command line (ps shows argv) and never in this process."""
     url = shlex.quote(f"http://127.0.0.1:{lane.port}{path}")
-    result = box.run(f"curl -s --max-time 10 -w '\\n%{{http_code}}' {header}{url}")
+    curl = "curl -s --max-time 10 -w '\\n%{http_code}'"
+    if with_key:
+        header = f"{{ printf 'Authorization: Bearer '; cat {key_path(lane.name)}; echo; }}"
+        curl = f"{header} | {curl} -H @-"
+    result = box.run(f"{curl} {url}")
     body, _, status = result.stdout.rpartition("\n")
     return status.strip() or "no answer", body
 
