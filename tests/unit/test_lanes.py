@@ -14,7 +14,9 @@ its own command prints, picked by their first word):
   spark-1 (running, then stopped by hand).
 - lab-stat-memguard-script-0755.txt: pyinfra's File stat line for the deployed guard script.
 - lab-proc-meminfo.txt, lab-systemctl-lane-states.txt: what the guard reads on spark-1 (lane fast
-  stopped by hand; spark-lane-gone has no unit file).
+  stopped by hand; spark-lane-gone has no unit file), read before the guard asked for SubState.
+- systemctl-lane-substates.sample.txt: written by hand in `systemctl show -p Id -p ActiveState
+  -p SubState` form: a lane waiting to restart, one serving, a cluster lane in its ExecStartPre.
 """
 
 from __future__ import annotations
@@ -483,10 +485,34 @@ def test_guard_reads_memavailable_and_systemd_states(guard_program: dict[str, An
     run = SimpleNamespace(stdout=shown)
     guard_program["subprocess"] = SimpleNamespace(run=lambda *args, **kwargs: run)
     assert guard_program["unit_states"](["x"]) == {
-        "spark-lane-fast.service": "inactive",
-        "spark-lane-coder.service": "active",
-        "spark-lane-gone.service": "inactive",
+        "spark-lane-fast.service": ("inactive", ""),
+        "spark-lane-coder.service": ("active", ""),
+        "spark-lane-gone.service": ("inactive", ""),
     }
+    run.stdout = captured("systemctl-lane-substates.sample.txt")
+    assert guard_program["unit_states"](["x"]) == {
+        "spark-lane-fast.service": ("activating", "auto-restart"),
+        "spark-lane-coder.service": ("active", "running"),
+        "spark-lane-big.service": ("activating", "start-pre"),
+    }
+
+
+@pytest.mark.parametrize(
+    ("state", "holds"),
+    [
+        (("active", "running"), True),
+        (("activating", "start-post"), True),  # its container loads the model
+        (("activating", "start"), True),
+        (("activating", "auto-restart"), False),  # waiting to restart: no process
+        (("activating", "start-pre"), False),  # dropping caches, waiting for Ray nodes
+        (("deactivating", "stop"), False),
+        (("failed", "failed"), False),
+    ],
+)
+def test_guard_counts_only_lanes_that_hold_memory(
+    guard_program: dict[str, Any], state: tuple[str, str], holds: bool
+) -> None:
+    assert guard_program["holds_memory"](state) is holds
 
 
 def test_guard_stops_the_lowest_running_lane_and_says_why(
@@ -495,7 +521,11 @@ def test_guard_stops_the_lowest_running_lane_and_says_why(
     config = tmp_path / "memguard.json"
     config.write_text(guard_files(**GUARD)[GUARD_FILES[1]])
     stopped: list[str] = []
-    states = {"spark-lane-fast.service": "inactive", "spark-lane-coder.service": "activating"}
+    # fast (the lowest) waits to restart, holding nothing: coder, loading, is the one to stop.
+    states = {
+        "spark-lane-fast.service": ("activating", "auto-restart"),
+        "spark-lane-coder.service": ("activating", "start-post"),
+    }
 
     def sleep(seconds: float) -> None:
         if stopped:
@@ -509,7 +539,7 @@ def test_guard_stops_the_lowest_running_lane_and_says_why(
     }
     with pytest.raises(Stop):
         guard_program["main"](str(config))
-    assert stopped == ["coder"]  # fast (lowest) is not running: the next one is stopped
+    assert stopped == ["coder"]
     lines = capsys.readouterr().out.splitlines()
     assert lines[0] == "<6>below 8 GiB MemAvailable, lanes are stopped in this order: fast, coder"
     assert lines[1] == (
@@ -525,9 +555,18 @@ def test_guard_waits_while_a_lane_is_stopping_and_says_once_when_none_is_left(
     config.write_text(guard_files(**GUARD)[GUARD_FILES[1]])
     rounds = iter(
         [
-            {"spark-lane-fast.service": "deactivating", "spark-lane-coder.service": "active"},
-            {"spark-lane-fast.service": "inactive", "spark-lane-coder.service": "failed"},
-            {"spark-lane-fast.service": "inactive", "spark-lane-coder.service": "inactive"},
+            {
+                "spark-lane-fast.service": ("deactivating", "stop-sigterm"),
+                "spark-lane-coder.service": ("active", "running"),
+            },
+            {
+                "spark-lane-fast.service": ("inactive", "dead"),
+                "spark-lane-coder.service": ("failed", "failed"),
+            },
+            {
+                "spark-lane-fast.service": ("inactive", "dead"),
+                "spark-lane-coder.service": ("activating", "auto-restart"),
+            },
         ]
     )
     sleeps: list[float] = []
