@@ -76,20 +76,45 @@ class LaneUnits(FactBase):
 
 
 class LocalImages(FactBase):
-    """The images on the box, as registry/repository:tag.
+    """The images on the box, as registry/repository:tag and, where docker knows the digest it
+    was pulled by, registry/repository@sha256:... (`docker image ls --digests`).
 
     .. code:: python
 
-        {"nvcr.io/nvidia/vllm:26.04-py3"}
+        {"nvcr.io/nvidia/vllm:26.04-py3", "nvcr.io/nvidia/vllm@sha256:0e4c..."}
     """
 
     default = set
 
     def command(self) -> str:
-        return "docker image ls --format 'image {{.Repository}}:{{.Tag}}' 2>/dev/null; true"
+        return (
+            "docker image ls --digests --format 'image {{.Repository}}:{{.Tag}} {{.Digest}}'"
+            " 2>/dev/null; true"
+        )
 
     def process(self, output: list[str]) -> set[str]:
-        return {line.partition(" ")[2] for line in output if line.startswith("image ")}
+        images = set()
+        for line in output:
+            if not line.startswith("image "):
+                continue
+            name, _, digest = line.removeprefix("image ").partition(" ")
+            repository, _, tag = name.rpartition(":")
+            if tag != "<none>":
+                images.add(name)
+            if digest.startswith("sha256:"):
+                images.add(f"{repository}@{digest}")
+        return images
+
+
+def local_name(image: str) -> str:
+    """How LocalImages lists an image: ``repo:tag``, or ``repo@digest`` for one pinned by
+    digest (``repo:tag@sha256:...``: docker pulls by the digest and keeps no tag for it)."""
+    name, _, digest = image.partition("@")
+    if not digest:
+        return image
+    path, _, last = name.rpartition("/")
+    repository = f"{path}/{last.partition(':')[0]}" if path else last.partition(":")[0]
+    return f"{repository}@{digest}"
 
 
 class LaneServing(FactBase):
@@ -407,9 +432,9 @@ def image_present(image: str):
     Make sure the serving image is on the box: `docker pull` it when absent (tens of GB: the
     first deploy of a box takes a while here), never when present (pinned tags do not move).
 
-    + image: registry/repository:tag
+    + image: registry/repository:tag, or pinned: registry/repository:tag@sha256:...
     """
-    if image in host.get_fact(LocalImages):
+    if local_name(image) in host.get_fact(LocalImages):
         host.noop(f"{image} is present")
     else:
         yield ray.pull(image)

@@ -361,6 +361,52 @@ def test_image_pulled_only_when_absent() -> None:
     assert run_op(lanes.image_present, host=bare, image=IMAGE) == [f"docker pull --quiet {IMAGE}"]
 
 
+DIGEST = "sha256:cbbf2f9a99b47fc460d422812b6a5adff7dfee951d8fa2e4a98caa0382cfbdbf"
+# `docker image ls --digests` lines in the fact's format, written by hand after the example of
+# docker's own documentation (an image pulled by digest has the tag <none>); the lab imports its
+# images, which have no digest (<none>), and reaches no registry to pull one by digest.
+IMAGE_LINES = {
+    "imported": f"image {IMAGE} <none>",
+    "by tag": f"image {IMAGE} {DIGEST}",
+    "by digest": f"image nvcr.io/nvidia/vllm:<none> {DIGEST}",
+}
+
+
+@pytest.mark.parametrize(
+    ("line", "listed"),
+    [
+        ("imported", {IMAGE}),
+        ("by tag", {IMAGE, f"nvcr.io/nvidia/vllm@{DIGEST}"}),
+        ("by digest", {f"nvcr.io/nvidia/vllm@{DIGEST}"}),
+    ],
+)
+def test_local_images_by_tag_and_by_digest(line: str, listed: set[str]) -> None:
+    assert process(lanes.LocalImages, IMAGE_LINES[line] + "\n") == listed
+
+
+def test_an_image_pinned_by_digest_is_pulled_once() -> None:
+    pinned = f"{IMAGE}@{DIGEST}"
+    present = FakeHost({lanes.LocalImages: IMAGE_LINES["by digest"] + "\n"})
+    assert run_op(lanes.image_present, host=present, image=pinned) == []
+    only_the_tag = FakeHost({lanes.LocalImages: IMAGE_LINES["imported"] + "\n"})
+    assert run_op(lanes.image_present, host=only_the_tag, image=pinned) == [
+        f"docker pull --quiet {pinned}"
+    ]
+
+
+@pytest.mark.parametrize(
+    ("image", "name"),
+    [
+        (IMAGE, IMAGE),
+        (f"{IMAGE}@{DIGEST}", f"nvcr.io/nvidia/vllm@{DIGEST}"),
+        (f"registry.local:5000/team/vllm:mine@{DIGEST}", f"registry.local:5000/team/vllm@{DIGEST}"),
+        (f"vllm@{DIGEST}", f"vllm@{DIGEST}"),
+    ],
+)
+def test_local_name_of_a_pinned_image(image: str, name: str) -> None:
+    assert lanes.local_name(image) == name
+
+
 def test_hf_token_is_uploaded_into_a_file_that_is_0600_first(tmp_path: Path) -> None:
     token = tmp_path / "hf-token"
     token.write_text("hf_sentinel")
