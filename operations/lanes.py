@@ -23,6 +23,9 @@ LANE_DIR = "/etc/spark/lanes"
 SECRETS_DIR = "/etc/spark/secrets"
 HF_TOKEN = f"{SECRETS_DIR}/hf-token"
 MODELS_DIR = "/var/lib/spark/models"
+# Lanes load one at a time, whatever starts them (templates/spark-lane-turn.j2).
+TURN_COMMAND = "/usr/local/sbin/spark-lane-turn"
+LOADING_DIR = "/run/spark/loading"
 # Where the container reads its secrets: mounted read-only, never passed as values.
 KEY_IN_CONTAINER = "/run/secrets/api-key"
 HF_TOKEN_IN_CONTAINER = "/run/secrets/hf-token"
@@ -307,6 +310,8 @@ class LaneUnit:
             "cluster_nodes": self.lane.tensor_parallel_size if self.cluster else None,
             "ray_unit": ray.UNIT,
             "nodes_command": ray.NODES_COMMAND,
+            "turn_command": TURN_COMMAND,
+            "loading_mark": f"{LOADING_DIR}/{self.name}",
             **self.timeouts(),
         }
 
@@ -377,6 +382,10 @@ def serving(unit: LaneUnit):
         variables=sorted(unit.variables().items()),
     )
     yield from env_changes
+    # Read at each start: a new version changes no running lane.
+    yield from util.template(
+        "spark-lane-turn.j2", TURN_COMMAND, "755", loading_dir=LOADING_DIR, prefix=PREFIX
+    )
     name = unit_name(lane.name)
     unit_changes = util.template(
         "vllm-lane.service.j2",

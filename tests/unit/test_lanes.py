@@ -23,17 +23,23 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import subprocess
+import threading
+import time
+from collections.abc import Callable
+from functools import cache
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
+import jinja2
 import pytest
 from pyinfra.api.exceptions import OperationError
 from pyinfra.facts.files import File, Sha1File
 from pyinfra.facts.systemd import SystemdEnabled, SystemdStatus
 
-from operations import lanes, memguard
+from operations import lanes, memguard, util
 from operations.config import ConfigError, load_from_dicts
 from operations.recipes import Lane, ModelSpec
 from tests.unit.harness import FakeHost, captured, file_facts, process, run_op
@@ -85,8 +91,23 @@ def lane_unit(lane: dict[str, Any] | None = None, **changes: Any) -> lanes.LaneU
     return lanes.LaneUnit(lane=Lane.model_validate(LANE | (lane or {})), **unit)
 
 
-def lane_host(fact: str, files: dict[str, str | None]) -> FakeHost:
-    return FakeHost(file_facts(files) | lane_facts(captured(fact)))
+def lane_host(fact: str, files: dict[str, str | None], turn_script: bool = True) -> FakeHost:
+    """A box as the capture shows it, with these files, and the lanes' turn script in place as
+    the deploy writes it (absent with turn_script=False)."""
+    script = turn_script_text() if turn_script else None
+    host = FakeHost(file_facts(files | {lanes.TURN_COMMAND: script}) | lane_facts(captured(fact)))
+    if turn_script:  # a root:root 0755 file's stat line
+        stat = captured("lab-stat-memguard-script-0755.txt")
+        host.outputs[(File, (("path", lanes.TURN_COMMAND),))] = stat
+    return host
+
+
+@cache
+def turn_script_text() -> str:
+    """The turn script as the deploy renders it (it writes it where it is absent)."""
+    host = lane_host("lab-lanehost-bare.txt", dict.fromkeys(paths()), turn_script=False)
+    run_op(lanes.serving, host=host, unit=lane_unit())
+    return host.uploads[lanes.TURN_COMMAND]
 
 
 def paths(lane: str = "coder") -> tuple[str, str]:
@@ -271,7 +292,8 @@ def test_a_stopped_lane_is_started_not_rewritten() -> None:
         "unit ActiveState=active\nunit UnitFileState=enabled\nsecrets",
         "unit ActiveState=failed\nunit UnitFileState=enabled\nsecrets",
     )
-    host = FakeHost(file_facts(files) | lane_facts(failed))
+    host = lane_host("lab-lanehost-serving.txt", files)
+    host.outputs |= lane_facts(failed)
     commands = run_op(lanes.serving, host=host, unit=lane_unit(fast))
     assert commands == [RESTART.replace("coder", "fast").replace("restart ", "start ")]
 
@@ -682,9 +704,15 @@ def test_a_cluster_lane_waits_for_every_ray_node_and_mounts_rays_token() -> None
     assert "After=docker.service network-online.target spark-ray.service\n" in unit
     assert "Requires=docker.service spark-ray.service\n" in unit
     assert "StartLimitIntervalSec=0\n" in unit and "StartLimitBurst" not in unit
-    # The wait comes after the stale container's removal, before `docker run`.
+    # The Ray nodes' wait after the stale container's removal; then the lane's turn to load
+    # (not taken while waiting for nodes) and the page cache dropped just before `docker run`.
     pre = [line for line in unit.splitlines() if line.startswith("ExecStartPre=")]
-    assert pre[-1] == "ExecStartPre=/usr/local/sbin/spark-ray-nodes 2 300"
+    assert pre == [
+        "ExecStartPre=-/usr/bin/docker rm -f spark-lane-coder",
+        "ExecStartPre=/usr/local/sbin/spark-ray-nodes 2 300",
+        "ExecStartPre=/usr/local/sbin/spark-lane-turn coder",
+        "ExecStartPre=-/bin/sh -c 'sync; echo 3 > /proc/sys/vm/drop_caches'",
+    ]
     start = exec_start(unit)
     assert (
         " --pid container:spark-ray -v /var/lib/spark/ray:/tmp/ray"
@@ -710,3 +738,66 @@ def test_a_cluster_lane_without_rays_address_is_refused() -> None:
     host = lane_host("lab-lanehost-bare.txt", dict.fromkeys(paths()))
     with pytest.raises(OperationError, match="a cluster lane needs ray_address"):
         run_op(lanes.serving, host=host, unit=lane_unit(CLUSTER))
+
+
+# --- the lanes' turn to load, run by sh against a fake systemctl --------------------------------
+
+
+@pytest.fixture
+def turn(tmp_path: Path) -> Callable[..., subprocess.CompletedProcess[str]]:
+    """Run the turn script (rendered with its marks under tmp_path) for a lane, with a systemctl
+    that answers each lane's ActiveState from tmp_path/state/<lane> (else inactive)."""
+    marks, states, bin_dir = tmp_path / "loading", tmp_path / "state", tmp_path / "bin"
+    for directory in (states, bin_dir):
+        directory.mkdir()
+    script = tmp_path / "spark-lane-turn"
+    script.write_text(
+        jinja2.Template((util.TEMPLATES / "spark-lane-turn.j2").read_text()).render(
+            loading_dir=str(marks), prefix=lanes.PREFIX
+        )
+    )
+    systemctl = bin_dir / "systemctl"  # systemctl show -p ActiveState --value spark-lane-X.service
+    systemctl.write_text(
+        "#!/bin/sh\nunit=$5; lane=${unit#spark-lane-}; lane=${lane%.service}\n"
+        f'cat "{states}/$lane" 2>/dev/null || echo inactive\n'
+    )
+    systemctl.chmod(0o755)
+
+    def run(lane: str, timeout: float = 10) -> subprocess.CompletedProcess[str]:
+        env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}"}
+        return subprocess.run(["sh", str(script), lane], capture_output=True, text=True,
+                              env=env, timeout=timeout, check=False)  # fmt: skip
+
+    run.marks, run.states = marks, states  # type: ignore[attr-defined]
+    return run
+
+
+def test_a_lane_takes_the_turn_when_no_other_is_loading(turn: Any) -> None:
+    assert turn("coder").returncode == 0
+    assert sorted(path.name for path in turn.marks.glob("[!.]*")) == ["coder"]
+
+
+def test_a_mark_left_by_a_lane_that_is_not_starting_is_cleared(turn: Any) -> None:
+    turn.marks.mkdir()
+    (turn.marks / "fast").touch()  # fast crashed before its stop removed it; it is inactive now
+    assert turn("coder").returncode == 0
+    assert sorted(path.name for path in turn.marks.glob("[!.]*")) == ["coder"]
+
+
+def test_a_lane_waits_while_another_loads_and_goes_once_it_serves(turn: Any) -> None:
+    turn.marks.mkdir()
+    (turn.marks / "fast").touch()
+    (turn.states / "fast").write_text("activating\n")  # fast is loading
+
+    def fast_serves() -> None:
+        time.sleep(1.5)
+        (turn.marks / "fast").unlink()  # its ExecStartPost, once /health answers
+        (turn.states / "fast").write_text("active\n")
+
+    serving = threading.Thread(target=fast_serves)
+    serving.start()
+    result = turn("coder")
+    serving.join()
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == "lane coder waits for lane fast to finish loading\n"
+    assert sorted(path.name for path in turn.marks.glob("[!.]*")) == ["coder"]
