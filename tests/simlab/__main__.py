@@ -1,4 +1,4 @@
-"""python -m tests.simlab up|down|status|reimage HOST|ssh HOST [COMMAND]"""
+"""python -m tests.simlab up|down|status|reimage HOST|reboot HOST|ssh HOST [COMMAND]"""
 
 from __future__ import annotations
 
@@ -93,6 +93,8 @@ def main(argv: list[str] | None = None) -> int:
     commands.add_parser("status", help="the hosts and how to reach them")
     reimage = commands.add_parser("reimage", help="return a host to the bare image (new host keys)")
     reimage.add_argument("host")
+    reboot = commands.add_parser("reboot", help="the host's own reboot; the lab powers it back")
+    reboot.add_argument("host")
     ssh = commands.add_parser("ssh", help="an SSH session (or one command) on a host")
     ssh.add_argument("host")
     ssh.add_argument("cmd", nargs=argparse.REMAINDER)
@@ -124,6 +126,8 @@ def main(argv: list[str] | None = None) -> int:
         host = lab.reimage(args.host)
         print(f"{host.name} reimaged; its new host key:")
         print((host.dir / "upper/etc/ssh/ssh_host_ed25519_key.pub").read_text().strip())
+    elif args.command == "reboot":
+        print(f"{lab.reboot(args.host).name} rebooted and up")
     elif args.command == "ssh":
         target = lab.Lab.load().host(args.host)
         os.execvp("ssh", ["ssh", "-F", str(STATE / "ssh_config"), target.name, *args.cmd])

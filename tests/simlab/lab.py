@@ -427,6 +427,26 @@ def reimage(name: str) -> Host:
     return host
 
 
+def reboot(name: str) -> Host:
+    """The host's own `systemctl reboot`, and the lab bringing it back as its power would:
+    systemd-nspawn exits once the host's systemd has shut down (a reboot ends a --boot
+    container), and the lab boots the same disk again, its NICs reset as a power cycle does."""
+    lab = Lab.load()
+    host = lab.host(name)
+    ssh(host, "sudo systemctl reboot", check=False)  # the connection may drop before it answers
+    deadline = time.monotonic() + BOOT_TIMEOUT
+    while host.pid and _alive(host.pid):
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"{name}: still running {BOOT_TIMEOUT}s after `systemctl reboot`")
+        time.sleep(0.5)
+    stop(host)  # reaps the container and unmounts its disk
+    power_cycle_nics(host)
+    boot(host, spark_base())
+    lab.save()
+    wait_ready(host, time.monotonic() + BOOT_TIMEOUT)
+    return host
+
+
 def down() -> None:
     """Remove every process, mount, namespace and link the lab made (also after a crash)."""
     lab = Lab.load()
