@@ -1,5 +1,7 @@
 """A converged box that reboots comes back serving with no deploy: the worker first, then the
-head, each by its own `systemctl reboot` (the lab powering it back as its power would).
+head, each by its own `systemctl reboot` (the lab powering it back as its power would). So does
+one whose docker is restarted (an upgrade, a toolkit change): its lanes and Ray, which require
+docker, are restarted with it, the lanes one after the other.
 
 Back means: the fabric profiles up at MTU 9000, the firewall loaded before Ray listens, the
 memory guard running, the lanes started one after the other and serving, Ray's two nodes joined
@@ -12,7 +14,7 @@ import pytest
 
 from tests.conftest import Deployed, run_on
 from tests.e2e.runs import converged
-from tests.e2e.test_lanes import A, B, request, show
+from tests.e2e.test_lanes import A, B, container_id, request, show, wait_for
 from tests.simlab import lab as simlab
 
 pytestmark = pytest.mark.lab
@@ -50,4 +52,21 @@ def test_the_worker_then_the_head_reboot_and_come_back_serving(deployed_lab: Dep
         simlab.reboot(host.name)
         assert int(run_on(host, booted)) > before  # a systemd started anew: it did reboot
         came_back(host, head)
+    converged()
+
+
+def test_a_docker_restart_restarts_ray_and_the_lanes_in_order(deployed_lab: Deployed) -> None:
+    head, worker = deployed_lab.lab.hosts
+    before = {lane["name"]: container_id(worker, lane) for lane in (A, B)}
+    # Requires=docker.service: an explicit restart of docker restarts what requires it, in one
+    # transaction; the lanes' After= chain and their turn keep them loading one at a time.
+    run_on(worker, "sudo systemctl restart docker")
+
+    def serving() -> bool:
+        return all(show(worker, lane, "ActiveState")["ActiveState"] == "active" for lane in (A, B))
+
+    wait_for(serving, 180, "both lanes serving again after docker's restart")
+    for lane in (A, B):
+        assert container_id(worker, lane) not in ("", before[lane["name"]]), lane["name"]
+    came_back(worker, head)
     converged()
