@@ -88,18 +88,20 @@ def file_facts(files: dict[str, str | None]) -> dict[Any, str | None]:
     """FakeHost outputs for the facts files.put/files.template read about these remote files.
 
     A path maps to its text (a root:root 0644 file in a root:root 0755 directory, as the
-    captured stat lines show) or to None (absent; its directory exists).
+    captured stat lines show) or to None (absent; its directory exists). host-stat-*.txt are
+    pyinfra's own File and Directory fact commands run on the development machine (Debian 12)
+    for /etc/debian_version and /etc/apt: only their format and owner and mode matter here.
     """
     outputs: dict[Any, str | None] = {}
     for path, text in files.items():
         outputs[(Directory, (("path", posixpath.dirname(path)),))] = captured(
-            "stat-dir-root-0755.txt"
+            "host-stat-dir-root-0755.txt"
         )
         if text is None:
             outputs[(File, (("path", path),))] = None
             outputs[(Directory, (("path", path),))] = None
         else:
-            outputs[(File, (("path", path),))] = captured("stat-file-root-0644.txt")
+            outputs[(File, (("path", path),))] = captured("host-stat-file-root-0644.txt")
             # sha1sum's own line format: "<hex>  <path>".
             outputs[(Sha1File, (("path", path),))] = (
                 f"{hashlib.sha1(text.encode()).hexdigest()}  {path}"

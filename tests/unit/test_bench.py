@@ -1,9 +1,9 @@
 """The benchmark's counting and reporting (bench/run.py), on what the lab's hosts and pyinfra
 really wrote; nothing here is timed.
 
-Captures: bench-sshd-journal.txt is spark-2's sshd journal (LogLevel VERBOSE, ``journalctl -o
+Captures: lab-bench-sshd-journal.txt is spark-2's sshd journal (LogLevel VERBOSE, ``journalctl -o
 cat _COMM=sshd``) during a batched no-change ``pyinfra -y`` run on the lab;
-bench-pyinfra-debug.txt is an excerpt of ``pyinfra --debug`` output of a no-change run with
+lab-bench-pyinfra-debug.txt is an excerpt of ``pyinfra --debug`` output of a no-change run with
 SPARK_FACTCACHE=off on the same lab (its first operations, both hosts).
 """
 
@@ -18,8 +18,8 @@ import pytest
 from bench import run
 
 CAPTURED = Path(__file__).parent / "captured"
-JOURNAL = (CAPTURED / "bench-sshd-journal.txt").read_text()
-DEBUG = (CAPTURED / "bench-pyinfra-debug.txt").read_text()
+JOURNAL = (CAPTURED / "lab-bench-sshd-journal.txt").read_text()
+DEBUG = (CAPTURED / "lab-bench-pyinfra-debug.txt").read_text()
 AUDIT = (
     "dpkg --audit 2>/dev/null; ls /var/lib/dpkg/updates 2>/dev/null | grep -q '^[0-9]'"
     " && echo 'journal pending'; true"

@@ -1,7 +1,7 @@
 """Driver branch: facts, the hold/pin operation, the running check, and the pin under real apt.
 
 Captures:
-- dpkg-query-driver-*.txt: real dpkg-query 1.21 output of DriverPackages' command (run with
+- dpkg-query-driver-*.sample.txt: real dpkg-query 1.21 output of DriverPackages' command (run with
   --admindir) over private dpkg status databases whose stanzas we wrote: a DGX OS 7 box with
   nvidia-driver-580-open held, its libraries not, and a removed 590 package's conffiles left
   ("rc"); and a box where `apt install nvidia-driver-open` brought branch 590.
@@ -35,7 +35,9 @@ def pin_text() -> str:
 
 
 def test_driver_packages_reads_version_and_hold_and_skips_leftover_conffiles() -> None:
-    packages = process(driver.DriverPackages, captured("dpkg-query-driver-580-partly-held.txt"))
+    packages = process(
+        driver.DriverPackages, captured("dpkg-query-driver-580-partly-held.sample.txt")
+    )
     assert packages == {
         "libnvidia-compute-580": {"version": "580.142-0ubuntu0.24.04.1", "held": False},
         "nvidia-dkms-580-open": {"version": "580.142-0ubuntu0.24.04.1", "held": False},
@@ -119,7 +121,7 @@ def test_held_and_pinned_host_yields_nothing() -> None:
 def test_installed_but_partly_held_only_holds() -> None:
     host = FakeHost(
         {
-            driver.DriverPackages: captured("dpkg-query-driver-580-partly-held.txt"),
+            driver.DriverPackages: captured("dpkg-query-driver-580-partly-held.sample.txt"),
             driver.NvidiaSmi: "",
             **file_facts({PIN: pin_text()}),
         }
@@ -141,7 +143,7 @@ def test_an_installed_580_flavour_is_kept() -> None:
 
 def test_590_packages_are_refused_with_the_way_back() -> None:
     host = FakeHost(
-        {driver.DriverPackages: captured("dpkg-query-driver-590.txt"), driver.NvidiaSmi: ""}
+        {driver.DriverPackages: captured("dpkg-query-driver-590.sample.txt"), driver.NvidiaSmi: ""}
     )
     with pytest.raises(OperationError) as refused:
         run_op(driver.branch_held, 580, "nvidia-driver-580-open", host=host)

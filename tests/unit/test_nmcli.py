@@ -1,20 +1,29 @@
 """NmConnections, ForeignNetplanFiles and nmcli.ethernet.
 
-The nmcli-*.txt captures are real: NmConnections().command() run with sudo on the lab host
+The lab-nmcli-*.txt captures are real: NmConnections().command() run with sudo on the lab host
 spark-2 (Debian 12, NetworkManager 1.42.4), with a profile "fabric-enP2p1s0f1np1" on
 enP2p1s0f1np1 put into each state by hand with nmcli. After each capture the commands
 ethernet() yields for it were run there, and the fact read afterwards made it yield nothing.
-  nmcli-fresh.txt               bare host: NM's automatic "Wired connection 1/2" (DHCP, activating),
-                                lo, docker0 (bridge), management
-  nmcli-auto-profile-left.txt   ours added and active; "Wired connection 1" still bound, inactive
-  nmcli-exact.txt               ours right and active, nothing else on the interface
-  nmcli-mtu-1500.txt            ... with 802-3-ethernet.mtu 1500
-  nmcli-address-changed.txt     ... with ipv4.addresses 192.168.101.99/24
-  nmcli-autoconnect-off.txt     ... with connection.autoconnect no
-  nmcli-inactive.txt            ... after `nmcli connection down`
-  nmcli-stray-second.txt        ... plus "fabric-old" on the same interface (it also holds an
-                                empty block: a profile that went away between list and show)
-  nmcli-colon-name.txt          ours renamed to 'fabric:2 \\ back'
+  lab-nmcli-fresh.txt
+      bare host: NM's automatic "Wired connection 1/2" (DHCP, activating),
+      lo, docker0 (bridge), management
+  lab-nmcli-auto-profile-left.txt
+      ours added and active; "Wired connection 1" still bound, inactive
+  lab-nmcli-exact.txt
+      ours right and active, nothing else on the interface
+  lab-nmcli-mtu-1500.txt
+      ... with 802-3-ethernet.mtu 1500
+  lab-nmcli-address-changed.txt
+      ... with ipv4.addresses 192.168.101.99/24
+  lab-nmcli-autoconnect-off.txt
+      ... with connection.autoconnect no
+  lab-nmcli-inactive.txt
+      ... after `nmcli connection down`
+  lab-nmcli-stray-second.txt
+      ... plus "fabric-old" on the same interface (it also holds an
+      empty block: a profile that went away between list and show)
+  lab-nmcli-colon-name.txt
+      ours renamed to 'fabric:2 \\ back'
 """
 
 from __future__ import annotations
@@ -59,7 +68,7 @@ def ethernet(capture: str, **kwargs) -> tuple[list[str], list[str]]:
 
 
 def test_fact_reads_every_profile_with_its_fields() -> None:
-    profiles = process(nmcli.NmConnections, captured("nmcli-fresh.txt"))
+    profiles = process(nmcli.NmConnections, captured("lab-nmcli-fresh.txt"))
     assert sorted(p["connection.id"] for p in profiles.values()) == [
         "Wired connection 1",
         "Wired connection 2",
@@ -84,7 +93,7 @@ def test_fact_reads_every_profile_with_its_fields() -> None:
 
 
 def test_fact_inactive_profile_has_no_general_fields() -> None:
-    profiles = process(nmcli.NmConnections, captured("nmcli-auto-profile-left.txt"))
+    profiles = process(nmcli.NmConnections, captured("lab-nmcli-auto-profile-left.txt"))
     assert "GENERAL.STATE" not in profiles[WIRED_1]
     assert profiles[OURS]["GENERAL.STATE"] == "activated"
 
@@ -92,15 +101,15 @@ def test_fact_inactive_profile_has_no_general_fields() -> None:
 def test_fact_keeps_colons_and_backslashes_in_values() -> None:
     # `connection show <uuid>` does not escape them (only -g, the tabular mode, does: nmcli -g
     # connection.id printed 'fabric\:2 \\ back' for the same profile).
-    profiles = process(nmcli.NmConnections, captured("nmcli-colon-name.txt"))
+    profiles = process(nmcli.NmConnections, captured("lab-nmcli-colon-name.txt"))
     assert profiles[OURS]["connection.id"] == "fabric:2 \\ back"
     assert profiles[OURS]["ipv4.addresses"] == ADDRESS
 
 
 def test_fact_skips_a_profile_that_vanished_between_list_and_show() -> None:
-    profiles = process(nmcli.NmConnections, captured("nmcli-stray-second.txt"))
+    profiles = process(nmcli.NmConnections, captured("lab-nmcli-stray-second.txt"))
     assert all(uuid for uuid in profiles)
-    assert len(profiles) == captured("nmcli-stray-second.txt").count("connection.uuid:")
+    assert len(profiles) == captured("lab-nmcli-stray-second.txt").count("connection.uuid:")
 
 
 def test_fact_without_networkmanager_is_empty() -> None:
@@ -141,7 +150,7 @@ def test_arguments_are_not_taken_by_pyinfra() -> None:
 
 
 def test_fresh_host_adds_activates_and_removes_the_automatic_profile() -> None:
-    commands, noops = ethernet("nmcli-fresh.txt")
+    commands, noops = ethernet("lab-nmcli-fresh.txt")
     assert commands == [
         f"nmcli connection add type ethernet con-name {NAME} connection.interface-name {IFNAME} "
         "connection.autoconnect yes ipv4.method manual ipv4.addresses 192.168.101.12/24 "
@@ -153,22 +162,22 @@ def test_fresh_host_adds_activates_and_removes_the_automatic_profile() -> None:
 
 
 def test_right_profile_yields_nothing() -> None:
-    commands, noops = ethernet("nmcli-exact.txt")
+    commands, noops = ethernet("lab-nmcli-exact.txt")
     assert commands == []
     assert noops == [f"profile {NAME} is up to date and active on {IFNAME}"]
 
 
 def test_name_with_colon_and_backslash_matches() -> None:
-    commands, _ = ethernet("nmcli-colon-name.txt", con_name="fabric:2 \\ back")
+    commands, _ = ethernet("lab-nmcli-colon-name.txt", con_name="fabric:2 \\ back")
     assert commands == []
 
 
 @pytest.mark.parametrize(
     ("capture", "change"),
     [
-        ("nmcli-mtu-1500.txt", "802-3-ethernet.mtu 9000"),
-        ("nmcli-address-changed.txt", "ipv4.addresses 192.168.101.12/24"),
-        ("nmcli-autoconnect-off.txt", "connection.autoconnect yes"),
+        ("lab-nmcli-mtu-1500.txt", "802-3-ethernet.mtu 9000"),
+        ("lab-nmcli-address-changed.txt", "ipv4.addresses 192.168.101.12/24"),
+        ("lab-nmcli-autoconnect-off.txt", "connection.autoconnect yes"),
     ],
 )
 def test_drift_modifies_only_the_differing_field_and_reactivates(capture: str, change: str) -> None:
@@ -191,29 +200,29 @@ def test_drift_modifies_only_the_differing_field_and_reactivates(capture: str, c
     ],
 )
 def test_arguments_drive_the_modification(arguments: dict, change: str) -> None:
-    commands, _ = ethernet("nmcli-exact.txt", **arguments)
+    commands, _ = ethernet("lab-nmcli-exact.txt", **arguments)
     assert commands[0] == f"nmcli connection modify uuid {OURS} {change}"
 
 
 def test_several_changes_go_into_one_modify() -> None:
-    commands, _ = ethernet("nmcli-mtu-1500.txt", autoconnect=False)
+    commands, _ = ethernet("lab-nmcli-mtu-1500.txt", autoconnect=False)
     assert commands[0] == (
         f"nmcli connection modify uuid {OURS} connection.autoconnect no 802-3-ethernet.mtu 9000"
     )
 
 
 def test_inactive_profile_is_only_activated() -> None:
-    commands, _ = ethernet("nmcli-inactive.txt")
+    commands, _ = ethernet("lab-nmcli-inactive.txt")
     assert commands == [f"nmcli connection up uuid {OURS}"]
 
 
 def test_leftover_automatic_profile_is_deleted() -> None:
-    commands, _ = ethernet("nmcli-auto-profile-left.txt")
+    commands, _ = ethernet("lab-nmcli-auto-profile-left.txt")
     assert commands == [delete(WIRED_1)]
 
 
 def test_second_profile_on_the_interface_is_deleted() -> None:
-    commands, _ = ethernet("nmcli-stray-second.txt")
+    commands, _ = ethernet("lab-nmcli-stray-second.txt")
     assert commands == [delete("92a92b4d-1c2d-4116-b392-09ba39fe6780")]
 
 
@@ -224,19 +233,19 @@ def test_profile_active_on_the_interface_without_naming_it_is_a_stray() -> None:
 
 
 def test_foreign_netplan_file_is_refused() -> None:
-    host = host_for("nmcli-exact.txt", netplan="/etc/netplan/50-cloud-init.yaml\n")
+    host = host_for("lab-nmcli-exact.txt", netplan="/etc/netplan/50-cloud-init.yaml\n")
     with pytest.raises(OperationError, match=f"50-cloud-init.yaml .*{IFNAME}.*remove {IFNAME}"):
         run_op(nmcli.ethernet, host=host, con_name=NAME, ifname=IFNAME, address=ADDRESS)
 
 
 def test_profile_name_of_another_type_is_refused() -> None:
     with pytest.raises(OperationError, match="'docker0' is of type bridge, not ethernet"):
-        ethernet("nmcli-fresh.txt", con_name="docker0")
+        ethernet("lab-nmcli-fresh.txt", con_name="docker0")
 
 
 def test_two_profiles_with_the_name_are_refused() -> None:
     # Built from a capture: the exact state plus a copy of our block under another UUID.
-    text = captured("nmcli-exact.txt")
+    text = captured("lab-nmcli-exact.txt")
     block = text[text.index(f"connection.id:{NAME}") :].split("\n--\n")[0]
     duplicate = block.replace(OURS, "00000000-0000-4000-8000-000000000001")
     host = FakeHost(

@@ -1,13 +1,13 @@
 """GidTables and roce.roce_v2_entry.
 
-gid-sim-*.txt are real output of GidTables().command() on the lab host spark-2, whose GID
+lab-gid-*.txt are real output of GidTables().command() on the lab host spark-2, whose GID
 tables come from the lab's RoCE simulator (tests/simlab/hardware/simlab-rdma.py), not from a
-ConnectX-7: gid-sim-no-ipv4.txt before any IPv4 address was on the fabric interfaces,
-gid-sim-at-3.txt after 192.168.101.12/24 was put on enP2p1s0f1np1 with nmcli.
+ConnectX-7: lab-gid-no-ipv4.txt before any IPv4 address was on the fabric interfaces,
+lab-gid-at-3.txt after 192.168.101.12/24 was put on enP2p1s0f1np1 with nmcli.
 *.sample.txt are written by hand in the same format: gid-at-4.sample.txt is the simulator's
 field-failure layout (ipv4_roce_v2_index 4: an unrelated RoCE v2 GID at 3) for 192.168.100.11;
 gid-wrong-type-at-3.sample.txt has the RoCE v1 entry of 192.168.100.11 at 3, its v2 one at 2;
-gid-two-ipv4.sample.txt is gid-sim-at-3.txt with a second address (192.168.101.99) on
+gid-two-ipv4.sample.txt is lab-gid-at-3.txt with a second address (192.168.101.99) on
 enP2p1s0f1np1 at 4 and 5, as the kernel adds one.
 The sysfs trees below are built in tmp_path to run the real shell commands against them.
 """
@@ -69,7 +69,7 @@ def write_entry(port: Path, index: int, row: tuple[str, str, str] | None) -> Non
 
 
 def test_fact_reads_entries_by_device() -> None:
-    tables = process(roce.GidTables, captured("gid-sim-at-3.txt"))
+    tables = process(roce.GidTables, captured("lab-gid-at-3.txt"))
     assert sorted(tables) == ["roceP2p1s0f1", "rocep1s0f1"]
     assert [e["index"] for e in tables["roceP2p1s0f1"]] == [0, 1, 2, 3]
     assert tables["roceP2p1s0f1"][3] == {
@@ -146,7 +146,7 @@ def test_arguments_are_not_taken_by_pyinfra() -> None:
 
 def test_entry_where_expected_yields_nothing() -> None:
     commands, noops = roce_v2_entry(
-        captured("gid-sim-at-3.txt"), ifname="enP2p1s0f1np1", address="192.168.101.12/24"
+        captured("lab-gid-at-3.txt"), ifname="enP2p1s0f1np1", address="192.168.101.12/24"
     )
     assert commands == []
     assert noops == [
@@ -217,7 +217,7 @@ def test_a_second_ipv4_address_on_the_twin_fails_naming_it() -> None:
 @pytest.mark.parametrize(
     ("output", "found"),
     [
-        (captured("gid-sim-at-3.txt"), "found 0 (roceP2p1s0f1: enP2p1s0f1np1, rocep1s0f1: enp"),
+        (captured("lab-gid-at-3.txt"), "found 0 (roceP2p1s0f1: enP2p1s0f1np1, rocep1s0f1: enp"),
         ("", "found 0 (no RDMA devices under /sys/class/infiniband)"),
     ],
 )
@@ -228,7 +228,7 @@ def test_no_device_for_the_interface_fails(output: str, found: str) -> None:
 
 def test_missing_entry_yields_a_bounded_wait() -> None:
     commands, noops = roce_v2_entry(
-        captured("gid-sim-no-ipv4.txt"), ifname="enP2p1s0f1np1", address="192.168.101.12/24"
+        captured("lab-gid-no-ipv4.txt"), ifname="enP2p1s0f1np1", address="192.168.101.12/24"
     )
     assert len(commands) == 1
     assert commands[0].startswith("d=/sys/class/infiniband/roceP2p1s0f1/ports/1; ")

@@ -3,7 +3,7 @@
 Captures:
 - lab-dpkg-query-toolkit-held.txt: ToolkitPackages' command on lab host spark-2 (Debian 12,
   the lab's stand-in packages) after a deploy: the four packages at 1.19.0-1, held.
-- dpkg-query-toolkit-1.18.txt: real dpkg-query 1.21 output of the same command (run with
+- dpkg-query-toolkit-1.18.sample.txt: real dpkg-query 1.21 output of the same command (run with
   --admindir) over a private dpkg status database whose stanzas we wrote: 1.18.0-1, not held.
 - docker-daemon-json-nvidia.sample.txt: written by hand after NVIDIA's install guide, which shows
   the daemon.json that `nvidia-ctk runtime configure --runtime=docker` leaves.
@@ -52,7 +52,9 @@ HOLD_ALL = (
 
 
 def keyring(present: bool) -> dict:
-    return {(File, (("path", KEYRING),)): captured("stat-file-root-0644.txt") if present else None}
+    return {
+        (File, (("path", KEYRING),)): captured("host-stat-file-root-0644.txt") if present else None
+    }
 
 
 def test_toolkit_packages_reads_versions_and_holds() -> None:
@@ -114,7 +116,7 @@ def test_installed_and_held_yields_nothing() -> None:
 
 
 def test_other_version_is_moved_and_held() -> None:
-    host = FakeHost({toolkit.ToolkitPackages: captured("dpkg-query-toolkit-1.18.txt")})
+    host = FakeHost({toolkit.ToolkitPackages: captured("dpkg-query-toolkit-1.18.sample.txt")})
     assert run_op(toolkit.installed, "1.19.0-1", host=host) == [INSTALL_1_19, HOLD_ALL]
 
 
