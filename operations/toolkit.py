@@ -199,5 +199,12 @@ def docker_runtime(service: str = "docker.service"):
             return
     else:
         yield "nvidia-ctk runtime configure --runtime=docker"
-    # Also when docker does not answer at all: a restart starts it, with the runtime.
-    yield f"systemctl restart {shlex.quote(service)}"
+    # Also when docker does not answer at all: a restart starts it, with the runtime. A dockerd
+    # whose start fails (seen once on the lab, the run after one cut off during this restart)
+    # is started again by its unit's own Restart= (docker.service: Restart=always): wait for
+    # that, and show dockerd's journal when it does not come.
+    unit = shlex.quote(service)
+    yield (
+        f"systemctl restart {unit} || timeout 60 sh -c 'until systemctl is-active --quiet {unit};"
+        f" do sleep 1; done' || {{ journalctl -u {unit} -n 30 --no-pager >&2; exit 1; }}"
+    )

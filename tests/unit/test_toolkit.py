@@ -14,6 +14,7 @@ Captures:
 
 from __future__ import annotations
 
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -44,7 +45,12 @@ INSTALL_1_19 = (
     " nvidia-container-toolkit=1.19.0-1 nvidia-container-toolkit-base=1.19.0-1"
     " libnvidia-container-tools=1.19.0-1 libnvidia-container1=1.19.0-1"
 )
-RESTART_DOCKER = "systemctl restart docker.service"
+# The restart, or docker back by its own Restart= within a minute, or its journal and a failure.
+RESTART_DOCKER = (
+    "systemctl restart docker.service || timeout 60 sh -c 'until systemctl is-active --quiet"
+    " docker.service; do sleep 1; done' || { journalctl -u docker.service -n 30 --no-pager >&2;"
+    " exit 1; }"
+)
 HOLD_ALL = (
     "apt-mark hold nvidia-container-toolkit nvidia-container-toolkit-base"
     " libnvidia-container-tools libnvidia-container1"
@@ -213,3 +219,34 @@ def test_repository_commands_work_with_real_apt(tmp_path: Path) -> None:
     apt.run(fetch_key.replace(str(tmp_path / "key.asc"), str(stranger.parent / "key.asc")))
     refused = apt.run(update, check=False)
     assert "NO_PUBKEY" in refused, refused
+
+
+def restart_with(tmp_path: Path, active_after: int | None) -> subprocess.CompletedProcess:
+    """The restart command against a fake systemctl whose `restart` fails (dockerd exited at
+    start) and whose `is-active` answers yes from its `active_after`-th call (None: never), and
+    a fake journalctl; the wait cut to 3 s so that "never" ends soon."""
+    calls = tmp_path / "calls"
+    (tmp_path / "systemctl").write_text(
+        "#!/bin/sh\n"
+        f'echo "$*" >> {calls}\n'
+        '[ "$1" = restart ] && exit 1\n'
+        f'[ "$1" = is-active ] && [ {active_after or 10**6} -le "$(grep -c is-active {calls})" ]\n'
+    )
+    (tmp_path / "journalctl").write_text("#!/bin/sh\necho 'dockerd: failed to start daemon'\n")
+    for fake in ("systemctl", "journalctl"):
+        (tmp_path / fake).chmod(0o755)
+    command = RESTART_DOCKER.replace("timeout 60 ", "timeout 3 ")
+    env = {"PATH": f"{tmp_path}:/usr/bin:/bin"}
+    return subprocess.run(["sh", "-c", command], env=env, capture_output=True, text=True)
+
+
+def test_a_failed_docker_restart_waits_for_dockers_own_restart(tmp_path: Path) -> None:
+    result = restart_with(tmp_path, active_after=2)
+    assert result.returncode == 0 and result.stderr == ""
+    assert (tmp_path / "calls").read_text().splitlines()[0] == "restart docker.service"
+
+
+def test_a_docker_that_never_comes_back_fails_with_its_journal(tmp_path: Path) -> None:
+    result = restart_with(tmp_path, active_after=None)
+    assert result.returncode == 1
+    assert "dockerd: failed to start daemon" in result.stderr
