@@ -38,6 +38,7 @@ from operations import (
     driver,
     environment,
     firewall,
+    front,
     hygiene,
     lanes,
     memguard,
@@ -151,6 +152,18 @@ for lane in me.lanes:
         weights(lane, f"Lane {lane.name}")
         serve(lane, after=previous)
         previous = lane.name
+
+# Clients reach every lane of this box, the cluster lane's too, through nginx, which asks the
+# lane's key on every path; vLLM listens on loopback only.
+front.lanes_front(
+    name=f"Front: nginx asks the key on every path of {len(me.lanes)} lane(s)",
+    lanes=[
+        front.FrontLane(lane.name, lane.port, lane.backend_port, key=lane.api_key)
+        for lane in me.lanes
+    ],
+    allow_networks=list(me.front_allow_networks),
+    tls=me.front_tls,
+)
 
 # --- a cluster: Ray over the fabric, its ports closed to all but the fabric ----------------
 

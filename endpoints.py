@@ -31,12 +31,14 @@ class Endpoint(NamedTuple):
 
 
 def endpoints_of(box: HostConfig, address: str) -> list[Endpoint]:
-    """The endpoints of a box's lanes, reached at ``address`` (where the inventory connects)."""
+    """The endpoints of a box's lanes, reached at ``address`` (where the inventory connects),
+    through the box's front: HTTPS when it has the user's certificate."""
+    scheme = "https" if box.front_tls else "http"
     return [
         Endpoint(
             lane=lane.name,
             served_name=lane.served_name,
-            url=f"http://{address}:{lane.port}/v1",
+            url=f"{scheme}://{address}:{lane.port}/v1",
             memory_fraction=lane.memory_fraction,
             max_model_len=lane.max_model_len,
             api_key=lane.api_key,

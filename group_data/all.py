@@ -137,3 +137,12 @@ hf_token_file = None
 # there (a ~120 GB model can take hours per box: not a wait to hide in a deploy); True: the
 # deploy runs it first, inside the serving image, with the token above as a mounted file.
 fetch_weights = False
+
+# The lanes' front (operations/front.py): nginx owns each lane's port and asks the lane's key on
+# every path; vLLM itself listens on 127.0.0.1 (its --api-key leaves /invocations, /tokenize and
+# /metrics open: vLLM's security guide). Client networks it admits ([] admits any; each lane still
+# asks its key), and optional TLS: a PEM certificate (chain) and its unencrypted key, files on
+# this machine, copied root-only to each box.
+front_allow_networks = []
+front_tls_certificate_file = None
+front_tls_key_file = None

@@ -7,7 +7,7 @@ import re
 import weakref
 from collections import defaultdict
 from collections.abc import Iterable
-from ipaddress import AddressValueError, IPv4Interface, NetmaskValueError
+from ipaddress import AddressValueError, IPv4Interface, IPv4Network, NetmaskValueError
 from pathlib import Path
 from typing import Annotated, Any, Literal
 from urllib.parse import urlsplit
@@ -60,10 +60,11 @@ SUPPORTED_BRANCH = 580
 FABRIC_MTU = 9000
 # Keys whose value may be a secret: no message ever shows their value (a key pasted as api_key,
 # a token pasted into hf_token_file). Keys of pyinfra's own are never shown either.
-SECRET_KEYS = frozenset({"api_key", "hf_token_file"})
+SECRET_KEYS = frozenset({"api_key", "hf_token_file", "front_tls_key_file"})
 # A Spark has 128 GB of LPDDR5X in all, shared by CPU and GPU (seed 003); CUDA reports 121.69
 # GiB of it. No value of unified_memory_gib or of the guard's floor can be above that.
 SPARK_MEMORY_GIB = 128
+PEM_PRIVATE_KEY = re.compile(r"-----BEGIN (RSA |EC )?PRIVATE KEY-----")
 
 
 class ConfigError(PyinfraError):
@@ -164,6 +165,17 @@ class HostSettings(BaseModel):
     fetch_weights: bool = Field(
         description="True or False (fetch a lane's missing model during the deploy)"
     )
+    front_allow_networks: list[IPv4Network] = Field(
+        description='client networks the lanes\' front admits, e.g. ["192.168.1.0/24"];'
+        " [] admits any (each lane still asks its key)"
+    )
+    front_tls_certificate_file: str | None = Field(
+        description="None, or a PEM certificate (chain) file on this machine: the lanes' ports"
+        " speak HTTPS"
+    )
+    front_tls_key_file: str | None = Field(
+        description="None, or the certificate's PEM private key file on this machine"
+    )
 
     @field_validator("fabric_addresses")
     @classmethod
@@ -254,6 +266,45 @@ class HostSettings(BaseModel):
             )
         return path
 
+    @field_validator("front_allow_networks", mode="before")
+    @classmethod
+    def _front_allow_networks(cls, networks: object) -> object:
+        # strict=False for this one: the networks are written as strings in group_data.
+        if not isinstance(networks, list):
+            return networks
+        parsed = []
+        for item in networks:
+            try:
+                if not isinstance(item, str):
+                    raise TypeError
+                parsed.append(IPv4Network(item, strict=False))
+            except (ValueError, TypeError):
+                raise ValueError(
+                    f"{item!r} is not an IPv4 network; write it as a string A.B.C.D/prefix,"
+                    ' e.g. "192.168.1.0/24"'
+                ) from None
+        return parsed
+
+    @field_validator("front_tls_certificate_file", "front_tls_key_file")
+    @classmethod
+    def _pem_file(cls, path: str | None, info: ValidationInfo) -> str | None:
+        if path is None:
+            return None
+        file = Path(path).expanduser()
+        if not file.is_file():
+            # Not shown: a key pasted in place of its path would be printed.
+            raise ValueError("the value is no file on this machine (not shown); give a path")
+        text = file.read_text(errors="replace")
+        if info.field_name == "front_tls_certificate_file":
+            if "-----BEGIN CERTIFICATE-----" not in text:
+                raise ValueError("the file holds no PEM certificate (-----BEGIN CERTIFICATE-----)")
+        elif "-----BEGIN ENCRYPTED PRIVATE KEY-----" in text:
+            # nginx would ask for the passphrase at every start, with nobody to type it.
+            raise ValueError("the key is encrypted; give nginx an unencrypted key (root 0600)")
+        elif not PEM_PRIVATE_KEY.search(text):
+            raise ValueError("the file holds no PEM private key (-----BEGIN PRIVATE KEY-----)")
+        return path
+
     @model_validator(mode="after")
     def _across_fields(self, info: ValidationInfo) -> HostSettings:
         """The checks of one field against another, once each is valid on its own; a problem
@@ -270,6 +321,11 @@ class HostSettings(BaseModel):
             ),
             "memory_guard_min_available_gib": _guard_problems(
                 self.memory_guard_min_available_gib, self.unified_memory_gib, self.lanes
+            ),
+            "front_tls_key_file": (
+                ["front_tls_certificate_file and front_tls_key_file: give both, or neither"]
+                if (self.front_tls_certificate_file is None) != (self.front_tls_key_file is None)
+                else []
             ),
         }
         errors = [
@@ -429,6 +485,8 @@ class HostConfig(Frozen):
     lane_start_timeout_min: int
     hf_token_file: str | None  # on this machine
     fetch_weights: bool
+    front_allow_networks: tuple[str, ...]
+    front_tls: tuple[str, str] | None  # certificate and key files on this machine
 
     @classmethod
     def from_settings(
@@ -464,6 +522,15 @@ class HostConfig(Frozen):
             lane_start_timeout_min=data.lane_start_timeout_min,
             hf_token_file=data.hf_token_file and str(Path(data.hf_token_file).expanduser()),
             fetch_weights=data.fetch_weights,
+            front_allow_networks=tuple(str(network) for network in data.front_allow_networks),
+            front_tls=(
+                (
+                    str(Path(data.front_tls_certificate_file).expanduser()),
+                    str(Path(data.front_tls_key_file).expanduser()),
+                )
+                if data.front_tls_certificate_file and data.front_tls_key_file
+                else None
+            ),
         )
 
     def cluster_environment(self, head: HostConfig) -> dict[str, str]:

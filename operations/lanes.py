@@ -35,6 +35,8 @@ OOM_SCORE_ADJ = 500
 SYSTEMD_PLAIN = re.compile(r"[A-Za-z0-9_./:=,@+-]+")  # a word systemd reads as it is
 USERS = re.compile(r'\("([^"]*)",pid=(\d+)')  # ss -p: users:(("sshd",pid=63,fd=3),...)
 SECRET_OK = "root 600"
+# The authenticating front's process (operations/front.py): it owns each lane's port.
+FRONT = "nginx"
 
 
 def unit_name(lane: str) -> str:
@@ -43,6 +45,16 @@ def unit_name(lane: str) -> str:
 
 def key_path(lane: str) -> str:
     return f"{SECRETS_DIR}/{lane}.key"
+
+
+def key_made(lane: str) -> str:
+    """Shell that makes the lane's key where there is none (its directory exists): 256 random
+    bits, URL-safe base64 without padding or newline, a header-safe token; never replaced."""
+    path = key_path(lane)
+    return (
+        f"[ -s {path} ] || ( umask 077; head -c 32 /dev/urandom | base64 -w0"
+        f" | tr '+/' '-_' | tr -d '=' > {path}.new && mv {path}.new {path} )"
+    )
 
 
 class LaneUnits(FactBase):
@@ -304,6 +316,7 @@ class LaneUnit:
         return {
             "lane": self.name,
             "port": self.lane.port,
+            "backend_port": self.lane.backend_port,
             "after": unit_name(self.after) if self.after else None,
             "container": PREFIX + self.name,
             "exec_start": " ".join(systemd_word(arg) for arg in run),
@@ -325,24 +338,26 @@ def _secret_commands(state: dict, name: str) -> tuple[list[str], bool]:
     path = key_path(name)
     current = state["keys"].get(name)
     if current is None:
-        # 256 random bits, URL-safe base64 without padding or newline: a header-safe token.
-        commands.append(
-            f"[ -s {path} ] || ( umask 077; head -c 32 /dev/urandom | base64 -w0"
-            f" | tr '+/' '-_' | tr -d '=' > {path}.new && mv {path}.new {path} )"
-        )
+        commands.append(key_made(name))
     elif current != SECRET_OK:
         commands.append(f"chown root:root {path} && chmod 600 {path}")
     return commands, current is None
 
 
-def _port_owner_problem(state: dict, lane: str, port: int) -> str | None:
-    owner = state["listeners"].get(port)
-    if owner is None or owner.startswith(PREFIX):
-        return None  # free, or a lane's container the deploy restarts or removes
-    return (
-        f"{host.name}: port {port} of lane {lane} is taken by {owner}; stop that service or"
-        " give the lane another port in group_data `lanes`"
-    )
+def _port_owner_problem(state: dict, lane: Lane) -> str | None:
+    """A port of the lane that another service holds: its own (the front's, nginx) or its
+    vLLM's on loopback; a lane's container is one the deploy restarts or removes."""
+    for key, port, ours in (
+        ("port", lane.port, (PREFIX, FRONT)),
+        ("loopback_port", lane.backend_port, (PREFIX,)),
+    ):
+        owner = state["listeners"].get(port)
+        if owner is not None and not owner.startswith(ours):
+            return (
+                f"{host.name}: {key} {port} of lane {lane.name} is taken by {owner}; stop that"
+                f" service or give the lane another {key} in group_data `lanes`"
+            )
+    return None
 
 
 @operation()
@@ -370,7 +385,7 @@ def serving(unit: LaneUnit):
     if unit.after is not None and not SLUG.fullmatch(unit.after):
         raise OperationError(f"lane names are 1-32 of a-z 0-9 - (got after {unit.after!r})")
     state = host.get_fact(LaneServing)
-    problem = _port_owner_problem(state, lane.name, lane.port)
+    problem = _port_owner_problem(state, lane)
     if problem:
         raise OperationError(problem)
     commands, new_key = _secret_commands(state, lane.name) if lane.api_key else ([], False)

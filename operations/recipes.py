@@ -223,7 +223,19 @@ class Lane(BaseModel):
             "{!r} is not a model name clients can send; use 1..128 of A-Z a-z 0-9 . _ : / -",
         ),
     ] = Field(description="the model name clients ask for, e.g. coder")
-    port: int = Field(ge=1024, le=65535, description="an integer 1024..65535, unique on the host")
+    port: int = Field(
+        ge=1024,
+        le=65535,
+        description="an integer 1024..65535, unique on the host: clients reach the lane there,"
+        " through the box's authenticating front",
+    )
+    loopback_port: int | None = Field(
+        None,
+        ge=1024,
+        le=65535,
+        description="the port vLLM itself listens on at 127.0.0.1, behind the front (an"
+        " integer 1024..65535; None: port + 1000)",
+    )
     memory_fraction: float = Field(
         gt=0, le=FRACTION_LIMIT, description="the lane's share of unified memory, 0 < f <= 0.90"
     )
@@ -335,12 +347,15 @@ class Lane(BaseModel):
     def vllm_args(self) -> list[str]:
         """Everything after `vllm serve`: the model, the lane's settings, the additions SM121
         needs, then extra_args. Never a key: the API key reaches vLLM as VLLM_API_KEY from a
-        root-only file on the box. The host is 0.0.0.0: lanes serve the LAN, behind the key."""
+        root-only file on the box. vLLM listens on loopback only: its --api-key guards /v1 and
+        leaves /invocations, /tokenize, /metrics and more open to anyone (vLLM's security guide;
+        vllm-project/vllm#18892), so the box's front (operations/front.py) owns `port` and asks
+        the key on every path."""
         args = [
             self.model,
             "--served-model-name", self.served_name,
-            "--host", "0.0.0.0",
-            "--port", str(self.port),
+            "--host", "127.0.0.1",
+            "--port", str(self.backend_port),
             "--gpu-memory-utilization", f"{self.memory_fraction:g}",
             "--max-model-len", str(self.max_model_len),
         ]  # fmt: skip
@@ -354,6 +369,11 @@ class Lane(BaseModel):
         for addition in SM121_ADDITIONS:
             args += addition.args(self)
         return [*args, *self.extra_args]
+
+    @property
+    def backend_port(self) -> int:
+        """Where vLLM listens, on 127.0.0.1; the front forwards `port` there."""
+        return self.loopback_port or self.port + 1000
 
     @property
     def is_cluster(self) -> bool:
@@ -394,7 +414,7 @@ def _guess(value: str, known: Iterable[str]) -> str:
 LANE_KEYS = {
     "--model": "model",
     "--served-model-name": "served_name",
-    "--port": "port",
+    "--port": "port (clients') and loopback_port (vLLM's own, behind the front)",
     "--gpu-memory-utilization": "memory_fraction",
     "--max-model-len": "max_model_len",
     "--kv-cache-dtype": "kv_cache_dtype",
@@ -408,8 +428,10 @@ LANE_KEYS = {
 NOT_IN_EXTRA_ARGS = {
     "--api-key": "a secret in argv shows in `ps` and `docker inspect`; the key is generated"
     " on the box (api_key = True)",
-    "--host": "lanes listen on 0.0.0.0 to serve the LAN, behind their API key; firewall the"
-    " port to narrow it",
+    "--host": "vLLM listens on 127.0.0.1 behind the box's front, which asks the key on every"
+    " path (vLLM's own key leaves /invocations, /tokenize and /metrics open); narrow the LAN"
+    " side with front_allow_networks",
+    "--uds": "vLLM listens on 127.0.0.1:loopback_port behind the box's front",
     "--config": "a config file would hide its options from these checks; list them here",
     "--kv-cache-memory-bytes": "it sizes the KV cache past memory_fraction; set"
     " memory_fraction and max_model_len",
@@ -910,6 +932,11 @@ def port_owners(ray_port: int, ssh_port: int = 22) -> list[tuple[int, int, str]]
     ]
 
 
+def _same_port(lanes: list[Lane], users: list[tuple[str, str]]) -> bool:
+    names = {name for name, _ in users}
+    return len({lane.port for lane in lanes if lane.name in names}) == 1
+
+
 def budget_problems(
     lanes: Iterable[Lane],
     unified_memory_gib: float,
@@ -921,20 +948,38 @@ def budget_problems(
     owners = port_owners(6379) if owners is None else owners
     lanes = list(lanes)
     problems = []
-    for key in ("name", "port"):
-        seen: dict[Any, list[str]] = {}
-        for lane in lanes:
-            seen.setdefault(getattr(lane, key), []).append(lane.name)
-        problems += [
-            f"{' and '.join(names)} share the {key} {value}; give each lane its own"
-            for value, names in seen.items()
-            if len(names) > 1
-        ]
+    names: dict[str, list[str]] = {}
+    for lane in lanes:
+        names.setdefault(lane.name, []).append(lane.name)
     problems += [
-        f"{lane.name}: port {lane.port} is {owner}; pick another port"
-        for lane in lanes
-        if (owner := next((o for low, high, o in owners if low <= lane.port <= high), None))
+        f"{' and '.join(same)} share the name {name}; give each lane its own"
+        for name, same in names.items()
+        if len(same) > 1
     ]
+    # Clients' ports (the front's) and vLLM's own on loopback: one listener each on the box.
+    ports: dict[int, list[tuple[str, str]]] = {}
+    for lane in lanes:
+        ports.setdefault(lane.port, []).append((lane.name, "port"))
+        ports.setdefault(lane.backend_port, []).append((lane.name, "loopback_port"))
+    for port, users in ports.items():
+        keys = {key for _, key in users}
+        if len(users) < 2 or (keys == {"loopback_port"} and _same_port(lanes, users)):
+            continue  # the second: lanes that share their port, said once already
+        if keys == {"port"}:
+            problems.append(
+                f"{' and '.join(name for name, _ in users)} share the port {port};"
+                " give each lane its own"
+            )
+        else:
+            problems.append(
+                " and ".join(f"{name}'s {key}" for name, key in users)
+                + f" are all {port}; give each its own (loopback_port defaults to port + 1000)"
+            )
+    for lane in lanes:
+        for key, port in (("port", lane.port), ("loopback_port", lane.backend_port)):
+            owner = next((o for low, high, o in owners if low <= port <= high), None)
+            if owner:
+                problems.append(f"{lane.name}: {key} {port} is {owner}; pick another port")
     total = round(sum(lane.memory_fraction for lane in lanes), 6)
     if total > FRACTION_LIMIT:
         problems.append(

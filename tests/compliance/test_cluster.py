@@ -89,7 +89,7 @@ def test_cluster_lane(box: Box, found: Callable[[object], None]) -> None:
     unit = lanes.unit_name(lane.name)
     active = box.run(f"systemctl is-active {unit}").stdout.strip() or "no unit"
     health = box.run(
-        f"curl -s -o /dev/null -w '%{{http_code}}' --max-time 10 http://127.0.0.1:{lane.port}/health"
+        f"curl -s -o /dev/null -w '%{{http_code}}' --max-time 10 http://127.0.0.1:{lane.backend_port}/health"
     ).stdout.strip()
     nodes = box.run(f"{ray.NODES_COMMAND} {lane.tensor_parallel_size} 60 2>&1").stdout.strip()
     said = nodes.splitlines()[-1] if nodes else "no answer"

@@ -1,5 +1,6 @@
 """The lanes: each unit enabled, serving and started after the one before; /health and /v1/models
-answer; /v1 refuses a request without the key; the keys root-only; the memory guard watching."""
+answer through the front; every path refuses a request without the key; vLLM on loopback only;
+the keys and the front's key maps root-only; the memory guard watching."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import shlex
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
+from operations.front import KEYS_DIR
 from operations.lanes import LANE_DIR, PREFIX, SECRETS_DIR, UNIT_DIR, key_path, unit_name
 from operations.memguard import SERVICE, stop_order
 
@@ -17,11 +19,13 @@ if TYPE_CHECKING:
 
 
 def _http(box: Box, lane: Lane, path: str, with_key: bool) -> tuple[str, str]:
-    """(status, body) of a GET to the lane on the box itself; the key, when sent, is read from
-    its file on the box and given to curl on its standard input (`-H @-`, curl 7.55 and later),
-    so it is in no command line (ps shows argv) and never in this process."""
-    url = shlex.quote(f"http://127.0.0.1:{lane.port}{path}")
-    curl = "curl -s --max-time 10 -w '\\n%{http_code}'"
+    """(status, body) of a GET to the lane's port (the front's) on the box itself; the key,
+    when sent, is read from its file on the box and given to curl on its standard input (`-H
+    @-`, curl 7.55 and later), so it is in no command line (ps shows argv) and never in this
+    process. With TLS the certificate is not checked: it names the box, not 127.0.0.1."""
+    scheme = "https" if box.config.front_tls else "http"
+    url = shlex.quote(f"{scheme}://127.0.0.1:{lane.port}{path}")
+    curl = "curl -s -k --max-time 10 -w '\\n%{http_code}'"
     if with_key:
         header = f"{{ printf 'Authorization: Bearer '; cat {key_path(lane.name)}; echo; }}"
         curl = f"{header} | {curl} -H @-"
@@ -62,9 +66,9 @@ def test_no_lane_beyond_the_inventory(box: Box, found: Callable[[object], None])
 
 def test_lanes_answer_health(box: Box, found: Callable[[object], None]) -> None:
     """lanes /health"""
-    answers = [(lane, _http(box, lane, "/health", False)[0]) for lane in box.config.lanes]
+    answers = [(lane, _http(box, lane, "/health", lane.api_key)[0]) for lane in box.config.lanes]
     problems = [f"{lane.name}: {status}" for lane, status in answers if status != "200"]
-    _report(found, problems, "/health answering 200 on every lane's port")
+    _report(found, problems, "/health answering 200 on every lane's port, with its key")
 
 
 def test_lanes_serve_their_names(box: Box, found: Callable[[object], None]) -> None:
@@ -81,25 +85,51 @@ def test_lanes_serve_their_names(box: Box, found: Callable[[object], None]) -> N
     _report(found, problems, "each lane's /v1/models listing its served name")
 
 
+# vLLM's own key guards /v1 only; these answer anyone who reaches vLLM (vllm-project/vllm#18892).
+UNGUARDED_BY_VLLM = ("/invocations", "/tokenize", "/metrics")
+
+
 def test_lanes_refuse_requests_without_the_key(box: Box, found: Callable[[object], None]) -> None:
-    """lanes 401 without key"""
-    answers = [(lane, _http(box, lane, "/v1/models", False)[0]) for lane in box.config.lanes]
-    problems = [
-        f"{lane.name}: {status}" for lane, status in answers if lane.api_key and status != "401"
-    ]
-    _report(found, problems, "401 from /v1 without the key on every lane that has one")
+    """lanes 401 without key, every path"""
+    problems = []
+    for lane in (lane for lane in box.config.lanes if lane.api_key):
+        for path in ("/v1/models", "/health", *UNGUARDED_BY_VLLM):
+            status = _http(box, lane, path, False)[0]
+            if status != "401":
+                problems.append(f"{lane.name} {path}: {status}")
+    _report(found, problems, "401 without the key on every path of every lane that has one")
+
+
+def _listeners(box: Box, port: int) -> list[tuple[str, str]]:
+    """(address, ss's users column) of each TCP listener on the port."""
+    lines = box.run(f"ss -ltnpH 'sport = :{port}'").stdout.splitlines()
+    return [(f[3].rpartition(":")[0], f[-1]) for f in (line.split() for line in lines) if f]
+
+
+def test_vllm_listens_on_loopback_only(box: Box, found: Callable[[object], None]) -> None:
+    """vLLM on loopback, nginx on the port"""
+    problems = []
+    for lane in box.config.lanes:
+        vllm, front = (_listeners(box, port) for port in (lane.backend_port, lane.port))
+        if sorted({address for address, _ in vllm}) != ["127.0.0.1"]:
+            problems.append(f"{lane.name}: vLLM's {lane.backend_port} on {vllm or 'nothing'}")
+        if not front or any('"nginx"' not in users for _, users in front):
+            problems.append(f"{lane.name}: {lane.port} held by {front or 'nothing'}, not nginx")
+    _report(found, problems, "each lane's vLLM on 127.0.0.1 only, its port held by nginx")
 
 
 def test_lane_secrets_root_only(box: Box, found: Callable[[object], None]) -> None:
     """lane secrets root 0600"""
-    paths = [SECRETS_DIR, *(key_path(lane.name) for lane in box.config.lanes if lane.api_key)]
+    keyed = [lane.name for lane in box.config.lanes if lane.api_key]
+    paths = [SECRETS_DIR, *(key_path(name) for name in keyed)]
+    paths += [KEYS_DIR, *(f"{KEYS_DIR}/{name}.conf" for name in keyed)]
     modes = {}
     for path in paths:
         file = box.host.file(path)
         modes[path] = f"{file.user} {file.mode:o}" if file.exists else "absent"
-    want = {path: "root 600" for path in paths} | {SECRETS_DIR: "root 700"}
+    want = {path: "root 600" for path in paths} | {SECRETS_DIR: "root 700", KEYS_DIR: "root 700"}
     problems = [f"{path}: {mode}" for path, mode in modes.items() if mode != want[path]]
-    _report(found, problems, f"{SECRETS_DIR} root 0700 and each lane's key root 0600")
+    _report(found, problems, "the keys and the front's key maps root 0600, their directories 0700")
 
 
 def test_memory_guard_watching(box: Box, found: Callable[[object], None]) -> None:

@@ -32,6 +32,8 @@ pytestmark = pytest.mark.lab
 INVENTORY = "tests/e2e/cluster_inventory.py"
 LANE_UNIT = lanes.unit_name(CLUSTER_LANE["name"])
 PORT = CLUSTER_LANE["port"]
+# vLLM itself, behind the front, on the head's loopback (recipes: port + 1000 by default).
+VLLM_PORT = PORT + 1000
 HEAD_IP, WORKER_IP = "192.168.100.10", "192.168.100.11"  # inventories/sim.py's first twin
 IMAGE = "nvcr.io/nvidia/vllm:26.04-py3"
 # A port of the distributed back-end's (torch's TCPStore), listened on by the test on every
@@ -91,7 +93,7 @@ def lane_state(head: simlab.Host) -> str:
 
 
 def healthy(head: simlab.Host) -> bool:
-    probe = f"curl -fs -o /dev/null -w '%{{http_code}}' http://127.0.0.1:{PORT}/health"
+    probe = f"curl -fs -o /dev/null -w '%{{http_code}}' http://127.0.0.1:{VLLM_PORT}/health"
     return run_on(head, probe, check=False).strip() == "200"
 
 
@@ -140,7 +142,7 @@ def test_the_cluster_lane_serves_with_one_bundle_on_each_box(cluster: simlab.Lab
         shown["ExecMainStartTimestampMonotonic"]
     )
     print(f"cluster lane: docker run to /health answering in {started / 1e6:.1f} s")
-    placement = json.loads(run_on(head, f"curl -fs http://127.0.0.1:{PORT}/simlab/placement"))
+    placement = json.loads(run_on(head, f"curl -fs http://127.0.0.1:{VLLM_PORT}/simlab/placement"))
     assert placement == {
         "distributed_executor_backend": "ray",
         "world_size": 2,

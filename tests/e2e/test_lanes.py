@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import re
 import runpy
+import shlex
 import subprocess
 import time
 import urllib.error
@@ -57,6 +58,16 @@ def show(host: simlab.Host, lane: dict[str, Any], *properties: str) -> dict[str,
     return dict(line.split("=", 1) for line in text.splitlines())
 
 
+def on_loopback(host: simlab.Host, lane: dict[str, Any], path: str, *curl: str) -> str:
+    """What vLLM itself answers on the box's loopback, behind the front (port + 1000)."""
+    url = f"http://127.0.0.1:{lane['port'] + 1000}{path}"
+    return run_on(host, " ".join(["curl -s", *curl, url]), check=False)
+
+
+def vllm_version(host: simlab.Host, lane: dict[str, Any]) -> str:
+    return json.loads(on_loopback(host, lane, "/version"))["version"]
+
+
 def container_id(host: simlab.Host, lane: dict[str, Any]) -> str:
     name = f"spark-lane-{lane['name']}"
     return run_on(host, f"sudo docker inspect -f '{{{{.Id}}}}' {name}", check=False).strip()
@@ -95,7 +106,8 @@ def test_lanes_come_up_in_order_and_serving(deployed: dict[str, Any]) -> None:
         # B's container started only once A served ("active" is reached after /health).
         assert int(b["ExecMainStartTimestampMonotonic"]) >= int(a["ActiveEnterTimestampMonotonic"])
         for lane in (A, B):
-            assert request(f"http://{host.mgmt_ip}:{lane['port']}/health")[0] == 200
+            health = f"http://{host.mgmt_ip}:{lane['port']}/health"
+            assert request(health, key_of(host, lane))[0] == 200
     # Started in one transaction, as at boot (multi-user.target wants both), systemd starts
     # them one after the other.
     host = deployed["lab"].hosts[0]
@@ -142,6 +154,46 @@ def test_models_listed_with_the_key_and_401_without(deployed: dict[str, Any]) ->
             assert request(f"{base}/chat/completions", key, chat)[0] == 200
         other = key_of(host, B)
         assert request(f"http://{host.mgmt_ip}:{A['port']}/v1/models", other)[0] == 401
+
+
+def stream(url: str, key: str, body: Any) -> list[str]:
+    """The data of each server-sent event of a streamed response, in order."""
+    req = urllib.request.Request(url, data=json.dumps(body).encode())
+    req.add_header("Authorization", f"Bearer {key}")
+    with HTTP.open(req, timeout=10) as response:
+        assert response.headers.get_content_type() == "text/event-stream"
+        text = response.read().decode()
+    return [line.removeprefix("data: ") for line in text.splitlines() if line.startswith("data: ")]
+
+
+def test_the_front_asks_the_key_on_every_path(deployed: dict[str, Any]) -> None:
+    chat = {"model": A["served_name"], "messages": [{"role": "user", "content": "count to 3"}]}
+    tokenize = {"prompt": "count to 3"}
+    unguarded = [("/invocations", chat), ("/tokenize", tokenize), ("/metrics", None)]
+    status = ["-o /dev/null -w '%{http_code}'", "-H 'Content-Type: application/json'"]
+    for host in deployed["lab"].hosts:
+        # vLLM itself answers these to anyone who reaches it (its key guards /v1 only)...
+        for path, body in unguarded:
+            data = [] if body is None else ["-d", shlex.quote(json.dumps(body))]
+            assert on_loopback(host, A, path, *status, *data) == "200", path
+        # ...but from the management network only the front is there, and it asks the key.
+        base = f"http://{host.mgmt_ip}:{A['port']}"
+        for path, body in [*unguarded, ("/v1/chat/completions", chat), ("/health", None)]:
+            assert request(base + path, body=body)[0] == 401, path
+            assert request(base + path, key_of(host, B), body)[0] == 401, path  # another's key
+            assert request(base + path, "not-the-key", body)[0] == 401, path
+        key = key_of(host, A)
+        for path, body in unguarded:  # with the key, still: the front forwards /v1/ and /health
+            assert request(base + path, key, body)[0] == 404, path
+        with pytest.raises(urllib.error.URLError, match="Connection refused"):
+            HTTP.open(f"http://{host.mgmt_ip}:{A['port'] + 1000}/health", timeout=10)
+        # A streamed chat comes through whole: its events in order, [DONE] last.
+        events = stream(f"{base}/v1/chat/completions", key, chat | {"stream": True})
+        assert events[-1] == "[DONE]", events
+        chunks = [json.loads(event)["choices"][0] for event in events[:-1]]
+        said = "".join(chunk["delta"].get("content", "") for chunk in chunks)
+        assert said.endswith(f"{A['served_name']} got: count to 3"), said
+        assert chunks[-1]["finish_reason"] == "stop"
 
 
 def test_second_deploy_changes_nothing(deployed: dict[str, Any]) -> None:
@@ -207,11 +259,11 @@ def test_lane_b_moved_to_2610_runs_nvfp4_on_marlin_in_vllm_0310_terms(
         assert args[args.index("--linear-backend") + 1] == "marlin", args
         env = run_on(host, f"sudo docker inspect -f '{{{{json .Config.Env}}}}' {name}")
         assert "VLLM_NVFP4_GEMM_BACKEND" not in env
-        assert request(f"http://{host.mgmt_ip}:{B['port']}/version")[1] == {"version": "0.31.0"}
+        assert vllm_version(host, B) == "0.31.0"
         assert request(f"http://{host.mgmt_ip}:{B['port']}/v1/models", key_of(host, B))[0] == 200
     deploy()  # back to the inventory's lanes
     for host in hosts:
-        assert request(f"http://{host.mgmt_ip}:{B['port']}/version")[1] == {"version": "0.19.0"}
+        assert vllm_version(host, B) == "0.19.0"
 
 
 def test_a_killed_container_is_brought_back_by_systemd(deployed: dict[str, Any]) -> None:
@@ -226,7 +278,36 @@ def test_a_killed_container_is_brought_back_by_systemd(deployed: dict[str, Any])
 
     wait_for(back, 60, f"{unit(A)} restarted by systemd")
     assert container_id(host, A) not in ("", before)
-    assert request(f"http://{host.mgmt_ip}:{A['port']}/health")[0] == 200
+    assert request(f"http://{host.mgmt_ip}:{A['port']}/health", key_of(host, A))[0] == 200
+
+
+def test_two_lanes_failing_together_load_one_after_the_other(deployed: dict[str, Any]) -> None:
+    # Both containers die at once (a driver hiccup, an OOM): each unit's restart timer fires on
+    # its own, 10 s later, outside any transaction that After= would order.
+    host = deployed["lab"].hosts[1]
+    restarts = {lane["name"]: int(show(host, lane, "NRestarts")["NRestarts"]) for lane in (A, B)}
+    run_on(host, f"sudo docker kill spark-lane-{A['name']} spark-lane-{B['name']}")
+
+    def both_back() -> bool:
+        states = [show(host, lane, "ActiveState", "NRestarts") for lane in (A, B)]
+        return all(
+            state["ActiveState"] == "active" and int(state["NRestarts"]) > restarts[lane["name"]]
+            for state, lane in zip(states, (A, B), strict=True)
+        )
+
+    wait_for(both_back, 120, "both lanes restarted by systemd")
+    times = {
+        lane["name"]: show(host, lane, "ExecMainStartTimestampMonotonic",
+                           "ActiveEnterTimestampMonotonic")
+        for lane in (A, B)
+    }  # fmt: skip
+    first, second = sorted(times.values(), key=lambda t: int(t["ExecMainStartTimestampMonotonic"]))
+    # The second container started only once the first one served: never two loading at once.
+    assert int(second["ExecMainStartTimestampMonotonic"]) >= int(
+        first["ActiveEnterTimestampMonotonic"]
+    ), times
+    journal = run_on(host, f"sudo journalctl -u {unit(A)} -u {unit(B)} --since '-3min' -o cat")
+    assert re.search(r"lane (\S+) waits for lane (\S+) to finish loading", journal), journal
 
 
 def test_removing_a_lane_from_group_data_removes_its_unit(deployed: dict[str, Any]) -> None:
@@ -264,7 +345,10 @@ def test_secrets_appear_nowhere_but_their_files(deployed: dict[str, Any]) -> Non
                 "unit and environment files": run_on(
                     host, "cat /etc/systemd/system/spark-*.service /etc/spark/lanes/*.env"
                     " /etc/spark/memguard.json /etc/spark/cluster.env"
+                    " /etc/nginx/conf.d/spark-lanes.conf"
                 ),
+                "nginx's logs": run_on(host, "sudo cat /var/log/nginx/access.log"
+                                       " /var/log/nginx/error.log"),
                 "the journal": run_on(host, "sudo journalctl --no-pager -o cat"),
                 "docker inspect": run_on(host, f"sudo docker inspect {names}"),
                 "docker logs": run_on(
@@ -277,9 +361,10 @@ def test_secrets_appear_nowhere_but_their_files(deployed: dict[str, Any]) -> Non
             for place, text in places.items():
                 for secret in (sentinel, *keys):
                     assert secret not in text, f"{host.name}: a secret in {place}"
-            stat = "sudo sh -c \"stat -c '%U %a' /etc/spark/secrets /etc/spark/secrets/*\""
-            modes = run_on(host, stat).split("\n")
-            assert modes[0] == "root 700" and set(modes[1:-1]) == {"root 600"}, modes
+            for directory in ("/etc/spark/secrets", "/etc/nginx/spark-keys"):
+                stat = f"sudo sh -c \"stat -c '%U %a' {directory} {directory}/*\""
+                modes = run_on(host, stat).split("\n")
+                assert modes[0] == "root 700" and set(modes[1:-1]) == {"root 600"}, modes
             # The token reaches the lanes, from the file.
             read = "sudo docker exec spark-lane-{} sh -c 'cat \"$HF_TOKEN_PATH\"'"
             assert run_on(host, read.format(A["name"])) == sentinel

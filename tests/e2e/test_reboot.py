@@ -14,7 +14,7 @@ import pytest
 
 from tests.conftest import Deployed, run_on
 from tests.e2e.runs import converged
-from tests.e2e.test_lanes import A, B, container_id, request, show, wait_for
+from tests.e2e.test_lanes import A, B, container_id, key_of, request, show, wait_for
 from tests.simlab import lab as simlab
 
 pytestmark = pytest.mark.lab
@@ -39,7 +39,8 @@ def came_back(host: simlab.Host, head: simlab.Host) -> None:
     assert (a["ActiveState"], b["ActiveState"]) == ("active", "active")
     assert int(b["ExecMainStartTimestampMonotonic"]) >= int(a["ActiveEnterTimestampMonotonic"])
     for lane in (A, B):
-        assert request(f"http://{host.mgmt_ip}:{lane['port']}/health")[0] == 200, lane["name"]
+        health = f"http://{host.mgmt_ip}:{lane['port']}/health"
+        assert request(health, key_of(host, lane))[0] == 200, lane["name"]
     # Both Ray nodes alive again, as the head sees them (the lanes' own check, one try a second).
     run_on(head, "sudo /usr/local/sbin/spark-ray-nodes 2 120")
 

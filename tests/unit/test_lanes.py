@@ -251,12 +251,12 @@ def test_fresh_box_gets_key_files_and_a_started_lane() -> None:
         " --env-file /etc/spark/lanes/coder.env -v /var/lib/spark/models:/root/.cache/huggingface"
         " -v /etc/spark/secrets/coder.key:/run/secrets/api-key:ro nvcr.io/nvidia/vllm:26.04-py3"
         ' /bin/sh -c "VLLM_API_KEY=$$(cat /run/secrets/api-key) || exit 1; export VLLM_API_KEY;'
-        " exec vllm serve org/model --served-model-name coder --host 0.0.0.0 --port 10101"
+        " exec vllm serve org/model --served-model-name coder --host 127.0.0.1 --port 11101"
     )
     assert "--ulimit" not in start  # the lab cannot lift memlock: docker would refuse to start
     assert "TimeoutStartSec=600\n" in unit
     assert "After=docker.service network-online.target\n" in unit
-    assert "http://127.0.0.1:10101/health" in unit
+    assert "http://127.0.0.1:11101/health" in unit  # vLLM's own port, not the front's
 
 
 def test_lane_in_place_and_serving_yields_nothing() -> None:

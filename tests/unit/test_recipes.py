@@ -89,8 +89,9 @@ def test_the_default_lanes_render_their_full_command_lines() -> None:
     assert coder.vllm_args() == [
         "bullpoint/Qwen3-Coder-Next-AWQ-4bit",
         "--served-model-name", "qwen3-coder-next",
-        "--host", "0.0.0.0",
-        "--port", "10101",
+        # vLLM on loopback, 1000 above the lane's port: nginx owns 10101 (operations/front.py).
+        "--host", "127.0.0.1",
+        "--port", "11101",
         "--gpu-memory-utilization", "0.45",
         "--max-model-len", "131072",
         "--tool-call-parser", "qwen3_coder", "--enable-auto-tool-choice",
@@ -483,7 +484,7 @@ def test_extra_args_are_read_as_vllm_reads_them() -> None:
         (["--port", "9000"], "--port comes from the lane; set port"),
         (["--no-enable-auto-tool-choice"], "--no-enable-auto-tool-choice comes from the lane;"
                                             " set tool_call_parser"),
-        (["--host", "127.0.0.1"], "--host is refused: lanes listen on 0.0.0.0"),
+        (["--host", "0.0.0.0"], "--host is refused: vLLM listens on 127.0.0.1 behind the box's"),
         (["--tensor-parallel-size", "2"], "--tensor-parallel-size comes from the lane; set"),
         (["--nnodes", "2"], "--nnodes is refused: a cluster lane spans boxes over Ray"),
         (["--distributed-executor-backend", "ray"], "--distributed-executor-backend comes from"),

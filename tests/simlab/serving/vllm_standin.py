@@ -23,6 +23,7 @@ import sys
 import threading
 import time
 import uuid
+import zlib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -370,7 +371,9 @@ class Handler(BaseHTTPRequestHandler):
         length = int(self.headers.get("Content-Length") or 0)
         body = self.rfile.read(length) if length else b""
         path = self.path.split("?", 1)[0]
-        # Only /v1 is guarded, as in vLLM 0.19; /health, /ping and the rest stay open.
+        # Only /v1 is guarded, as in vLLM 0.19 (build_app's AuthenticationMiddleware): /health,
+        # /ping, /invocations, /tokenize, /metrics and the rest answer anyone
+        # (vllm-project/vllm#18892; vLLM's security guide).
         guarded = path.startswith("/v1") and self.server.token_hashes
         if guarded and not self.server.authorized(self.headers.get("Authorization")):
             self._json(401, {"error": "Unauthorized"})
@@ -418,6 +421,32 @@ class Handler(BaseHTTPRequestHandler):
             for name in config.served_names
         ]
         self._json(200, {"object": "list", "data": cards})
+
+    def tokenize(self, body: bytes) -> None:
+        """/tokenize as vLLM answers it: the prompt's tokens (here one per word) and counts."""
+        try:
+            request = json.loads(body or b"null")
+        except ValueError:
+            request = None
+        prompt = request.get("prompt") if isinstance(request, dict) else None
+        if not isinstance(prompt, str):
+            self._error(400, "BadRequestError", "prompt: a string is required.")
+            return
+        tokens = [zlib.crc32(word.encode()) % 151_000 for word in prompt.split()]
+        config = self.server.config
+        self._json(
+            200, {"count": len(tokens), "max_model_len": config.max_model_len, "tokens": tokens}
+        )
+
+    def metrics(self, _body: bytes) -> None:
+        """/metrics in Prometheus' text format, as vLLM's exporter serves it (a few series)."""
+        name = self.server.config.served_names[0]
+        text = (
+            "# HELP vllm:num_requests_running Number of requests in model execution batches.\n"
+            "# TYPE vllm:num_requests_running gauge\n"
+            f'vllm:num_requests_running{{engine="0",model_name="{name}"}} 0.0\n'
+        )
+        self._send(200, text.encode(), "text/plain; version=0.0.4; charset=utf-8")
 
     def placement(self, _body: bytes) -> None:
         placement = self.server.placement
@@ -495,6 +524,10 @@ ROUTES: dict[str, dict[str, Callable[[Handler, bytes], None]]] = {
     "/version": {"GET": Handler.version},
     "/v1/models": {"GET": Handler.models},
     "/v1/chat/completions": {"POST": Handler.chat_completions},
+    # SageMaker's entry point: the same chat request as /v1/chat/completions, outside /v1.
+    "/invocations": {"POST": Handler.chat_completions},
+    "/tokenize": {"POST": Handler.tokenize},
+    "/metrics": {"GET": Handler.metrics},
     "/simlab/placement": {"GET": Handler.placement},
 }
 
