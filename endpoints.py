@@ -17,6 +17,7 @@ from pyinfra.api.state import BaseStateCallback, StateStage
 
 from operations.config import HostConfig
 from operations.lanes import SECRETS_DIR, key_path
+from operations.recipes import AGENT_CONTEXT
 
 
 class Endpoint(NamedTuple):
@@ -47,6 +48,16 @@ def endpoints_of(box: HostConfig, address: str) -> list[Endpoint]:
     ]
 
 
+def agent_note(endpoint: Endpoint) -> str:
+    """What a lane too short for agent clients says in its client configuration; "" if none."""
+    if endpoint.max_model_len >= AGENT_CONTEXT:
+        return ""
+    return (
+        f"max_model_len {endpoint.max_model_len} is below {AGENT_CONTEXT}: agent clients"
+        " refuse it (Hermes Agent needs 64K, seed 003)"
+    )
+
+
 def opencode_config(box: str, endpoints: Sequence[Endpoint]) -> dict:
     """An OpenCode configuration (as in seed 002) with one provider per lane of the box. The key
     is read from a file on the client ({file:...}), never written here."""
@@ -61,11 +72,15 @@ def opencode_config(box: str, endpoints: Sequence[Endpoint]) -> dict:
             # Seed 002 leaves 16K of its 128K context for output; never more than a quarter.
             "output": min(16384, endpoint.max_model_len // 4),
         }
+        # The name is what the client shows when picking a model: a lane too short for agent
+        # clients says so there.
+        note = agent_note(endpoint)
+        name = f"{endpoint.served_name} ({note})" if note else endpoint.served_name
         providers[f"{slug}-{endpoint.lane}"] = {
             "npm": "@ai-sdk/openai-compatible",
             "name": f"{box} {endpoint.lane}",
             "options": options,
-            "models": {endpoint.served_name: {"name": endpoint.served_name, "limit": limit}},
+            "models": {endpoint.served_name: {"name": name, "limit": limit}},
         }
     return {"$schema": "https://opencode.ai/config.json", "provider": providers}
 
@@ -122,6 +137,10 @@ class EndpointsReport(BaseStateCallback):
             " ~/.config/opencode/<box>-<lane>.key",
             err=True,
         )
+        for box, endpoints in served.items():
+            for endpoint in endpoints:
+                if note := agent_note(endpoint):
+                    click.echo(f"    {box} {endpoint.lane}: {note}", err=True)
 
 
 _reports: weakref.WeakKeyDictionary[State, EndpointsReport] = weakref.WeakKeyDictionary()

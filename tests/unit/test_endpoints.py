@@ -17,6 +17,11 @@ ENDPOINTS = [
     endpoints.Endpoint("coder", "qwen3-coder-next", "http://spark-1:10101/v1", 0.45, 131072, True),
     endpoints.Endpoint("fast", "qwen3.6-35b-a3b", "http://spark-1:10102/v1", 0.35, 8192, False),
 ]
+# The 8K lane's model as the client lists it: agent clients refuse it (seed 003: Hermes Agent).
+ENDPOINTS_SHORT_NAME = (
+    "qwen3.6-35b-a3b (max_model_len 8192 is below 65536: agent clients refuse it (Hermes Agent"
+    " needs 64K, seed 003))"
+)
 
 
 def test_opencode_config_names_the_key_file_never_the_key() -> None:
@@ -36,6 +41,25 @@ def test_opencode_config_names_the_key_file_never_the_key() -> None:
     fast = config["provider"]["spark-1-local-fast"]
     assert "apiKey" not in fast["options"]
     assert fast["models"]["qwen3.6-35b-a3b"]["limit"] == {"context": 8192, "output": 2048}
+
+
+def test_a_lane_below_64k_says_in_its_client_configuration_that_agents_refuse_it() -> None:
+    # Hermes Agent refuses a context below 64K (seed 003): 65535 is one token short, 65536 is not.
+    short = endpoints.Endpoint("fast", "fast-model", "http://spark-1:10102/v1", 0.35, 65535, True)
+    enough = short._replace(lane="coder", served_name="coder-model", max_model_len=65536)
+    models = {
+        name: provider["models"]
+        for name, provider in endpoints.opencode_config("spark-1", [short, enough])[
+            "provider"
+        ].items()
+    }
+    assert models["spark-1-fast"]["fast-model"]["name"] == (
+        "fast-model (max_model_len 65535 is below 65536: agent clients refuse it (Hermes Agent"
+        " needs 64K, seed 003))"
+    )
+    assert models["spark-1-coder"]["coder-model"]["name"] == "coder-model"
+    # The 8K lane of ENDPOINTS too, and the deploy's report names it after the table.
+    assert ENDPOINTS_SHORT_NAME in json.dumps(endpoints.opencode_config("spark-1", ENDPOINTS))
 
 
 def test_endpoints_table() -> None:
@@ -64,17 +88,32 @@ def test_report_after_a_run_only_for_boxes_that_succeeded(
     report.host_disconnect(state, None)  # the next host's disconnect: once is enough
     assert sorted(path.name for path in (tmp_path / "clients").iterdir()) == ["spark-1.json"]
     written = json.loads((tmp_path / "clients/spark-1.json").read_text())
-    assert written == endpoints.opencode_config("spark-1", ENDPOINTS)
+    assert sorted(written["provider"]) == ["spark-1-coder", "spark-1-fast"]
+    assert written["provider"]["spark-1-coder"]["options"] == {
+        "baseURL": "http://spark-1:10101/v1",
+        "apiKey": "{file:~/.config/opencode/spark-1-coder.key}",
+    }
+    assert written["provider"]["spark-1-fast"]["models"]["qwen3.6-35b-a3b"]["name"] == (
+        ENDPOINTS_SHORT_NAME
+    )
     shown = capsys.readouterr().err
     assert shown.count("--> vLLM lanes serving:") == 1
     assert "spark-1  coder" in shown and "spark-2" not in shown.split("OpenCode")[0]
     assert "sudo cat /etc/spark/secrets/<lane>.key > ~/.config/opencode/<box>-<lane>.key" in shown
+    assert shown.splitlines()[-1] == (
+        "    spark-1 fast: max_model_len 8192 is below 65536: agent clients refuse it (Hermes"
+        " Agent needs 64K, seed 003)"
+    )
 
 
 def test_endpoints_of_a_box_from_its_validated_lanes() -> None:
     box = load_from_dicts(merged(TWO_SPARKS)).host("spark-1")
-    found = endpoints.endpoints_of(box, "10.0.0.5")
-    assert [(e.lane, e.url, e.api_key) for e in found] == [
-        (lane.name, f"http://10.0.0.5:{lane.port}/v1", lane.api_key) for lane in box.lanes
+    # The default lanes of group_data/all.py: the field's two-lane appliance (seed 003).
+    assert endpoints.endpoints_of(box, "10.0.0.5") == [
+        endpoints.Endpoint(
+            "coder", "qwen3-coder-next", "http://10.0.0.5:10101/v1", 0.45, 131072, True
+        ),
+        endpoints.Endpoint(
+            "fast", "qwen3.6-35b-a3b", "http://10.0.0.5:10102/v1", 0.35, 65536, True
+        ),
     ]
-    assert found and found[0].served_name == box.lanes[0].served_name

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 from pyinfra.api.exceptions import OperationError
 
-from operations import debpkg, firewall, ray
+from operations import firewall, ray
 from tests.unit.harness import FakeHost, captured, file_facts, process, run_op
 
 FABRIC = {"enp1s0f1np1": "192.168.100.0/24", "enP2p1s0f1np1": "192.168.101.0/24"}
@@ -74,7 +74,11 @@ def test_the_lab_loaded_what_the_deploy_renders_today() -> None:
 def test_bare_box_gets_nftables_the_ruleset_and_its_unit() -> None:
     host = firewall_host(captured("lab-bare-firewall.txt"))
     commands = run_op(firewall.cluster_ports_fabric_only, **ARGS, host=host)
-    assert commands[0] == debpkg.apt_install("nftables")
+    assert commands[0] == (
+        "apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get -o DPkg::Lock::Timeout=600"
+        " install -y -o Dpkg::Options::=--force-confdef -o Dpkg::Options::=--force-confold"
+        " nftables"
+    )
     assert commands[-3:] == [
         "systemctl daemon-reload",
         "systemctl enable spark-firewall.service",

@@ -37,6 +37,14 @@ ENVIRONMENT = {"NCCL_IB_HCA": "rocep1s0f1,roceP2p1s0f1", "RAY_memory_monitor_ref
 HEAD = {"role": "head", "node_ip": "192.168.100.10", "head_ip": "192.168.100.10"}
 WORKER = {"role": "worker", "node_ip": "192.168.100.11", "head_ip": "192.168.100.10"}
 FILES = (ray.UNIT_PATH, ray.NODES_COMMAND)
+# The image's Ray version and id recorded on the box, written out as the box runs it.
+RECORD = (
+    "version=$(docker run --rm --network none --entrypoint ray nvcr.io/nvidia/vllm:26.04-py3"
+    ' --version | head -n 1) && [ -n "$version" ]'
+    " && id=$(docker image inspect --format '{{.Id}}' nvcr.io/nvidia/vllm:26.04-py3)"
+    " && install -d -m 755 /var/lib/spark"
+    ' && echo "$id $version" > /var/lib/spark/ray-image-checked'
+)
 
 
 def with_token(text: str, token: str = TOKEN) -> str:
@@ -88,7 +96,7 @@ def test_a_node_deployed_before_the_record_gets_it_without_a_restart() -> None:
     commands = run_op(
         ray.node, **HEAD, image=IMAGE, environment=ENVIRONMENT, token=TOKEN, host=host
     )
-    assert commands == [ray.record_ray_version(IMAGE)]
+    assert commands == [RECORD]
 
 
 def test_the_record_holds_the_image_id_and_its_ray_version(tmp_path: Path) -> None:
@@ -131,7 +139,7 @@ def test_bare_box_pulls_checks_ray_writes_token_unit_and_starts() -> None:
     commands = run_op(
         ray.node, **HEAD, image=IMAGE, environment=ENVIRONMENT, token=TOKEN, host=host
     )
-    assert commands[:2] == [f"docker pull --quiet {IMAGE}", ray.record_ray_version(IMAGE)]
+    assert commands[:2] == ["docker pull --quiet nvcr.io/nvidia/vllm:26.04-py3", RECORD]
     assert commands[-3:] == [
         "systemctl daemon-reload",
         "systemctl enable spark-ray.service",
@@ -247,7 +255,9 @@ def test_listen_ports_cover_every_port_ray_start_names() -> None:
                 continue
             port = int(arg.rpartition("=")[2])
             assert any(low <= port <= high for low, high in ranges), arg
-    assert (ray.CLIENT_PORT, ray.CLIENT_PORT) in ranges and ray.WORKER_PORTS in ranges
+    # GCS 6379 and the six ports after it, Ray's dashboard 8265 and client server 10001
+    # (Ray's defaults), the workers' 20000-20999 (out of the lanes' 10101/10102, seed 003).
+    assert ranges == [(6379, 6385), (8265, 8265), (10001, 10001), (20000, 20999)]
 
 
 def test_controller_token_is_made_once_private_and_never_shown(tmp_path: Path) -> None:

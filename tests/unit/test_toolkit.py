@@ -65,7 +65,13 @@ def keyring(present: bool) -> dict:
 
 def test_toolkit_packages_reads_versions_and_holds() -> None:
     packages = process(toolkit.ToolkitPackages, captured("lab-dpkg-query-toolkit-held.txt"))
-    assert packages == {name: {"version": "1.19.0-1", "held": True} for name in toolkit.PACKAGES}
+    # The four packages NVIDIA's install guide names for the container toolkit, all held.
+    assert packages == {
+        "nvidia-container-toolkit": {"version": "1.19.0-1", "held": True},
+        "nvidia-container-toolkit-base": {"version": "1.19.0-1", "held": True},
+        "libnvidia-container-tools": {"version": "1.19.0-1", "held": True},
+        "libnvidia-container1": {"version": "1.19.0-1", "held": True},
+    }
     assert process(toolkit.ToolkitPackages, "") == {}
 
 
