@@ -60,6 +60,12 @@ driver.branch_held(
 )
 driver.running(name=f"nvidia-smi reports a {me.driver.branch} driver", branch=me.driver.branch)
 
+preflight.link_speeds(
+    name=f"Fabric twins ({me.topology}) present and linked at {me.link_speed_mbps} Mb/s",
+    twins=[(link.ifname, link.port) for link in me.fabric],
+    expected_mbps=me.link_speed_mbps,
+    low=me.link_speed_low,
+)
 for link in me.fabric:
     nmcli.ethernet(
         name=f"Fabric {link.ifname}: static IPv4, MTU {me.mtu}",

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import shlex
 import weakref
+from collections import defaultdict
 from collections.abc import Iterable
 
-from pyinfra import host, state
+from pyinfra import host, logger, state
 from pyinfra.api import FactBase, operation
 from pyinfra.api.exceptions import OperationError
 from pyinfra.api.inventory import Inventory
@@ -20,14 +21,15 @@ Peer = tuple[str, str, str]  # (twin, the other box's name, its address on that 
 
 
 def peers_of(me: HostConfig, hosts: Iterable[HostConfig]) -> list[Peer]:
-    """Every other box's address on each of this box's twins (the same twin on each box)."""
+    """Every other box's address on the subnet of each of this box's twins: the same twin on a
+    pair or a switch, the twin at the cable's other end on a ring (its port 1 meets port 0)."""
     return [
         (link.ifname, other.name, str(theirs.address.ip))
         for link in me.fabric
         for other in hosts
         if other.name != me.name
         for theirs in other.fabric
-        if theirs.ifname == link.ifname
+        if theirs.address.network == link.address.network
     ]
 
 
@@ -63,6 +65,99 @@ class FabricPeers(FactBase):
             answered, ifname, address = line.split()
             answers[(ifname, address)] = answered == "yes"
         return answers
+
+
+class LinkSpeeds(FactBase):
+    """Each interface's link rate in Mb/s as the kernel reports it (/sys/class/net/IF/speed):
+    -1 where it reports none (no carrier: the file fails or reads -1); an interface that does
+    not exist is left out (a QSFP port with no cable shows none: dgx-spark-playbooks
+    connect-three-sparks, ibdev2netdev).
+
+    .. code:: python
+
+        {"enp1s0f1np1": 200000, "enP2p1s0f1np1": 100000, "enp1s0f0np0": -1}
+    """
+
+    default = dict
+
+    def command(self, ifnames: tuple[str, ...]) -> str:
+        reads = " ".join(
+            f"if [ -e /sys/class/net/{quoted} ]; then"
+            f' printf "%s %s\\n" {quoted} "$(cat /sys/class/net/{quoted}/speed 2>/dev/null)"; fi;'
+            for quoted in map(shlex.quote, ifnames)
+        )
+        return f"{{ {reads} }} 2>/dev/null || true"
+
+    def process(self, output: list[str]) -> dict[str, int]:
+        speeds = {}
+        for line in output:
+            ifname, _, speed = line.partition(" ")
+            speeds[ifname] = int(speed) if speed.strip().lstrip("-").isdigit() else -1
+        return speeds
+
+
+# Why a twin links below its rate, as the field saw it (the inventory's fabric_link_speed_mbps
+# says more in group_data/all.py).
+SLOW_CAUSES = (
+    "a switch port with auto-negotiation on (force the port to 200G), a degraded ConnectX start"
+    " (dgx-spark-playbooks PR#108: reboot the box), or the cable (reseat or replace it)"
+)
+
+
+@operation()
+def link_speeds(twins: list[tuple[str, int | None]], expected_mbps: int, low: str = "refuse"):
+    """
+    Check that every twin the topology uses exists and links at its expected rate.
+
+    + twins: (interface, its QSFP port) for each twin the box uses
+    + expected_mbps: the rate each must report in /sys/class/net/IF/speed (200000)
+    + low: "refuse" fails the box on a slower or linkless twin, "warn" logs it and goes on
+
+    This changes nothing. A port whose twins do not exist has no cable (its ConnectX functions
+    appear only once one is plugged in) or no ConnectX: that fails the box in either mode,
+    naming the port.
+
+    **Example:**
+
+    .. code:: python
+
+        preflight.link_speeds(
+            name="Fabric twins link at 200 Gb/s",
+            twins=[("enp1s0f1np1", 1), ("enP2p1s0f1np1", 1)],
+            expected_mbps=200000,
+        )
+    """
+    speeds = host.get_fact(LinkSpeeds, ifnames=tuple(ifname for ifname, _ in twins))
+    missing = defaultdict(list)
+    for ifname, port in twins:
+        if ifname not in speeds:
+            missing[port].append(ifname)
+    if missing:
+        raise OperationError(
+            "; ".join(
+                f"{host.name}: no cable on port {port} (or its ConnectX missing):"
+                f" {' and '.join(ifnames)} do not exist; a port shows its interfaces only once"
+                " a cable is plugged in (`ip -br link`, `ls /sys/class/infiniband`)"
+                for port, ifnames in missing.items()
+            )
+        )
+    slow = [
+        f"{host.name}: fabric twin {ifname} links at {speeds[ifname]} Mb/s, below the"
+        f" {expected_mbps} expected"
+        if speeds[ifname] >= 0
+        else f"{host.name}: fabric twin {ifname} has no link (no speed reported)"
+        for ifname, _ in twins
+        if speeds[ifname] < expected_mbps
+    ]
+    if not slow:
+        host.noop(f"every twin links at {expected_mbps} Mb/s or more")
+        return
+    message = "; ".join(slow) + f"; usual causes: {SLOW_CAUSES}"
+    if low == "refuse":
+        raise OperationError(message + " (fabric_link_speed_low = 'warn' lets the deploy go on)")
+    logger.warning(message)
+    host.noop("a twin links below its rate (fabric_link_speed_low = 'warn'): going on")
+    yield from ()  # a check: it changes nothing, but pyinfra runs operations as generators
 
 
 def _check_command(silent: list[Peer], mtu: int) -> str:
