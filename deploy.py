@@ -90,6 +90,7 @@ preflight.fabric_peers(
 environment.cluster_env(
     name=f"Cluster environment in {me.env_file}",
     variables=me.cluster_environment(spark.head),
+    notes=me.environment_notes(),
     path=me.env_file,
 )
 

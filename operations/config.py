@@ -562,38 +562,79 @@ class HostConfig(Frozen):
                 "UCX_NET_DEVICES": ",".join([f"{hca}:1" for hca in hcas] + [sockets]),
                 "VLLM_HOST_IP": str(first.address.ip),
                 "MASTER_ADDR": str(head.fabric[0].address.ip),
-            } | NCCL_BY_TOPOLOGY[self.topology]
+            } | {key: value for key, (value, _) in NCCL_BY_TOPOLOGY[self.topology].items()}
         if self.nccl_debug:
             environment["NCCL_DEBUG"] = "INFO"  # shows NET/IB vs a silent NET/Socket fallback
         return environment
 
+    def environment_notes(self) -> dict[str, str]:
+        """Where each fabric setting of cluster_environment comes from, one line each."""
+        if not self.fabric:
+            return {}
+        notes = FABRIC_NOTES | {
+            key: source for key, (_, source) in NCCL_BY_TOPOLOGY[self.topology].items()
+        }
+        if self.topology == "ring3":
+            notes["NCCL_SOCKET_IFNAME"] = RING_SOCKETS
+        return notes
 
-# What NCCL is told per topology, beside NCCL_IB_HCA (every twin used) and the sockets.
-NCCL_BY_TOPOLOGY: dict[str, dict[str, str]] = {
-    # Both twins merged into one virtual NIC: a back-to-back pair went from ~98 to ~161 Gb/s
-    # of nccl-tests busbw (tonyd2wild/DeepSeek-v4-Flash-Vision-Exp-DSpark-1M-NVFP4-KV-2x-DGX-
-    # Spark PR#35).
-    "pair": {"NCCL_IB_MERGE_NICS": "1"},
+
+# What NCCL is told per topology, beside NCCL_IB_HCA (every twin used) and the sockets:
+# variable -> (value, its source), the source written beside it in the environment file.
+PAIR_MERGE = (
+    "1",
+    "both twins as one NIC: a pair went from ~98 to ~161 Gb/s of nccl-tests busbw (tonyd2wild/"
+    "DeepSeek-v4-Flash-Vision-Exp-DSpark-1M-NVFP4-KV-2x-DGX-Spark PR#35)",
+)
+SUBNET_ROUTING = (
+    "1",
+    "each peer reached by the twin on its subnet (NVIDIA/dgx-spark-playbooks multi-sparks-"
+    "through-switch spark_cluster_setup.py, run_nccl_test; NCCL 2.30 or NVIDIA's ring fork)",
+)
+NCCL_BY_TOPOLOGY: dict[str, dict[str, tuple[str, str]]] = {
+    "pair": {"NCCL_IB_MERGE_NICS": PAIR_MERGE},
     # Every twin of both cables reaches the one peer, so merging cannot send a channel to the
-    # wrong box (the ring's problem below); our reading of PR#35 for two cables, not measured.
+    # wrong box (the ring's problem below): PR#35's setting, not measured on two cables.
     # eugr's NETWORKING.md: a second cable gives "no noticeable advantage in bandwidth".
-    "pair-dual": {"NCCL_IB_MERGE_NICS": "1"},
-    # Each port reaches a different neighbour: no merging, NCCL's own IB transport without an
-    # external plugin, and each peer reached by the twin on its subnet (NVIDIA/dgx-spark-
-    # playbooks multi-sparks-through-switch spark_cluster_setup.py run_nccl_test: ring adds
-    # NCCL_IB_MERGE_NICS=0 and NCCL_NET_PLUGIN=none to NCCL_IB_SUBNET_AWARE_ROUTING=1; eugr's
-    # NETWORKING.md, 3-node mesh, passes the same three). NCCL_IB_SUBNET_AWARE_ROUTING needs
-    # NCCL 2.30 or a patched NCCL: NVIDIA's script builds a forked NCCL for rings.
-    "ring3": {
-        "NCCL_IB_MERGE_NICS": "0",
-        "NCCL_NET_PLUGIN": "none",
-        "NCCL_IB_SUBNET_AWARE_ROUTING": "1",
+    "pair-dual": {
+        "NCCL_IB_MERGE_NICS": (
+            "1",
+            "all four twins reach the one peer: the pair's merge (tonyd2wild PR#35), not"
+            " measured on two cables",
+        )
     },
-    # One L2 segment per twin: NVIDIA's cluster script passes NCCL_IB_SUBNET_AWARE_ROUTING=1
-    # on every run, switch included, and leaves merging at NCCL's default (spark_cluster_setup.py
-    # run_nccl_test).
-    "switch": {"NCCL_IB_SUBNET_AWARE_ROUTING": "1"},
+    # Each port reaches a different neighbour: no merging, NCCL's own IB transport without an
+    # external plugin (spark_cluster_setup.py run_nccl_test adds both for rings; eugr's
+    # NETWORKING.md, 3-node mesh, passes the same three).
+    "ring3": {
+        "NCCL_IB_MERGE_NICS": (
+            "0",
+            "each port reaches another neighbour: no merged NIC (spark_cluster_setup.py"
+            " run_nccl_test, ring; eugr/spark-vllm-docker docs/NETWORKING.md, 3-node mesh)",
+        ),
+        "NCCL_NET_PLUGIN": (
+            "none",
+            "NCCL's own IB transport, no external net plugin (spark_cluster_setup.py"
+            " run_nccl_test, ring; eugr NETWORKING.md, 3-node mesh)",
+        ),
+        "NCCL_IB_SUBNET_AWARE_ROUTING": SUBNET_ROUTING,
+    },
+    # One L2 segment per twin: NVIDIA's cluster script passes subnet-aware routing on every
+    # run, switch included, and leaves merging at NCCL's default.
+    "switch": {"NCCL_IB_SUBNET_AWARE_ROUTING": SUBNET_ROUTING},
 }
+# Sources of the variables every topology gets, for the environment file.
+FABRIC_NOTES = {
+    "NCCL_IB_HCA": "every twin in use: one left out halves the bandwidth silently"
+    " (dgx-spark-playbooks#102, PR#103; eugr NETWORKING.md)",
+    "NCCL_IB_ADDR_FAMILY": "NCCL picks each device's RoCE v2 IPv4 GID entry itself, wherever"
+    " it is (NVIDIA/nccl ncclIbGetGidIndex, NCCL 2.21+)",
+    "NCCL_IB_ROCE_VERSION_NUM": "with NCCL_IB_ADDR_FAMILY (NVIDIA/nccl ncclIbGetGidIndex)",
+}
+RING_SOCKETS = (
+    "no fabric subnet reaches every box of a ring: sockets on the management port (eugr"
+    " NETWORKING.md, 3-node mesh; spark_cluster_setup.py run_nccl_test)"
+)
 
 
 class SparkConfig(Frozen):

@@ -242,3 +242,14 @@ def test_nccl_per_topology_names_every_twin_used() -> None:
     assert switch["NCCL_IB_HCA"] == "rocep1s0f1,roceP2p1s0f1,rocep1s0f0,roceP2p1s0f0"
     assert switch["NCCL_IB_SUBNET_AWARE_ROUTING"] == "1"
     assert "NCCL_IB_MERGE_NICS" not in switch and "NCCL_NET_PLUGIN" not in switch
+
+
+def test_every_fabric_setting_carries_its_source() -> None:
+    spark = load_from_dicts(boxes(3, fabric_topology="ring3"))
+    worker = spark.host("spark-3")
+    notes = worker.environment_notes()
+    nccl_keys = {k for k in worker.cluster_environment(spark.head) if k.startswith("NCCL_IB")}
+
+    assert nccl_keys | {"NCCL_NET_PLUGIN", "NCCL_SOCKET_IFNAME"} <= set(notes)
+    assert "spark_cluster_setup.py" in notes["NCCL_IB_SUBNET_AWARE_ROUTING"]
+    assert "PR#35" in load_from_dicts(boxes(2)).head.environment_notes()["NCCL_IB_MERGE_NICS"]
