@@ -17,7 +17,7 @@ the run, naming the box and the key, before any operation or fact reaches a box.
 # ruff: noqa: E402 - the check below must run before this collection's own modules are imported
 from pathlib import Path
 
-from pyinfra import host, inventory, state
+from pyinfra import host, inventory, logger, state
 from pyinfra.api.exceptions import PyinfraError
 
 # pyinfra reads config.py and group_data/ from the directory it starts in, and imports this
@@ -161,7 +161,15 @@ for lane in me.lanes:
 
 # --- a cluster: Ray over the fabric, its ports closed to all but the fabric ----------------
 
-if len(spark.hosts) > 1:
+if len(spark.hosts) > 1 and me.topology == "ring3":
+    # Ray needs one address per box that every box reaches; on a ring each fabric address
+    # reaches one neighbour (config.py refuses a cluster lane there): no Ray, so no ports for
+    # the firewall to close either.
+    logger.warning(
+        f"{host.name}: fabric_topology ring3: the fabric and NCCL's environment are set up;"
+        " Ray and its firewall are not (not done yet for rings: README, Fabric shapes)"
+    )
+elif len(spark.hosts) > 1:
     preflight.cluster_whole(
         name="Every box of the cluster is in this run",
         members=[other.name for other in spark.hosts],

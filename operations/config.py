@@ -724,6 +724,13 @@ def _cluster_lane_problems(hosts: tuple[HostConfig, ...]) -> list[str]:
                 f"{where}: {size}, but the cluster has {len(hosts)} boxes ({_names(hosts)});"
                 f" set {len(hosts)}: one rank on each box (Ray gives each box one GPU)"
             )
+        elif host.topology == "ring3":
+            problems.append(
+                f"{where}: {size} makes a cluster lane, which runs on Ray, and this collection"
+                " does not yet run Ray over a ring3 (each box's fabric addresses reach one"
+                " neighbour each; Ray needs one address every box reaches); serve it from a"
+                " pair or a switch, or set 1"
+            )
     if len(cluster_lanes) > 1:
         problems.append(
             f"{_names(host for host, _ in cluster_lanes)}: lanes:"

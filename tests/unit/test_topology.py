@@ -253,3 +253,29 @@ def test_every_fabric_setting_carries_its_source() -> None:
     assert nccl_keys | {"NCCL_NET_PLUGIN", "NCCL_SOCKET_IFNAME"} <= set(notes)
     assert "spark_cluster_setup.py" in notes["NCCL_IB_SUBNET_AWARE_ROUTING"]
     assert "PR#35" in load_from_dicts(boxes(2)).head.environment_notes()["NCCL_IB_MERGE_NICS"]
+
+
+def test_a_cluster_lane_over_a_ring_is_refused_before_contact() -> None:
+    hosts = boxes(3, fabric_topology="ring3")
+    hosts["spark-1"]["lanes"] = [
+        {
+            "name": "big",
+            "image": "nvcr.io/nvidia/vllm:26.04-py3",
+            "model": "Qwen/Qwen3-235B-A22B-GPTQ-Int4",
+            "served_name": "qwen3-235b-a22b",
+            "port": 10103,
+            "memory_fraction": 0.5,
+            "max_model_len": 40960,
+            "tensor_parallel_size": 3,
+        }
+    ]
+    for worker in ("spark-2", "spark-3"):
+        hosts[worker]["lanes"] = []
+
+    problems = refusal(hosts)
+
+    assert any(
+        p.startswith("spark-1: lanes: big: tensor_parallel_size: 3 makes a cluster lane, which")
+        and "ring3" in p
+        for p in problems
+    ), problems
