@@ -60,11 +60,9 @@ driver.branch_held(
 )
 driver.running(name=f"nvidia-smi reports a {me.driver.branch} driver", branch=me.driver.branch)
 
-preflight.link_speeds(
-    name=f"Fabric twins ({me.topology}) present and linked at {me.link_speed_mbps} Mb/s",
+preflight.fabric_ports_cabled(
+    name=f"Fabric ports of {me.topology} cabled: every twin there",
     twins=[(link.ifname, link.port) for link in me.fabric],
-    expected_mbps=me.link_speed_mbps,
-    low=me.link_speed_low,
 )
 for link in me.fabric:
     nmcli.ethernet(
@@ -74,6 +72,13 @@ for link in me.fabric:
         address=str(link.address),
         mtu=me.mtu,
     )
+# After the profiles: a twin NetworkManager just brought up may report its rate only now.
+preflight.link_speeds(
+    name=f"Fabric twins link at {me.link_speed_mbps} Mb/s",
+    ifnames=[link.ifname for link in me.fabric],
+    expected_mbps=me.link_speed_mbps,
+    low=me.link_speed_low,
+)
 for link in me.fabric:
     roce.roce_v2_entry(
         name=f"RoCE v2 IPv4 GID of {link.hca} (NCCL selects it; expected at {me.gid_index})",

@@ -105,26 +105,21 @@ SLOW_CAUSES = (
 
 
 @operation()
-def link_speeds(twins: list[tuple[str, int | None]], expected_mbps: int, low: str = "refuse"):
+def fabric_ports_cabled(twins: list[tuple[str, int | None]]):
     """
-    Check that every twin the topology uses exists and links at its expected rate.
+    Check that every twin the topology uses exists: a port whose twins do not has no cable (its
+    ConnectX functions appear only once one is plugged in) or no ConnectX.
 
     + twins: (interface, its QSFP port) for each twin the box uses
-    + expected_mbps: the rate each must report in /sys/class/net/IF/speed (200000)
-    + low: "refuse" fails the box on a slower or linkless twin, "warn" logs it and goes on
 
-    This changes nothing. A port whose twins do not exist has no cable (its ConnectX functions
-    appear only once one is plugged in) or no ConnectX: that fails the box in either mode,
-    naming the port.
+    This changes nothing; it fails the box naming the port, before its profiles are made.
 
     **Example:**
 
     .. code:: python
 
-        preflight.link_speeds(
-            name="Fabric twins link at 200 Gb/s",
-            twins=[("enp1s0f1np1", 1), ("enP2p1s0f1np1", 1)],
-            expected_mbps=200000,
+        preflight.fabric_ports_cabled(
+            name="Fabric ports cabled", twins=[("enp1s0f1np1", 1), ("enP2p1s0f1np1", 1)]
         )
     """
     speeds = host.get_fact(LinkSpeeds, ifnames=tuple(ifname for ifname, _ in twins))
@@ -141,23 +136,82 @@ def link_speeds(twins: list[tuple[str, int | None]], expected_mbps: int, low: st
                 for port, ifnames in missing.items()
             )
         )
-    slow = [
-        f"{host.name}: fabric twin {ifname} links at {speeds[ifname]} Mb/s, below the"
-        f" {expected_mbps} expected"
-        if speeds[ifname] >= 0
-        else f"{host.name}: fabric twin {ifname} has no link (no speed reported)"
-        for ifname, _ in twins
-        if speeds[ifname] < expected_mbps
-    ]
-    if not slow:
-        host.noop(f"every twin links at {expected_mbps} Mb/s or more")
-        return
-    message = "; ".join(slow) + f"; usual causes: {SLOW_CAUSES}"
-    if low == "refuse":
-        raise OperationError(message + " (fabric_link_speed_low = 'warn' lets the deploy go on)")
-    logger.warning(message)
-    host.noop("a twin links below its rate (fabric_link_speed_low = 'warn'): going on")
+    host.noop(f"every twin is there ({', '.join(ifname for ifname, _ in twins)})")
     yield from ()  # a check: it changes nothing, but pyinfra runs operations as generators
+
+
+def _slow(ifname: str, speed: int | str, expected_mbps: int) -> str:
+    return (
+        f"{host.name}: fabric twin {ifname} links at {speed} Mb/s, below the {expected_mbps}"
+        " expected"
+    )
+
+
+def _rate_command(ifnames: list[str], expected_mbps: int, low: str) -> str:
+    """Wait up to WAIT_SECONDS for each twin to report a rate (a link NetworkManager brought up
+    moments before may not have one yet), then say which is below ``expected_mbps`` or has
+    none; exit 1 then, unless ``low`` is "warn"."""
+    parts = ["failed=0"]
+    for ifname in ifnames:
+        speed = shlex.quote(f"/sys/class/net/{ifname}/speed")
+        causes = f"; usual causes: {SLOW_CAUSES}"
+        slow = shlex.quote(_slow(ifname, "%s", expected_mbps) + causes + "\\n")
+        none = shlex.quote(
+            f"{host.name}: fabric twin {ifname} reports no link rate after {WAIT_SECONDS} s"
+            " (no link: check the cable at both ends and the other box)\\n"
+        )
+        parts.append(
+            f'n=0; until s="$(cat {speed} 2>/dev/null)" && [ "${{s:--1}}" -ge 0 ] 2>/dev/null;'
+            f" do n=$((n + 1)); if [ $n -ge {WAIT_SECONDS} ]; then s=none; break; fi; sleep 1;"
+            f' done; if [ "$s" = none ]; then printf {none} >&2; failed=1;'
+            f' elif [ "$s" -lt {expected_mbps} ]; then printf {slow} "$s" >&2; failed=1; fi'
+        )
+    parts.append('[ "$failed" = 0 ]' if low == "refuse" else "true")
+    return "; ".join(parts)
+
+
+@operation()
+def link_speeds(ifnames: list[str], expected_mbps: int, low: str = "refuse"):
+    """
+    Check that every twin links at its expected rate (/sys/class/net/IF/speed).
+
+    + ifnames: the twins the box uses, each present (``fabric_ports_cabled``)
+    + expected_mbps: the rate each must report (200000)
+    + low: "refuse" fails the box on a slower or linkless twin, "warn" logs it and goes on
+
+    This changes nothing. A twin reporting a rate below ``expected_mbps`` is named at once
+    with the field's usual causes; one reporting none yet (no link before its profile is up)
+    gets a command that waits up to WAIT_SECONDS (10) for one, then checks it (in "warn" mode
+    its message goes to the command's stderr and the box goes on).
+
+    **Example:**
+
+    .. code:: python
+
+        preflight.link_speeds(
+            name="Fabric twins link at 200 Gb/s",
+            ifnames=["enp1s0f1np1", "enP2p1s0f1np1"],
+            expected_mbps=200000,
+        )
+    """
+    speeds = host.get_fact(LinkSpeeds, ifnames=tuple(ifnames))
+    slow = [
+        _slow(ifname, speeds[ifname], expected_mbps)
+        for ifname in ifnames
+        if 0 <= speeds.get(ifname, -1) < expected_mbps
+    ]
+    if slow:
+        message = "; ".join(slow) + f"; usual causes: {SLOW_CAUSES}"
+        if low == "refuse":
+            raise OperationError(message + " (fabric_link_speed_low = 'warn' lets the deploy on)")
+        logger.warning(message)
+    unknown = [ifname for ifname in ifnames if speeds.get(ifname, -1) < 0]
+    if unknown:
+        yield _rate_command(unknown, expected_mbps, low)
+    elif slow:
+        host.noop("a twin links below its rate (fabric_link_speed_low = 'warn'): going on")
+    else:
+        host.noop(f"every twin links at {expected_mbps} Mb/s or more")
 
 
 def _check_command(silent: list[Peer], mtu: int) -> str:
