@@ -12,9 +12,41 @@ driver_branch = 580
 # DGX OS 7 (NVIDIA/deepops roles/nvidia-dgx/vars/ubuntu-24.04.yml).
 driver_package = "nvidia-driver-580-open"
 
-# Fabric interface -> its RDMA device: one QSFP DAC shows two ~200 Gb/s twins; NCCL needs
-# both in NCCL_IB_HCA or runs at ~3 GB/s (seed 001; dgx-spark-playbooks#102).
-fabric_hcas = {"enp1s0f1np1": "rocep1s0f1", "enP2p1s0f1np1": "roceP2p1s0f1"}
+# Fabric interface -> its RDMA device, both QSFP ports: one QSFP DAC shows two ~200 Gb/s
+# twins; NCCL needs every twin in use in NCCL_IB_HCA or runs at ~3 GB/s (seed 001;
+# dgx-spark-playbooks#102). Port 0 next to the RJ-45 port, port 1 further away
+# (dgx-spark-playbooks connect-three-sparks, Step 2; ibdev2netdev there).
+fabric_hcas = {
+    "enp1s0f1np1": "rocep1s0f1",
+    "enP2p1s0f1np1": "roceP2p1s0f1",
+    "enp1s0f0np0": "rocep1s0f0",
+    "enP2p1s0f0np0": "roceP2p1s0f0",
+}
+
+# How the boxes are cabled (README, "Fabric shapes"): "pair" (one cable on port 1 of both
+# boxes, the field's two-box guides), "pair-dual" (both ports of two boxes, two cables),
+# "ring3" (three boxes, port 0 of each to port 1 of the next: NVIDIA's connect-three-sparks)
+# or "switch" (2 to 8 boxes on one switch: NVIDIA's multi-sparks-through-switch). With no
+# fabric_addresses in the inventory, each box's are derived from its place in it
+# (operations/topology.py); given ones are checked against the shape.
+fabric_topology = "pair"
+# The ports cabled to the switch ("switch" only): [1], [0] or [1, 0].
+fabric_switch_ports = [1]
+
+# Each twin's link rate as the kernel reports it (/sys/class/net/IF/speed): 200 Gb/s on a
+# Spark's ConnectX-7 (ibstat "Rate: 200" on each twin: geerlingguy/sbc-reviews#92). Set 100000
+# only for a switch that runs its ports at 100G. A twin below it is the field's known faults:
+# a switch port with auto-negotiation on (100G; the field forces 200G on MikroTik CRS8xx),
+# a degraded ConnectX start (dgx-spark-playbooks PR#108), a reseated or damaged cable.
+fabric_link_speed_mbps = 200000
+# What a slower twin does: "refuse" stops that box naming the twin, "warn" says so loudly and
+# goes on (the simulated lab's veth links report 10000).
+fabric_link_speed_low = "refuse"
+
+# The management port (10 GbE RJ-45): a ring's sockets (NCCL bootstrap, Gloo) use it, as no
+# fabric subnet reaches every box (eugr/spark-vllm-docker docs/NETWORKING.md, 3-node mesh;
+# NVIDIA's spark_cluster_setup.py run_nccl_test).
+management_ifname = "enP7s7"
 
 # Jumbo frames on every fabric interface, equal on all hosts (seed 001; NVIDIA's own
 # two-Spark guide leaves 1500: dgx-spark-playbooks#25).

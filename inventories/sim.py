@@ -16,7 +16,11 @@ _state = Path(os.environ.get("SIMLAB_STATE", _state))
 if not (_state / "lab.json").exists():
     raise SystemExit("no simulated lab is up: run `python -m tests.simlab up` first (as root)")
 
-_lab_hosts = json.loads((_state / "lab.json").read_text())["hosts"]
+_lab = json.loads((_state / "lab.json").read_text())
+_lab_hosts = _lab["hosts"]
+# How the lab cabled its hosts (tests/simlab/lab.py CABLINGS): two on port 1, both ports
+# ("pair-dual"), or beyond two a switch.
+_topology = _lab.get("cabling", "pair") if len(_lab_hosts) == 2 else "switch"
 # A Hugging Face token for the lab's lanes, when one is put there (the end-to-end tests put a
 # sentinel, to show it never shows up where it must not); the stand-in reaches no hub.
 _hf_token = _state / "hf-token"
@@ -33,10 +37,17 @@ spark = [
             "_sudo": True,
             "spark_role": "head" if host["index"] == 1 else "worker",
             # NVIDIA's two-Spark plan: one subnet per twin, .10 for the first box, .11 next...
-            "fabric_addresses": {
+            # given here; on two cables left out, so the deploy derives all four twins' (the
+            # same scheme: operations/topology.py).
+            "fabric_addresses": {}
+            if _topology == "pair-dual"
+            else {
                 "enp1s0f1np1": f"192.168.100.{9 + host['index']}/24",
                 "enP2p1s0f1np1": f"192.168.101.{9 + host['index']}/24",
             },
+            "fabric_topology": _topology,
+            # The lab's fabric is veth pairs, which report 10000 Mb/s: the rate check warns.
+            "fabric_link_speed_low": "warn",
             # The lab's hosts reach no registry: NVIDIA's repository is a local stand-in.
             "toolkit_repo_url": "file:/srv/simlab-repos/nvidia-container-toolkit",
             "toolkit_repo_key_url": "file:///srv/simlab-repos/nvidia-container-toolkit/gpgkey",

@@ -29,6 +29,7 @@ from pyinfra.api.connectors import get_all_connectors
 from pyinfra.api.exceptions import PyinfraError
 from pyinfra.api.inventory import Inventory
 
+from operations import topology
 from operations.recipes import (
     FRACTION_LIMIT,
     FRACTION_WARNING,
@@ -112,6 +113,26 @@ class HostSettings(BaseModel):
         description="None, or one line saying why the fabric runs below 9000 (e.g. a switch"
         " without jumbo frames)",
         max_length=200,
+    )
+    fabric_topology: Literal["pair", "pair-dual", "ring3", "switch"] = Field(
+        description="'pair' (one cable), 'pair-dual' (two cables, two boxes), 'ring3' (three"
+        " boxes, port 0 of each to port 1 of the next) or 'switch' (2 to 8 boxes), the same"
+        " on every host",
+    )
+    fabric_switch_ports: list[int] = Field(
+        min_length=1,
+        max_length=2,
+        description="the QSFP ports cabled to the switch, [1], [0] or [1, 0] (switch only)",
+    )
+    fabric_link_speed_mbps: int = Field(
+        description="200000, or 100000 for a switch whose ports run at 100 Gb/s",
+    )
+    fabric_link_speed_low: Literal["refuse", "warn"] = Field(
+        description="'refuse' (stop the box) or 'warn' when a twin links below"
+        " fabric_link_speed_mbps",
+    )
+    management_ifname: str = Field(
+        description="the management interface, enP7s7 on a Spark (a ring's sockets use it)"
     )
     roce_gid_index: int = Field(
         ge=0, le=255, description="an integer 0..255 (where the RoCE v2 + IPv4 entry should be: 3)"
@@ -202,6 +223,21 @@ class HostSettings(BaseModel):
             if not HCA.fullmatch(hca)
         ]
         return refused(hcas, problems)
+
+    @field_validator("fabric_switch_ports")
+    @classmethod
+    def _switch_ports(cls, ports: list[int]) -> list[int]:
+        if len(set(ports)) != len(ports) or not set(ports) <= set(topology.PORT_TWINS):
+            raise ValueError(f"{ports!r}: use [1], [0] or [1, 0] (a Spark has ports 0 and 1)")
+        return ports
+
+    @field_validator("management_ifname")
+    @classmethod
+    def _management_ifname(cls, ifname: str) -> str:
+        problems = _ifname_problems(ifname)
+        if problems:
+            raise ValueError(problems[0])
+        return ifname
 
     @field_validator("driver_branch")
     @classmethod
@@ -313,6 +349,9 @@ class HostSettings(BaseModel):
         ssh_port = (info.context or {}).get("ssh_port", 22)
         problems = {
             "fabric_hcas": _device_problems(self.fabric_addresses, self.fabric_hcas),
+            "fabric_link_speed_mbps": _speed_problems(
+                self.fabric_link_speed_mbps, self.fabric_topology
+            ),
             "fabric_mtu": _mtu_problems(self.fabric_mtu, self.fabric_mtu_below_9000_because),
             "lanes": budget_problems(
                 self.lanes,
@@ -360,6 +399,15 @@ def _device_problems(fabric: dict[str, str], hcas: dict[str, str]) -> list[str]:
         for hca, ifnames in by_hca.items()
         if len(ifnames) > 1
     ]
+
+
+def _speed_problems(speed: int, shape: str) -> list[str]:
+    """200 Gb/s per twin, as a Spark's ConnectX-7 reports each (ibstat "Rate: 200" on every
+    twin: geerlingguy/sbc-reviews#92); 100 Gb/s only behind a switch that runs its ports so."""
+    if speed == 200000 or (speed == 100000 and shape == "switch"):
+        return []
+    allowed = "200000 or 100000" if shape == "switch" else "200000 (a direct cable links at 200G)"
+    return [f"{speed} Mb/s is not a link rate of a {shape}; use {allowed}"]
 
 
 def _mtu_problems(mtu: int, because: str | None) -> list[str]:
@@ -446,6 +494,11 @@ class FabricLink(Frozen):
     hca: str
     address: IPv4Interface
 
+    @property
+    def port(self) -> int | None:
+        """The QSFP port the twin belongs to (None for an interface of another name)."""
+        return next((p for p, twins in topology.PORT_TWINS.items() if self.ifname in twins), None)
+
 
 class Driver(Frozen):
     branch: int
@@ -472,6 +525,11 @@ class HostConfig(Frozen):
     name: str
     role: Literal["head", "worker"]
     fabric: tuple[FabricLink, ...]  # in the order given: the first carries the sockets
+    topology: str
+    switch_ports: tuple[int, ...]
+    link_speed_mbps: int
+    link_speed_low: Literal["refuse", "warn"]
+    management_ifname: str
     mtu: int
     gid_index: int
     driver: Driver
@@ -499,6 +557,11 @@ class HostConfig(Frozen):
                 FabricLink(ifname=ifname, hca=data.fabric_hcas[ifname], address=address)
                 for ifname, address in data.fabric_addresses.items()
             ),
+            topology=data.fabric_topology,
+            switch_ports=tuple(data.fabric_switch_ports),
+            link_speed_mbps=data.fabric_link_speed_mbps,
+            link_speed_low=data.fabric_link_speed_low,
+            management_ifname=data.management_ifname,
             mtu=data.fabric_mtu,
             gid_index=data.roce_gid_index,
             driver=Driver(branch=data.driver_branch, package=data.driver_package),
@@ -536,16 +599,21 @@ class HostConfig(Frozen):
     def cluster_environment(self, head: HostConfig) -> dict[str, str]:
         """The environment NCCL, Gloo, UCX, Ray and vLLM on this host need.
 
-        Sockets (bootstrap, Gloo, TensorPipe, Open MPI TCP) go over the first twin; NCCL
-        gets both twins' RDMA devices, or it runs at ~3 GB/s instead of ~24 GB/s.
+        NCCL gets the RDMA device of every twin the topology uses: one left out halves the
+        bandwidth silently (dgx-spark-playbooks#102). Sockets (bootstrap, Gloo, TensorPipe,
+        Open MPI TCP) go over the first twin, except on a ring, where no fabric subnet reaches
+        every box: there they use the management interface, as eugr/spark-vllm-docker
+        docs/NETWORKING.md ("For 3-node mesh we have to use 10G interface for OOB
+        communication") and NVIDIA's spark_cluster_setup.py (run_nccl_test: enP7s7) do.
         UCX_NET_DEVICES takes "<device>:<port>" for RDMA devices and an interface name for
         TCP (UCX FAQ); NVIDIA's playbook gives only the interface name, which leaves UCX on
-        TCP, so we list both twins' RoCE ports (port 1) and the first twin for TCP.
+        TCP, so we list the twins' RoCE ports (port 1) and the socket interface for TCP.
         """
         environment = {"RAY_memory_monitor_refresh_ms": "0"}  # Ray misreads the page cache
         if self.fabric:
             first = self.fabric[0]
             hcas = [link.hca for link in self.fabric]
+            sockets = self.management_ifname if self.topology == "ring3" else first.ifname
             environment |= {
                 # No NCCL_IB_GID_INDEX: NCCL takes each device's RoCE v2 entry of an IPv4
                 # address wherever it is (NVIDIA/nccl net_ib/connect.cc, ncclIbGetGidIndex;
@@ -554,17 +622,86 @@ class HostConfig(Frozen):
                 "NCCL_IB_ADDR_FAMILY": "AF_INET",
                 "NCCL_IB_ROCE_VERSION_NUM": "2",
                 "NCCL_IB_HCA": ",".join(hcas),
-                "NCCL_SOCKET_IFNAME": first.ifname,
-                "GLOO_SOCKET_IFNAME": first.ifname,
-                "TP_SOCKET_IFNAME": first.ifname,
-                "OMPI_MCA_btl_tcp_if_include": first.ifname,
-                "UCX_NET_DEVICES": ",".join([f"{hca}:1" for hca in hcas] + [first.ifname]),
+                "NCCL_SOCKET_IFNAME": sockets,
+                "GLOO_SOCKET_IFNAME": sockets,
+                "TP_SOCKET_IFNAME": sockets,
+                "OMPI_MCA_btl_tcp_if_include": sockets,
+                "UCX_NET_DEVICES": ",".join([f"{hca}:1" for hca in hcas] + [sockets]),
                 "VLLM_HOST_IP": str(first.address.ip),
                 "MASTER_ADDR": str(head.fabric[0].address.ip),
-            }
+            } | {key: value for key, (value, _) in NCCL_BY_TOPOLOGY[self.topology].items()}
         if self.nccl_debug:
             environment["NCCL_DEBUG"] = "INFO"  # shows NET/IB vs a silent NET/Socket fallback
         return environment
+
+    def environment_notes(self) -> dict[str, str]:
+        """Where each fabric setting of cluster_environment comes from, one line each."""
+        if not self.fabric:
+            return {}
+        notes = FABRIC_NOTES | {
+            key: source for key, (_, source) in NCCL_BY_TOPOLOGY[self.topology].items()
+        }
+        if self.topology == "ring3":
+            notes["NCCL_SOCKET_IFNAME"] = RING_SOCKETS
+        return notes
+
+
+# What NCCL is told per topology, beside NCCL_IB_HCA (every twin used) and the sockets:
+# variable -> (value, its source), the source written beside it in the environment file.
+PAIR_MERGE = (
+    "1",
+    "both twins as one NIC: a pair went from ~98 to ~161 Gb/s of nccl-tests busbw (tonyd2wild/"
+    "DeepSeek-v4-Flash-Vision-Exp-DSpark-1M-NVFP4-KV-2x-DGX-Spark PR#35)",
+)
+SUBNET_ROUTING = (
+    "1",
+    "each peer reached by the twin on its subnet (NVIDIA/dgx-spark-playbooks multi-sparks-"
+    "through-switch spark_cluster_setup.py, run_nccl_test; NCCL 2.30 or NVIDIA's ring fork)",
+)
+NCCL_BY_TOPOLOGY: dict[str, dict[str, tuple[str, str]]] = {
+    "pair": {"NCCL_IB_MERGE_NICS": PAIR_MERGE},
+    # Every twin of both cables reaches the one peer, so merging cannot send a channel to the
+    # wrong box (the ring's problem below): PR#35's setting, not measured on two cables.
+    # eugr's NETWORKING.md: a second cable gives "no noticeable advantage in bandwidth".
+    "pair-dual": {
+        "NCCL_IB_MERGE_NICS": (
+            "1",
+            "all four twins reach the one peer: the pair's merge (tonyd2wild PR#35), not"
+            " measured on two cables",
+        )
+    },
+    # Each port reaches a different neighbour: no merging, NCCL's own IB transport without an
+    # external plugin (spark_cluster_setup.py run_nccl_test adds both for rings; eugr's
+    # NETWORKING.md, 3-node mesh, passes the same three).
+    "ring3": {
+        "NCCL_IB_MERGE_NICS": (
+            "0",
+            "each port reaches another neighbour: no merged NIC (spark_cluster_setup.py"
+            " run_nccl_test, ring; eugr/spark-vllm-docker docs/NETWORKING.md, 3-node mesh)",
+        ),
+        "NCCL_NET_PLUGIN": (
+            "none",
+            "NCCL's own IB transport, no external net plugin (spark_cluster_setup.py"
+            " run_nccl_test, ring; eugr NETWORKING.md, 3-node mesh)",
+        ),
+        "NCCL_IB_SUBNET_AWARE_ROUTING": SUBNET_ROUTING,
+    },
+    # One L2 segment per twin: NVIDIA's cluster script passes subnet-aware routing on every
+    # run, switch included, and leaves merging at NCCL's default.
+    "switch": {"NCCL_IB_SUBNET_AWARE_ROUTING": SUBNET_ROUTING},
+}
+# Sources of the variables every topology gets, for the environment file.
+FABRIC_NOTES = {
+    "NCCL_IB_HCA": "every twin in use: one left out halves the bandwidth silently"
+    " (dgx-spark-playbooks#102, PR#103; eugr NETWORKING.md)",
+    "NCCL_IB_ADDR_FAMILY": "NCCL picks each device's RoCE v2 IPv4 GID entry itself, wherever"
+    " it is (NVIDIA/nccl ncclIbGetGidIndex, NCCL 2.21+)",
+    "NCCL_IB_ROCE_VERSION_NUM": "with NCCL_IB_ADDR_FAMILY (NVIDIA/nccl ncclIbGetGidIndex)",
+}
+RING_SOCKETS = (
+    "no fabric subnet reaches every box of a ring: sockets on the management port (eugr"
+    " NETWORKING.md, 3-node mesh; spark_cluster_setup.py run_nccl_test)"
+)
 
 
 class SparkConfig(Frozen):
@@ -654,6 +791,13 @@ def _cluster_lane_problems(hosts: tuple[HostConfig, ...]) -> list[str]:
                 f"{where}: {size}, but the cluster has {len(hosts)} boxes ({_names(hosts)});"
                 f" set {len(hosts)}: one rank on each box (Ray gives each box one GPU)"
             )
+        elif host.topology == "ring3":
+            problems.append(
+                f"{where}: {size} makes a cluster lane, which runs on Ray, and this collection"
+                " does not yet run Ray over a ring3 (each box's fabric addresses reach one"
+                " neighbour each; Ray needs one address every box reaches); serve it from a"
+                " pair or a switch, or set 1"
+            )
     if len(cluster_lanes) > 1:
         problems.append(
             f"{_names(host for host, _ in cluster_lanes)}: lanes:"
@@ -682,42 +826,49 @@ def _cluster_lane_problems(hosts: tuple[HostConfig, ...]) -> list[str]:
 
 
 def _fabric_problems(hosts: tuple[HostConfig, ...]) -> list[str]:
-    """Every host of a cluster has the same twins, each on one shared subnet."""
-    bare = [host for host in hosts if not host.fabric]
-    if bare:
+    """One topology on every host, as many boxes as it takes, every twin it uses addressed,
+    the twins of one cable (or switch segment) on one subnet, every address its own."""
+    shape, first = hosts[0].topology, hosts[0]
+    differ = [
+        host for host in hosts if (host.topology, host.switch_ports) != (shape, first.switch_ports)
+    ]
+    if differ:
+        listing = _listing((h, f"{h.topology} {list(h.switch_ports)}") for h in hosts)
         return [
-            f"{host.name}: fabric_addresses: empty, but the {len(hosts)} hosts of a cluster"
-            " talk over the fabric; give it the same fabric interfaces as the others"
-            for host in bare
+            f"{_names(differ)}: fabric_topology: the hosts differ ({listing}); set one"
+            " fabric_topology (and fabric_switch_ports) in group_data for every host"
         ]
-    layouts = {tuple(link.ifname for link in host.fabric) for host in hosts}
-    if len(layouts) > 1:
+    low, high = topology.BOXES[shape]
+    if not low <= len(hosts) <= high:
+        wanted = f"{low}" if low == high else f"{low} to {high}"
+        return [
+            f"{_names(hosts)}: fabric_topology: {shape} joins {wanted} boxes, the inventory"
+            f" has {len(hosts)}; change fabric_topology or the boxes"
+        ]
+    # Given addresses fill no gap: an empty fabric_addresses was derived (load_from_dicts).
+    problems = topology.problems(
+        shape,
+        [(host.name, {link.ifname: link.address for link in host.fabric}) for host in hosts],
+        first.switch_ports,
+    )
+    firsts = {host.fabric[0].ifname for host in hosts if host.fabric}
+    if not problems and shape != "ring3" and len(firsts) > 1:
         listing = _listing((h, "+".join(link.ifname for link in h.fabric)) for h in hosts)
         return [
             f"{_names(hosts)}: fabric_addresses: the interfaces differ ({listing}); list the"
             " same interfaces in the same order on every host (the first carries the sockets)"
         ]
-
-    problems = []
     users = defaultdict(list)
     for host in hosts:
         for link in host.fabric:
             users[link.address.ip].append((host, link.ifname))
-    problems += [
+    return problems + [
         f"{_names(host for host, _ in used)}: fabric_addresses: {ip} is used by"
         f" {' and '.join(f'{host.name} ({ifname})' for host, ifname in used)};"
         " give every host its own address"
         for ip, used in users.items()
         if len(used) > 1
     ]
-    for index, ifname in enumerate(next(iter(layouts))):
-        networks = [(host, host.fabric[index].address.network) for host in hosts]
-        if len({network for _, network in networks}) > 1:
-            problems.append(
-                f"{_names(hosts)}: fabric_addresses: {ifname} is on different subnets"
-                f" ({_listing(networks)}); put {ifname} on one subnet on every host"
-            )
-    return problems
 
 
 def _pyinfra_keys() -> list[str]:
@@ -809,6 +960,15 @@ def load_from_dicts(hosts: dict[str, dict[str, Any]]) -> SparkConfig:
         except ValidationError as error:
             problems += _problems(name, error, data)
             continue
+        if len(hosts) > 1 and not settings.fabric_addresses:
+            # None given: the topology's scheme, by the box's place in the inventory.
+            addresses = topology.derived(
+                settings.fabric_topology,
+                list(hosts).index(name),
+                len(hosts),
+                tuple(settings.fabric_switch_ports),
+            )
+            settings = settings.model_copy(update={"fabric_addresses": addresses})
         role = settings.spark_role or ("head" if len(hosts) == 1 else None)
         if role is None:
             problems.append(

@@ -24,6 +24,7 @@ def quote(value: str) -> str:
 @operation()
 def cluster_env(
     variables: dict[str, str],
+    notes: dict[str, str] | None = None,
     path: str = "/etc/spark/cluster.env",
     profile_path: str = "/etc/profile.d/spark-cluster-env.sh",
 ):
@@ -31,6 +32,7 @@ def cluster_env(
     Write the cluster environment for systemd units and export it to login shells.
 
     + variables: name to value, e.g. {"NCCL_IB_GID_INDEX": "3"}; world-readable: no secrets
+    + notes: name to one line written as a comment above it (where a setting comes from)
     + path: the file, root:root 0644, in systemd's EnvironmentFile= syntax (KEY="value")
     + profile_path: the /etc/profile.d script that exports the file's variables to login shells
 
@@ -45,9 +47,13 @@ def cluster_env(
             raise OperationError(f"{key!r} is not a valid environment variable name")
         if any(character in value for character in UNSAYABLE):
             raise OperationError(f"the value of {key} holds a line break or NUL: {value!r}")
+    notes = notes or {}
+    for key, note in notes.items():
+        if any(character in note for character in UNSAYABLE):
+            raise OperationError(f"the note of {key} holds a line break or NUL: {note!r}")
     yield from util.template(
         "cluster.env.j2",
         path,
-        variables=[(key, quote(value)) for key, value in sorted(variables.items())],
+        variables=[(key, quote(value), notes.get(key)) for key, value in sorted(variables.items())],
     )
     yield from util.template("profile-cluster-env.sh.j2", profile_path, env_file=shlex.quote(path))

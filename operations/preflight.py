@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import shlex
 import weakref
+from collections import defaultdict
 from collections.abc import Iterable
 
-from pyinfra import host, state
+from pyinfra import host, logger, state
 from pyinfra.api import FactBase, operation
 from pyinfra.api.exceptions import OperationError
 from pyinfra.api.inventory import Inventory
@@ -20,14 +21,15 @@ Peer = tuple[str, str, str]  # (twin, the other box's name, its address on that 
 
 
 def peers_of(me: HostConfig, hosts: Iterable[HostConfig]) -> list[Peer]:
-    """Every other box's address on each of this box's twins (the same twin on each box)."""
+    """Every other box's address on the subnet of each of this box's twins: the same twin on a
+    pair or a switch, the twin at the cable's other end on a ring (its port 1 meets port 0)."""
     return [
         (link.ifname, other.name, str(theirs.address.ip))
         for link in me.fabric
         for other in hosts
         if other.name != me.name
         for theirs in other.fabric
-        if theirs.ifname == link.ifname
+        if theirs.address.network == link.address.network
     ]
 
 
@@ -63,6 +65,153 @@ class FabricPeers(FactBase):
             answered, ifname, address = line.split()
             answers[(ifname, address)] = answered == "yes"
         return answers
+
+
+class LinkSpeeds(FactBase):
+    """Each interface's link rate in Mb/s as the kernel reports it (/sys/class/net/IF/speed):
+    -1 where it reports none (no carrier: the file fails or reads -1); an interface that does
+    not exist is left out (a QSFP port with no cable shows none: dgx-spark-playbooks
+    connect-three-sparks, ibdev2netdev).
+
+    .. code:: python
+
+        {"enp1s0f1np1": 200000, "enP2p1s0f1np1": 100000, "enp1s0f0np0": -1}
+    """
+
+    default = dict
+
+    def command(self, ifnames: tuple[str, ...]) -> str:
+        reads = " ".join(
+            f"if [ -e /sys/class/net/{quoted} ]; then"
+            f' printf "%s %s\\n" {quoted} "$(cat /sys/class/net/{quoted}/speed 2>/dev/null)"; fi;'
+            for quoted in map(shlex.quote, ifnames)
+        )
+        return f"{{ {reads} }} 2>/dev/null || true"
+
+    def process(self, output: list[str]) -> dict[str, int]:
+        speeds = {}
+        for line in output:
+            ifname, _, speed = line.partition(" ")
+            speeds[ifname] = int(speed) if speed.strip().lstrip("-").isdigit() else -1
+        return speeds
+
+
+# Why a twin links below its rate, as the field saw it (the inventory's fabric_link_speed_mbps
+# says more in group_data/all.py).
+SLOW_CAUSES = (
+    "a switch port with auto-negotiation on (force the port to 200G), a degraded ConnectX start"
+    " (dgx-spark-playbooks PR#108: reboot the box), or the cable (reseat or replace it)"
+)
+
+
+@operation()
+def fabric_ports_cabled(twins: list[tuple[str, int | None]]):
+    """
+    Check that every twin the topology uses exists: a port whose twins do not has no cable (its
+    ConnectX functions appear only once one is plugged in) or no ConnectX.
+
+    + twins: (interface, its QSFP port) for each twin the box uses
+
+    This changes nothing; it fails the box naming the port, before its profiles are made.
+
+    **Example:**
+
+    .. code:: python
+
+        preflight.fabric_ports_cabled(
+            name="Fabric ports cabled", twins=[("enp1s0f1np1", 1), ("enP2p1s0f1np1", 1)]
+        )
+    """
+    speeds = host.get_fact(LinkSpeeds, ifnames=tuple(ifname for ifname, _ in twins))
+    missing = defaultdict(list)
+    for ifname, port in twins:
+        if ifname not in speeds:
+            missing[port].append(ifname)
+    if missing:
+        raise OperationError(
+            "; ".join(
+                f"{host.name}: no cable on port {port} (or its ConnectX missing):"
+                f" {' and '.join(ifnames)} do not exist; a port shows its interfaces only once"
+                " a cable is plugged in (`ip -br link`, `ls /sys/class/infiniband`)"
+                for port, ifnames in missing.items()
+            )
+        )
+    host.noop(f"every twin is there ({', '.join(ifname for ifname, _ in twins)})")
+    yield from ()  # a check: it changes nothing, but pyinfra runs operations as generators
+
+
+def _slow(ifname: str, speed: int | str, expected_mbps: int) -> str:
+    return (
+        f"{host.name}: fabric twin {ifname} links at {speed} Mb/s, below the {expected_mbps}"
+        " expected"
+    )
+
+
+def _rate_command(ifnames: list[str], expected_mbps: int, low: str) -> str:
+    """Wait up to WAIT_SECONDS for each twin to report a rate (a link NetworkManager brought up
+    moments before may not have one yet), then say which is below ``expected_mbps`` or has
+    none; exit 1 then, unless ``low`` is "warn"."""
+    parts = ["failed=0"]
+    for ifname in ifnames:
+        speed = shlex.quote(f"/sys/class/net/{ifname}/speed")
+        causes = f"; usual causes: {SLOW_CAUSES}"
+        slow = shlex.quote(_slow(ifname, "%s", expected_mbps) + causes + "\\n")
+        none = shlex.quote(
+            f"{host.name}: fabric twin {ifname} reports no link rate after {WAIT_SECONDS} s"
+            " (no link: check the cable at both ends and the other box)\\n"
+        )
+        parts.append(
+            f'n=0; until s="$(cat {speed} 2>/dev/null)" && [ "${{s:--1}}" -ge 0 ] 2>/dev/null;'
+            f" do n=$((n + 1)); if [ $n -ge {WAIT_SECONDS} ]; then s=none; break; fi; sleep 1;"
+            f' done; if [ "$s" = none ]; then printf {none} >&2; failed=1;'
+            f' elif [ "$s" -lt {expected_mbps} ]; then printf {slow} "$s" >&2; failed=1; fi'
+        )
+    parts.append('[ "$failed" = 0 ]' if low == "refuse" else "true")
+    return "; ".join(parts)
+
+
+@operation()
+def link_speeds(ifnames: list[str], expected_mbps: int, low: str = "refuse"):
+    """
+    Check that every twin links at its expected rate (/sys/class/net/IF/speed).
+
+    + ifnames: the twins the box uses, each present (``fabric_ports_cabled``)
+    + expected_mbps: the rate each must report (200000)
+    + low: "refuse" fails the box on a slower or linkless twin, "warn" logs it and goes on
+
+    This changes nothing. A twin reporting a rate below ``expected_mbps`` is named at once
+    with the field's usual causes; one reporting none yet (no link before its profile is up)
+    gets a command that waits up to WAIT_SECONDS (10) for one, then checks it (in "warn" mode
+    its message goes to the command's stderr and the box goes on).
+
+    **Example:**
+
+    .. code:: python
+
+        preflight.link_speeds(
+            name="Fabric twins link at 200 Gb/s",
+            ifnames=["enp1s0f1np1", "enP2p1s0f1np1"],
+            expected_mbps=200000,
+        )
+    """
+    speeds = host.get_fact(LinkSpeeds, ifnames=tuple(ifnames))
+    slow = [
+        _slow(ifname, speeds[ifname], expected_mbps)
+        for ifname in ifnames
+        if 0 <= speeds.get(ifname, -1) < expected_mbps
+    ]
+    if slow:
+        message = "; ".join(slow) + f"; usual causes: {SLOW_CAUSES}"
+        if low == "refuse":
+            raise OperationError(message + " (fabric_link_speed_low = 'warn' lets the deploy on)")
+        logger.warning(message)
+    unknown = [ifname for ifname in ifnames if speeds.get(ifname, -1) < 0]
+    if unknown:
+        yield _rate_command(unknown, expected_mbps, low)
+    elif slow:
+        host.noop("a twin links below its rate (fabric_link_speed_low = 'warn'): going on")
+    else:
+        host.noop(f"every twin links at {expected_mbps} Mb/s or more")
 
 
 def _check_command(silent: list[Peer], mtu: int) -> str:

@@ -88,6 +88,12 @@ def main(argv: list[str] | None = None) -> int:
         metavar="HOST=N",
         help="put HOST's IPv4 RoCE v2 GID at index N (a field failure), e.g. spark-2=4",
     )
+    up.add_argument(
+        "--cabling",
+        choices=lab.CABLINGS,
+        default="pair",
+        help="pair: one cable on port 1 (a switch beyond two hosts); pair-dual: both ports",
+    )
     commands.add_parser("down", help="stop every host and remove all the lab made")
     commands.add_parser("demo", help="boot a lab (unless one is up), deploy to it, show the result")
     commands.add_parser("status", help="the hosts and how to reach them")
@@ -104,7 +110,9 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("the lab needs root (network namespaces, mounts, systemd-nspawn)")
     if args.command == "up":
         overrides = dict(item.split("=", 1) for item in args.gid_index)
-        booted = lab.up(args.hosts, {name: int(n) for name, n in overrides.items()})
+        booted = lab.up(
+            args.hosts, {name: int(n) for name, n in overrides.items()}, cabling=args.cabling
+        )
         print(
             f"{len(booted.hosts)} hosts up. Deploy: .venv/bin/pyinfra inventories/sim.py deploy.py"
         )

@@ -32,7 +32,11 @@ from tests.simlab.rootfs import (
 
 MGMT_BRIDGE = PREFIX
 MGMT_PREFIX = f"10.77.{LAB_ID}"  # this machine's side is .1; hosts are .11, .12, ...
-FABRIC_TWINS = [("enp1s0f1np1", "rocep1s0f1"), ("enP2p1s0f1np1", "roceP2p1s0f1")]
+FABRIC_TWINS = [("enp1s0f1np1", "rocep1s0f1"), ("enP2p1s0f1np1", "roceP2p1s0f1")]  # port 1
+PORT0_TWINS = [("enp1s0f0np0", "rocep1s0f0"), ("enP2p1s0f0np0", "roceP2p1s0f0")]
+# How the lab cables its hosts: "pair" (one cable on port 1, or a switch beyond two hosts) or
+# "pair-dual" (two hosts, both ports cabled: a DAC per twin of each).
+CABLINGS = ("pair", "pair-dual")
 SWITCH_NS = f"{PREFIX}-switch"
 REPOS_MOUNT = "/srv/simlab-repos"
 IMAGES_MOUNT = "/srv/simlab-images"
@@ -67,6 +71,12 @@ class Host:
 @dataclass
 class Lab:
     hosts: list[Host] = field(default_factory=list)
+    cabling: str = "pair"
+
+    @property
+    def twins(self) -> list[tuple[str, str]]:
+        """(interface, RDMA device) of every twin cabled on each host."""
+        return FABRIC_TWINS + (PORT0_TWINS if self.cabling == "pair-dual" else [])
 
     @classmethod
     def load(cls) -> Lab:
@@ -76,13 +86,16 @@ class Lab:
         data = json.loads(path.read_text())
         fields = {"name", "index", "ipv4_roce_v2_index", "pid"}
         return cls(
-            [Host(**{k: v for k, v in host.items() if k in fields}) for host in data["hosts"]]
+            [Host(**{k: v for k, v in host.items() if k in fields}) for host in data["hosts"]],
+            data.get("cabling", "pair"),
         )
 
     def save(self) -> None:
         STATE.mkdir(parents=True, exist_ok=True)
         hosts = [asdict(host) | {"mgmt_ip": host.mgmt_ip} for host in self.hosts]
-        (STATE / "lab.json").write_text(json.dumps({"hosts": hosts}, indent=2))
+        (STATE / "lab.json").write_text(
+            json.dumps({"hosts": hosts, "cabling": self.cabling}, indent=2)
+        )
         write_ssh_files(self)
 
     def host(self, name: str) -> Host:
@@ -194,7 +207,7 @@ def prepare_disk(host: Host, lab: Lab, base: Path) -> None:
         f"file:{REPOS_MOUNT}/dgx /\n",
     )
     _write(host.dir / "hardware.json", json.dumps({
-        "hcas": {hca: twin for twin, hca in FABRIC_TWINS},
+        "hcas": {hca: twin for twin, hca in lab.twins},
         "ipv4_roce_v2_index": host.ipv4_roce_v2_index,
     }))  # fmt: skip
 
@@ -230,7 +243,7 @@ def wire_host(host: Host) -> None:
 def power_cycle_nics(host: Host) -> None:
     """What a reboot does to the NICs: no addresses, default MTU, down; links the old system
     made (docker's bridge and veths) and its firewall rules are gone."""
-    keep = {"lo", "enP7s7", *(twin for twin, _hca in FABRIC_TWINS)}
+    keep = {"lo", "enP7s7", *(twin for twin, _hca in FABRIC_TWINS + PORT0_TWINS)}
     links = in_ns(host.netns, "ip", "-o", "link", "show", capture_output=True, text=True).stdout
     for line in links.splitlines():
         name = line.split(":")[1].strip().split("@")[0]
@@ -242,11 +255,12 @@ def power_cycle_nics(host: Host) -> None:
     in_ns(host.netns, "nft", "flush", "ruleset", check=False)
 
 
-def wire_fabric(hosts: list[Host]) -> None:
-    """Two hosts: a DAC per twin, end to end. More: each twin into a switch (bridge) port."""
+def wire_fabric(hosts: list[Host], twins: list[tuple[str, str]] = FABRIC_TWINS) -> None:
+    """Two hosts: a DAC per twin, end to end (each twin of each cabled port). More: each twin
+    into a switch (bridge) port."""
     if len(hosts) == 2:
         a, b = hosts
-        for twin, _hca in FABRIC_TWINS:
+        for twin, _hca in twins:
             run("ip", "link", "add", "sltmp", "netns", a.netns, "type", "veth",
                 "peer", "name", "sltmp", "netns", b.netns)  # fmt: skip
             for host in hosts:
@@ -384,21 +398,27 @@ def set_gid_index(host: Host, index: int) -> None:
 # --- the commands --------------------------------------------------------------------------------
 
 
-def up(count: int = 2, gid_index: dict[str, int] | None = None) -> Lab:
-    """Boot `count` bare hosts (tearing down any lab that is already up)."""
+def up(count: int = 2, gid_index: dict[str, int] | None = None, cabling: str = "pair") -> Lab:
+    """Boot `count` bare hosts (tearing down any lab that is already up), cabled as `cabling`
+    says (CABLINGS)."""
+    if cabling not in CABLINGS or (cabling == "pair-dual" and count != 2):
+        raise SystemExit(f"cabling {cabling!r}: use one of {CABLINGS}; pair-dual takes 2 hosts")
     ensure_host_tools()
     down()
     stand_in_repositories()
     base = spark_base()
     IMAGES.mkdir(parents=True, exist_ok=True)
     gid_index = gid_index or {}
-    lab = Lab([Host(f"spark-{i}", i, gid_index.get(f"spark-{i}", 3)) for i in range(1, count + 1)])
+    lab = Lab(
+        [Host(f"spark-{i}", i, gid_index.get(f"spark-{i}", 3)) for i in range(1, count + 1)],
+        cabling,
+    )
     ensure_client_key()
     ensure_mgmt_bridge()
     for host in lab.hosts:
         prepare_disk(host, lab, base)
         wire_host(host)
-    wire_fabric(lab.hosts)
+    wire_fabric(lab.hosts, lab.twins)
     log(f"booting {count} hosts")
     for host in lab.hosts:
         boot(host, base)

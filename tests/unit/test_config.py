@@ -83,6 +83,7 @@ def test_cluster_environment_of_head_and_worker() -> None:
         "OMPI_MCA_btl_tcp_if_include": "enp1s0f1np1",
         "UCX_NET_DEVICES": "rocep1s0f1:1,roceP2p1s0f1:1,enp1s0f1np1",
         "MASTER_ADDR": "192.168.100.10",
+        "NCCL_IB_MERGE_NICS": "1",  # a pair: both twins merged (tonyd2wild PR#35)
     }
 
     assert spark.host("spark-1").cluster_environment(spark.head) == common | {

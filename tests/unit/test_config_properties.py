@@ -9,6 +9,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from operations.config import ConfigError, HostSettings, load_from_dicts
+from operations.topology import PORT_TWINS
 
 from .test_config import group_defaults
 
@@ -20,9 +21,11 @@ IFNAMES = ["enp1s0f1np1", "enP2p1s0f1np1", "enp1s0f0np0", "enP2p1s0f0np0"]
 
 @st.composite
 def clusters(draw: st.DrawFn) -> dict[str, dict[str, Any]]:
-    """A valid inventory of 2..8 hosts: same twins everywhere, one subnet per twin."""
+    """A valid switched inventory of 2..8 hosts: the twins of the switch's ports on every
+    host, one subnet per twin."""
     size = draw(st.integers(2, 8))
-    twins = draw(st.lists(st.sampled_from(IFNAMES), min_size=1, max_size=4, unique=True))
+    ports = draw(st.sampled_from([[1], [0], [1, 0]]))
+    twins = [ifname for port in ports for ifname in PORT_TWINS[port]]
     prefix = draw(st.integers(16, 28))  # room for 8 hosts besides network and broadcast
     octets = draw(
         st.lists(st.integers(0, 255), min_size=len(twins), max_size=len(twins), unique=True)
@@ -47,6 +50,8 @@ def clusters(draw: st.DrawFn) -> dict[str, dict[str, Any]]:
             addresses[twin] = f"{network.network_address + offsets[twin][index]}/{prefix}"
         hosts[f"spark-{index + 1}"] = DEFAULTS | {
             "spark_role": "head" if index == head else "worker",
+            "fabric_topology": "switch",
+            "fabric_switch_ports": ports,
             "fabric_addresses": addresses,
             "fabric_hcas": hcas,
             "fabric_mtu": mtu,

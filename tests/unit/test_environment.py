@@ -114,3 +114,23 @@ def test_systemd_reads_back_every_value() -> None:
     output = captured("lab-systemd-environmentfile-env0.txt")
     seen = dict(item.split("=", 1) for item in output.split("\0") if item)
     assert {key: seen.get(key) for key in AWKWARD} == AWKWARD
+
+
+def test_notes_go_above_their_variable_and_change_nothing_once_written() -> None:
+    notes = {"NCCL_IB_HCA": "every twin in use (dgx-spark-playbooks#102)"}
+    host = FakeHost(file_facts({ENV: None, PROFILE: None}))
+    run_op(environment.cluster_env, VARIABLES, notes=notes, host=host)
+    assert (
+        "# so never a secret in here.\n"
+        "# every twin in use (dgx-spark-playbooks#102)\n"
+        'NCCL_IB_HCA="rocep1s0f1,roceP2p1s0f1"\n'
+        'RAY_memory_monitor_refresh_ms="0"\n'
+    ) in host.uploads[ENV]
+
+    again = FakeHost(file_facts(host.uploads))
+    assert run_op(environment.cluster_env, VARIABLES, notes=notes, host=again) == []
+
+
+def test_a_note_with_a_line_break_is_refused() -> None:
+    with pytest.raises(OperationError, match="the note of X holds a line break"):
+        run_op(environment.cluster_env, {"X": "1"}, notes={"X": "a\nY=2"}, host=FakeHost({}))

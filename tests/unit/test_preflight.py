@@ -278,3 +278,18 @@ def test_an_image_that_differs_is_refused_naming_the_boxes() -> None:
 def test_a_box_failed_in_this_run_stops_the_others_before_the_cluster_lane() -> None:
     with pytest.raises(OperationError, match=r"spark-1: the cluster lane needs every box, and"):
         agree({"spark-1": "ab", "spark-2": "ab"}, "spark-1", failed=("spark-2",))
+
+
+def test_a_rings_peers_are_the_other_ends_of_each_cable() -> None:
+    from operations.config import load_from_dicts
+    from tests.unit.test_topology import boxes
+
+    spark = load_from_dicts(boxes(3, fabric_topology="ring3"))
+
+    # spark-2's port 1 meets spark-1's port 0, its port 0 meets spark-3's port 1.
+    assert preflight.peers_of(spark.host("spark-2"), spark.hosts) == [
+        ("enp1s0f1np1", "spark-1", "192.168.100.10"),
+        ("enP2p1s0f1np1", "spark-1", "192.168.101.10"),
+        ("enp1s0f0np0", "spark-3", "192.168.102.12"),
+        ("enP2p1s0f0np0", "spark-3", "192.168.103.12"),
+    ]

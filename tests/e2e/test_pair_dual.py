@@ -1,0 +1,69 @@
+"""Two boxes on two cables (fabric_topology "pair-dual"): the lab cables both ports, the
+inventory gives no fabric addresses, and the deploy derives, configures and checks all four
+twins of each box; compliance passes and a second run changes nothing.
+
+It boots its own lab (both ports cabled) and takes it down at the end: run it on its own.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+
+import pytest
+
+from tests.conftest import pyinfra, run_on
+from tests.e2e.test_compliance import compliance, not_passing
+from tests.e2e.test_host_layer import changes
+from tests.simlab import lab as simlab
+
+pytestmark = pytest.mark.lab
+
+TWINS = ("enp1s0f1np1", "enP2p1s0f1np1", "enp1s0f0np0", "enP2p1s0f0np0")
+# Derived: one /24 per twin per cable, port 1's cable first (operations/topology.py).
+SUBNETS = dict(
+    zip(TWINS, ("192.168.100", "192.168.101", "192.168.102", "192.168.103"), strict=True)
+)
+
+
+@pytest.fixture(scope="module")
+def dual() -> Iterator[tuple[simlab.Lab, str]]:
+    try:
+        lab = simlab.up(2, cabling="pair-dual")
+        for host in lab.hosts:
+            simlab.load_serving_image(host)
+        result = pyinfra("inventories/sim.py", "deploy.py")
+        yield lab, result.stdout + result.stderr
+    finally:
+        simlab.down()
+
+
+def test_every_twin_of_both_cables_is_configured_from_derived_addresses(dual) -> None:
+    lab, _output = dual
+    for host in lab.hosts:
+        for twin in TWINS:
+            address = f"{SUBNETS[twin]}.{9 + host.index}/24"
+            shown = run_on(host, f"ip -4 -br address show {twin}; cat /sys/class/net/{twin}/mtu")
+            assert address in shown and shown.strip().endswith("9000"), (host.name, twin, shown)
+
+
+def test_nccl_names_all_four_devices_merged(dual) -> None:
+    lab, _output = dual
+    for host in lab.hosts:
+        env = run_on(host, "cat /etc/spark/cluster.env")
+        hcas = "rocep1s0f1,roceP2p1s0f1,rocep1s0f0,roceP2p1s0f0"
+        assert re.search(rf'^NCCL_IB_HCA="{hcas}"$', env, re.M), env
+        assert re.search(r'^NCCL_IB_MERGE_NICS="1"$', env, re.M), env
+        assert "# all four twins reach the one peer" in env
+
+
+def test_the_link_rate_check_ran_and_warned_on_the_labs_veths(dual) -> None:
+    _lab, output = dual
+    assert "links at 10000 Mb/s, below the 200000 expected" in output
+
+
+def test_compliance_passes_and_a_second_deploy_changes_nothing(dual) -> None:
+    code, table, output = compliance()
+    assert code == 0 and not not_passing(table), output
+    assert any("enp1s0f0np0" in check for check in table), table  # port 0's twins checked too
+    assert changes(pyinfra("inventories/sim.py", "deploy.py")) == 0

@@ -1,0 +1,281 @@
+"""Fabric shapes (operations/topology.py, through operations/config.py): the addresses each
+box gets from its place in the inventory, the ones given checked, the NCCL settings."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from operations.config import ConfigError, load_from_dicts
+
+from .test_config import merged
+
+
+def boxes(count: int, **data: Any) -> dict[str, dict[str, Any]]:
+    """``count`` boxes, the first the head, no addresses given: the shape derives them."""
+    return merged(
+        {
+            f"spark-{n}": {"spark_role": "head" if n == 1 else "worker", **data}
+            for n in range(1, count + 1)
+        }
+    )
+
+
+def addresses(hosts: dict[str, dict[str, Any]]) -> dict[str, dict[str, str]]:
+    spark = load_from_dicts(hosts)
+    return {h.name: {link.ifname: str(link.address) for link in h.fabric} for h in spark.hosts}
+
+
+def refusal(hosts: dict[str, dict[str, Any]]) -> list[str]:
+    with pytest.raises(ConfigError) as error:
+        load_from_dicts(hosts)
+    return error.value.problems
+
+
+def test_a_pair_derives_nvidias_two_subnets_on_port_1() -> None:
+    # The inventory's own example (inventories/lab.py), derived: nothing given.
+    assert addresses(boxes(2)) == {
+        "spark-1": {"enp1s0f1np1": "192.168.100.10/24", "enP2p1s0f1np1": "192.168.101.10/24"},
+        "spark-2": {"enp1s0f1np1": "192.168.100.11/24", "enP2p1s0f1np1": "192.168.101.11/24"},
+    }
+
+
+def test_pair_dual_gives_the_second_cable_two_more_subnets() -> None:
+    assert addresses(boxes(2, fabric_topology="pair-dual")) == {
+        "spark-1": {
+            "enp1s0f1np1": "192.168.100.10/24",
+            "enP2p1s0f1np1": "192.168.101.10/24",
+            "enp1s0f0np0": "192.168.102.10/24",
+            "enP2p1s0f0np0": "192.168.103.10/24",
+        },
+        "spark-2": {
+            "enp1s0f1np1": "192.168.100.11/24",
+            "enP2p1s0f1np1": "192.168.101.11/24",
+            "enp1s0f0np0": "192.168.102.11/24",
+            "enP2p1s0f0np0": "192.168.103.11/24",
+        },
+    }
+
+
+def test_ring3_cables_port_0_to_the_next_boxs_port_1_one_subnet_per_twin_per_cable() -> None:
+    derived = addresses(boxes(3, fabric_topology="ring3"))
+
+    # Cable i: box i's port 0 to box i+1's port 1 (the last back to the first).
+    assert derived == {
+        "spark-1": {
+            "enp1s0f1np1": "192.168.104.10/24",  # cable 2, from spark-3's port 0
+            "enP2p1s0f1np1": "192.168.105.10/24",
+            "enp1s0f0np0": "192.168.100.10/24",  # cable 0, to spark-2's port 1
+            "enP2p1s0f0np0": "192.168.101.10/24",
+        },
+        "spark-2": {
+            "enp1s0f1np1": "192.168.100.11/24",
+            "enP2p1s0f1np1": "192.168.101.11/24",
+            "enp1s0f0np0": "192.168.102.11/24",
+            "enP2p1s0f0np0": "192.168.103.11/24",
+        },
+        "spark-3": {
+            "enp1s0f1np1": "192.168.102.12/24",
+            "enP2p1s0f1np1": "192.168.103.12/24",
+            "enp1s0f0np0": "192.168.104.12/24",
+            "enP2p1s0f0np0": "192.168.105.12/24",
+        },
+    }
+
+
+def test_a_switch_puts_every_box_on_one_subnet_per_twin() -> None:
+    derived = addresses(boxes(4, fabric_topology="switch", fabric_switch_ports=[1, 0]))
+
+    assert derived["spark-4"] == {
+        "enp1s0f1np1": "192.168.100.13/24",
+        "enP2p1s0f1np1": "192.168.101.13/24",
+        "enp1s0f0np0": "192.168.102.13/24",
+        "enP2p1s0f0np0": "192.168.103.13/24",
+    }
+    assert addresses(boxes(8, fabric_topology="switch", fabric_switch_ports=[0]))["spark-8"] == {
+        "enp1s0f0np0": "192.168.100.17/24",
+        "enP2p1s0f0np0": "192.168.101.17/24",
+    }
+
+
+def test_given_ring_addresses_on_the_fields_scheme_are_accepted() -> None:
+    # eugr/spark-vllm-docker docs/NETWORKING.md's four-node ring, cut to three boxes' shape:
+    # any subnets do, as long as both ends of each twin of each cable share one.
+    hosts = boxes(3, fabric_topology="ring3")
+    plan = {
+        "spark-1": ("10.20.0.11", "10.20.1.11", "10.20.4.11", "10.20.5.11"),
+        "spark-2": ("10.20.2.12", "10.20.3.12", "10.20.0.12", "10.20.1.12"),
+        "spark-3": ("10.20.4.13", "10.20.5.13", "10.20.2.13", "10.20.3.13"),
+    }
+    for name, (p0a, p0b, p1a, p1b) in plan.items():
+        hosts[name]["fabric_addresses"] = {
+            "enp1s0f0np0": f"{p0a}/24",
+            "enP2p1s0f0np0": f"{p0b}/24",
+            "enp1s0f1np1": f"{p1a}/24",
+            "enP2p1s0f1np1": f"{p1b}/24",
+        }
+
+    assert addresses(hosts)["spark-2"]["enp1s0f1np1"] == "10.20.0.12/24"
+
+
+def test_a_ring_cabled_the_other_way_round_is_refused_naming_the_cable() -> None:
+    hosts = boxes(3, fabric_topology="ring3")
+    # spark-2's port 1 addressed as if its port 0 met spark-1: both ends disagree.
+    hosts["spark-2"]["fabric_addresses"] = {
+        "enp1s0f1np1": "192.168.102.11/24",
+        "enP2p1s0f1np1": "192.168.103.11/24",
+        "enp1s0f0np0": "192.168.100.11/24",
+        "enP2p1s0f0np0": "192.168.101.11/24",
+    }
+
+    problems = refusal(hosts)
+
+    assert any(
+        "spark-1, spark-2: fabric_addresses: twins joined by one cable are on different subnets"
+        " (spark-1 enp1s0f0np0 192.168.100.0/24, spark-2 enp1s0f1np1 192.168.102.0/24)" in p
+        for p in problems
+    ), problems
+
+
+@pytest.mark.parametrize(
+    ("shape", "count", "expect"),
+    [
+        ("ring3", 4, "spark-1, spark-2, spark-3, spark-4: fabric_topology: ring3 joins 3 boxes,"),
+        ("pair", 3, "spark-1, spark-2, spark-3: fabric_topology: pair joins 2 boxes,"),
+        ("pair-dual", 3, "fabric_topology: pair-dual joins 2 boxes, the inventory has 3"),
+        ("switch", 9, "fabric_topology: switch joins 2 to 8 boxes, the inventory has 9"),
+    ],
+)
+def test_a_box_count_the_shape_cannot_take_is_refused(shape: str, count: int, expect: str) -> None:
+    (problem,) = refusal(boxes(count, fabric_topology=shape))
+    assert expect in problem, problem
+
+
+def test_one_host_in_another_topology_is_refused_naming_it() -> None:
+    hosts = boxes(3, fabric_topology="ring3")
+    hosts["spark-3"]["fabric_topology"] = "switch"
+
+    (problem,) = refusal(hosts)
+
+    assert problem.startswith("spark-3: fabric_topology: the hosts differ (spark-1: ring3 [1]")
+
+
+def test_a_pair_given_port_0_twins_is_told_which_ports_it_uses() -> None:
+    hosts = boxes(2)
+    hosts["spark-2"]["fabric_addresses"] = {
+        "enp1s0f0np0": "192.168.100.11/24",
+        "enP2p1s0f0np0": "192.168.101.11/24",
+    }
+
+    problems = refusal(hosts)
+
+    assert (
+        "spark-2: fabric_addresses: pair uses enp1s0f1np1, enP2p1s0f1np1 on this box (ports 1);"
+        " add enp1s0f1np1, enP2p1s0f1np1; remove enp1s0f0np0, enP2p1s0f0np0"
+    ) in problems[0]
+
+
+def test_two_cables_sharing_a_subnet_are_refused_on_the_box_they_meet() -> None:
+    hosts = boxes(2, fabric_topology="pair-dual")
+    for n, host in enumerate(hosts.values()):
+        host["fabric_addresses"] = {
+            "enp1s0f1np1": f"192.168.100.{10 + n}/24",
+            "enP2p1s0f1np1": f"192.168.101.{10 + n}/24",
+            "enp1s0f0np0": f"192.168.100.{20 + n}/24",  # port 0's cable on port 1's subnet
+            "enP2p1s0f0np0": f"192.168.103.{10 + n}/24",
+        }
+
+    problems = refusal(hosts)
+
+    assert problems[0].startswith(
+        "spark-1: fabric_addresses: enp1s0f1np1 (192.168.100.0/24) and enp1s0f0np0"
+        " (192.168.100.0/24) share a subnet"
+    ), problems
+
+
+@pytest.mark.parametrize(
+    ("speed", "shape", "refused"),
+    [
+        (200000, "pair", False),
+        (100000, "switch", False),
+        (100000, "pair", True),
+        (400000, "switch", True),
+    ],
+)
+def test_link_speed_200g_or_100g_behind_a_switch(speed: int, shape: str, refused: bool) -> None:
+    hosts = boxes(2, fabric_topology=shape, fabric_link_speed_mbps=speed)
+    if refused:
+        assert refusal(hosts)[0].startswith(f"spark-1: fabric_link_speed_mbps: {speed} Mb/s")
+    else:
+        assert load_from_dicts(hosts).head.link_speed_mbps == speed
+
+
+def nccl(shape: str, count: int, **data: Any) -> dict[str, str]:
+    spark = load_from_dicts(boxes(count, fabric_topology=shape, **data))
+    environment = spark.host("spark-2").cluster_environment(spark.head)
+    return {k: v for k, v in environment.items() if k.startswith(("NCCL_", "GLOO", "UCX"))}
+
+
+def test_nccl_per_topology_names_every_twin_used() -> None:
+    assert nccl("pair", 2) | {} == {
+        "NCCL_IB_ADDR_FAMILY": "AF_INET",
+        "NCCL_IB_ROCE_VERSION_NUM": "2",
+        "NCCL_IB_HCA": "rocep1s0f1,roceP2p1s0f1",
+        "NCCL_IB_MERGE_NICS": "1",
+        "NCCL_SOCKET_IFNAME": "enp1s0f1np1",
+        "GLOO_SOCKET_IFNAME": "enp1s0f1np1",
+        "UCX_NET_DEVICES": "rocep1s0f1:1,roceP2p1s0f1:1,enp1s0f1np1",
+    }
+    dual = nccl("pair-dual", 2)
+    assert dual["NCCL_IB_HCA"] == "rocep1s0f1,roceP2p1s0f1,rocep1s0f0,roceP2p1s0f0"
+    assert dual["NCCL_IB_MERGE_NICS"] == "1"
+
+    ring = nccl("ring3", 3)
+    assert ring["NCCL_IB_HCA"] == "rocep1s0f1,roceP2p1s0f1,rocep1s0f0,roceP2p1s0f0"
+    assert (ring["NCCL_IB_MERGE_NICS"], ring["NCCL_NET_PLUGIN"]) == ("0", "none")
+    assert ring["NCCL_IB_SUBNET_AWARE_ROUTING"] == "1"
+    # No fabric subnet reaches every box of a ring: sockets over management.
+    assert ring["NCCL_SOCKET_IFNAME"] == ring["GLOO_SOCKET_IFNAME"] == "enP7s7"
+
+    switch = nccl("switch", 4, fabric_switch_ports=[1, 0])
+    assert switch["NCCL_IB_HCA"] == "rocep1s0f1,roceP2p1s0f1,rocep1s0f0,roceP2p1s0f0"
+    assert switch["NCCL_IB_SUBNET_AWARE_ROUTING"] == "1"
+    assert "NCCL_IB_MERGE_NICS" not in switch and "NCCL_NET_PLUGIN" not in switch
+
+
+def test_every_fabric_setting_carries_its_source() -> None:
+    spark = load_from_dicts(boxes(3, fabric_topology="ring3"))
+    worker = spark.host("spark-3")
+    notes = worker.environment_notes()
+    nccl_keys = {k for k in worker.cluster_environment(spark.head) if k.startswith("NCCL_IB")}
+
+    assert nccl_keys | {"NCCL_NET_PLUGIN", "NCCL_SOCKET_IFNAME"} <= set(notes)
+    assert "spark_cluster_setup.py" in notes["NCCL_IB_SUBNET_AWARE_ROUTING"]
+    assert "PR#35" in load_from_dicts(boxes(2)).head.environment_notes()["NCCL_IB_MERGE_NICS"]
+
+
+def test_a_cluster_lane_over_a_ring_is_refused_before_contact() -> None:
+    hosts = boxes(3, fabric_topology="ring3")
+    hosts["spark-1"]["lanes"] = [
+        {
+            "name": "big",
+            "image": "nvcr.io/nvidia/vllm:26.04-py3",
+            "model": "Qwen/Qwen3-235B-A22B-GPTQ-Int4",
+            "served_name": "qwen3-235b-a22b",
+            "port": 10103,
+            "memory_fraction": 0.5,
+            "max_model_len": 40960,
+            "tensor_parallel_size": 3,
+        }
+    ]
+    for worker in ("spark-2", "spark-3"):
+        hosts[worker]["lanes"] = []
+
+    problems = refusal(hosts)
+
+    assert any(
+        p.startswith("spark-1: lanes: big: tensor_parallel_size: 3 makes a cluster lane, which")
+        and "ring3" in p
+        for p in problems
+    ), problems
