@@ -401,3 +401,18 @@ def test_an_optional_value_may_be_left_out_where_the_release_says() -> None:
 def test_assemble_refuses_a_tree_without_the_python_ray_is_for(tmp_path: Path) -> None:
     with pytest.raises(RuntimeError, match=r"no python3\.11"):
         serving.assemble_serving_rootfs(tmp_path)
+
+
+def test_a_model_gives_its_load_time_beside_its_config(tmp_path: Path) -> None:
+    env = {"HF_HUB_CACHE": str(tmp_path)}
+    snapshot = tmp_path / "models--org--name" / "snapshots" / "abc"
+    snapshot.mkdir(parents=True)
+    (snapshot / "config.json").write_text("{}")
+    assert vllm_standin.load_time("org/name", env) == 0.0
+    (snapshot / "simlab-load-seconds").write_text("20\n")
+    assert vllm_standin.load_time("org/name", env) == 20.0
+    # The stand-in's own variable, where it is set (the stand-in's own tests), comes first.
+    assert vllm_standin.load_time("org/name", env | {"SIMLAB_VLLM_LOAD_SECONDS": "1.5"}) == 1.5
+    (tmp_path / "local").mkdir()
+    (tmp_path / "local" / "simlab-load-seconds").write_text("3")
+    assert vllm_standin.load_time(str(tmp_path / "local"), env) == 3.0

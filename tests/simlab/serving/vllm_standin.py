@@ -566,6 +566,25 @@ def model_not_cached(model: str, env: Mapping[str, str]) -> str | None:
     )
 
 
+# Where a lab test gives a model its load time: a file beside its config.json, as if its weights
+# took that long to read (the deploy refuses variables vLLM does not read, so a lane cannot carry
+# the stand-in's own SIMLAB_VLLM_LOAD_SECONDS).
+LOAD_SECONDS_FILE = "simlab-load-seconds"
+
+
+def load_time(model: str, env: Mapping[str, str]) -> float:
+    """Seconds the stand-in takes to "load" the model: SIMLAB_VLLM_LOAD_SECONDS, else the
+    number in LOAD_SECONDS_FILE of the model's snapshot (or directory), else 0."""
+    if env.get("SIMLAB_VLLM_LOAD_SECONDS"):
+        return float(env["SIMLAB_VLLM_LOAD_SECONDS"])
+    if model.startswith("/"):
+        files = [Path(model) / LOAD_SECONDS_FILE]
+    else:
+        repo = hub_cache(env) / f"models--{model.replace('/', '--')}"
+        files = sorted(repo.glob(f"snapshots/*/{LOAD_SECONDS_FILE}"))
+    return next((float(f.read_text()) for f in files if f.is_file()), 0.0)
+
+
 def serve(config: ServeConfig, version: str, non_default: dict[str, Any]) -> int:
     """Start as vLLM does: bind, place the workers, load, then answer. Returns the exit status."""
     signal.signal(signal.SIGTERM, _interrupt)
@@ -592,7 +611,7 @@ def serve(config: ServeConfig, version: str, non_default: dict[str, Any]) -> int
             # ray.init puts in its own SIGTERM handler (a stack dump, status 15): take it back.
             signal.signal(signal.SIGTERM, _interrupt)
             log("INFO", f"Ray workers placed on {', '.join(server.placement.node_ips)}")
-        load_seconds = float(os.environ.get("SIMLAB_VLLM_LOAD_SECONDS", "0"))
+        load_seconds = load_time(config.model, os.environ)
         log("INFO", f"Starting to load model {config.model}...")
         time.sleep(load_seconds)
         log("INFO", f"Model loading took 0.0000 GiB memory and {load_seconds:.6f} seconds")
