@@ -6,6 +6,7 @@ import os
 import subprocess
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -122,6 +123,25 @@ def reimage_all(lab: simlab.Lab) -> simlab.Lab:
         simlab.wait_ready(host, time.monotonic() + simlab.BOOT_TIMEOUT)
         simlab.load_serving_image(host)
     return lab
+
+
+@contextmanager
+def cabled(lab: simlab.Lab, cabling: str) -> Iterator[simlab.Lab]:
+    """The session's two boxes booted bare again, cabled as `cabling` (simlab.CABLINGS), the
+    serving image in their docker; after, bare and cabled as before, the session's `lab` (which
+    the other modules hold) naming the new hosts."""
+    global _as_deployed
+    _as_deployed = False
+    try:
+        recabled = simlab.up(len(lab.hosts), cabling=cabling)
+        for host in recabled.hosts:
+            simlab.load_serving_image(host)
+        yield recabled
+    finally:
+        again = simlab.up(len(lab.hosts), cabling=lab.cabling)
+        lab.hosts[:] = again.hosts
+        for host in lab.hosts:
+            simlab.load_serving_image(host)
 
 
 def run_on(host: simlab.Host, command: str, check: bool = True) -> str:

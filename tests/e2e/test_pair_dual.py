@@ -2,7 +2,7 @@
 inventory gives no fabric addresses, and the deploy derives, configures and checks all four
 twins of each box; compliance passes and a second run changes nothing.
 
-It boots its own lab (both ports cabled) and takes it down at the end: run it on its own.
+It boots the session's two boxes again with both ports cabled, and after it as they were (bare).
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from tests.conftest import pyinfra, run_on
+from tests.conftest import cabled, pyinfra, run_on
 from tests.e2e.test_compliance import compliance, not_passing
 from tests.e2e.test_host_layer import changes
 from tests.simlab import lab as simlab
@@ -27,15 +27,10 @@ SUBNETS = dict(
 
 
 @pytest.fixture(scope="module")
-def dual() -> Iterator[tuple[simlab.Lab, str]]:
-    try:
-        lab = simlab.up(2, cabling="pair-dual")
-        for host in lab.hosts:
-            simlab.load_serving_image(host)
+def dual(lab: simlab.Lab) -> Iterator[tuple[simlab.Lab, str]]:
+    with cabled(lab, "pair-dual") as dual_lab:
         result = pyinfra("inventories/sim.py", "deploy.py")
-        yield lab, result.stdout + result.stderr
-    finally:
-        simlab.down()
+        yield dual_lab, result.stdout + result.stderr
 
 
 def test_every_twin_of_both_cables_is_configured_from_derived_addresses(dual) -> None:
