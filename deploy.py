@@ -47,6 +47,7 @@ from operations import (
     ray,
     roce,
     toolkit,
+    weights,
 )
 from operations.recipes import Lane
 
@@ -144,7 +145,7 @@ def serve(lane: Lane, after: str | None) -> None:
     )
 
 
-def weights(lane: Lane, what: str) -> None:
+def model_on_box(lane: Lane, what: str) -> None:
     preflight.model_present(
         name=f"{what}: {lane.model} on this box",
         model=lane.model,
@@ -161,7 +162,7 @@ def weights(lane: Lane, what: str) -> None:
 previous = None
 for lane in me.lanes:
     if not lane.is_cluster:
-        weights(lane, f"Lane {lane.name}")
+        model_on_box(lane, f"Lane {lane.name}")
         serve(lane, after=previous)
         previous = lane.name
 
@@ -214,7 +215,32 @@ elif len(spark.hosts) > 1:
 # the head starts it; the Ray image is its image (config.py), present on every box by now.
 cluster_lane = next((lane for lane in spark.head.lanes if lane.is_cluster), None)
 if cluster_lane and len(spark.hosts) > 1:
-    weights(cluster_lane, f"Cluster lane {cluster_lane.name}")
+    if cluster_lane.model.startswith("/"):  # a directory of the user's, on every box
+        model_on_box(cluster_lane, f"Cluster lane {cluster_lane.name}")
+    else:  # from the internet once, onto the head; over the fabric to the other boxes
+        copy = {"model": cluster_lane.model, "models_dir": lanes.MODELS_DIR}
+        head_address = str(spark.head.fabric[0].address.ip)
+        if me.role == "head":
+            model_on_box(cluster_lane, f"Cluster lane {cluster_lane.name}")
+        weights.lacking(name=f"Cluster lane {cluster_lane.name}: its model here?", **copy)
+        if me.role == "head":
+            weights.shared(
+                name=f"Cluster lane {cluster_lane.name}: the model served to the boxes lacking it",
+                address=head_address,
+                fetch=me.fetch_weights,
+                **copy,
+            )
+        weights.copied(
+            name=f"Cluster lane {cluster_lane.name}: the model copied from the head",
+            image=cluster_lane.image,
+            token_path=lanes.HF_TOKEN if me.hf_token_file else None,
+            head=spark.head.name,
+            address=head_address,
+            fetch=me.fetch_weights,
+            **copy,
+        )
+        if me.role == "head":
+            weights.unshared(name="The model no longer served", fetch=me.fetch_weights)
     preflight.image_read(name=f"Cluster lane image {cluster_lane.image}", image=cluster_lane.image)
     preflight.image_agrees(
         name=f"Cluster lane image {cluster_lane.image}: the same on every box",

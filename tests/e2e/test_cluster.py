@@ -9,6 +9,8 @@ nodes joined).
 
 from __future__ import annotations
 
+import functools
+import hashlib
 import json
 import re
 import shlex
@@ -81,11 +83,35 @@ def connects(host_ip: str, port: int, source: simlab.Host | None = None) -> str:
     return run_on(source, probe, check=False).strip()
 
 
+# The model as `hf download` leaves it in the cache (huggingface_hub's layout: blobs named by
+# their hash, the snapshot's files linking to them): a config.json and WEIGHTS bytes of weights,
+# zeros written sparse (the stand-in loads nothing; a copy to another box moves every byte).
+CACHE = preflight.hf_cache_dir(lanes.MODELS_DIR, CLUSTER_LANE["model"])
+CONFIG = b"{}\n"
+CONFIG_ID = hashlib.sha1(b"blob %d\0" % len(CONFIG) + CONFIG).hexdigest()
+WEIGHTS = 1 << 30
+
+
+@functools.cache
+def weights_id() -> str:
+    """The SHA-256 of WEIGHTS zero bytes: the blob's name."""
+    digest, mib = hashlib.sha256(), bytes(1 << 20)
+    for _ in range(WEIGHTS >> 20):
+        digest.update(mib)
+    return digest.hexdigest()
+
+
 def put_model(host: simlab.Host) -> None:
-    """The cluster lane's model in the box's Hugging Face cache, as `hf download` leaves it (a
-    config.json only: the stand-in loads nothing)."""
-    snapshot = preflight.hf_cache_dir(lanes.MODELS_DIR, CLUSTER_LANE["model"]) + "/snapshots/lab"
-    run_on(host, f"sudo mkdir -p {snapshot} && echo '{{}}' | sudo tee {snapshot}/config.json")
+    snapshot = f"{CACHE}/snapshots/{'1' * 40}"
+    run_on(
+        host,
+        f"sudo sh -c 'mkdir -p {CACHE}/blobs {CACHE}/refs {snapshot}"
+        f' && printf "{{}}\\n" > {CACHE}/blobs/{CONFIG_ID}'
+        f" && truncate -s {WEIGHTS} {CACHE}/blobs/{weights_id()}"
+        f" && ln -sfn ../../blobs/{CONFIG_ID} {snapshot}/config.json"
+        f" && ln -sfn ../../blobs/{weights_id()} {snapshot}/model.safetensors"
+        f" && printf {'1' * 40} > {CACHE}/refs/main'",
+    )
 
 
 def lane_state(head: simlab.Host) -> str:
@@ -112,21 +138,57 @@ def cluster(lab: simlab.Lab) -> simlab.Lab:
     # The token is mounted only where the inventory has one (test_secrets.py plants it).
     assert ("HF_TOKEN_PATH=/run/secrets/hf-token" in output) == (STATE / "hf-token").exists()
     assert lane_state(lab.hosts[0]) in ("inactive", "unknown")  # not started anywhere
-    # The user's other way: let the deploy fetch what is missing (test_a_missing_model_...).
-    pyinfra(INVENTORY, "deploy.py", "--data", "fetch_weights=True")
-    print(f"cluster deploy (second, fetching the model): {time.monotonic() - started:.0f} s")
+    # The user's other way: let the deploy fetch what is missing: from the head, over the fabric
+    # (test_a_missing_model_...); -vvv shows the copy's own output.
+    copied = pyinfra(INVENTORY, "deploy.py", "--data", "fetch_weights=True", "-vvv")
+    print(f"cluster deploy (second, copying the model): {time.monotonic() - started:.0f} s")
+    copy = r"\[spark-2\]\s+copied (\d+) bytes of 2 blobs .*?\(([\d.]+) Gb/s\)"
+    rate = re.search(copy, output_of(copied))
+    assert rate and int(rate[1]) == WEIGHTS + len(CONFIG), output_of(copied)
+    print(f"model copied head -> worker over the lab's fabric: {rate[0]}")
     return lab
 
 
-def test_a_missing_model_is_fetched_when_fetch_weights_is_on(cluster: simlab.Lab) -> None:
+def test_a_missing_model_is_copied_from_the_head_when_fetch_weights_is_on(
+    cluster: simlab.Lab,
+) -> None:
     head, worker = cluster.hosts
-    cache = preflight.hf_cache_dir(lanes.MODELS_DIR, CLUSTER_LANE["model"])
-    # spark-2's snapshot is the one `hf download` wrote in the serving image; spark-1's own
-    # (put there by hand) was left alone.
-    fetched = run_on(worker, f"sudo sh -c 'cat {cache}/snapshots/*/config.json'")
-    assert "fetched by the hf stand-in" in fetched, fetched
-    assert run_on(head, f"sudo ls {cache}/snapshots").split() == ["lab"]
+    listing = f"sudo sh -c 'cd {CACHE} && find . -printf \"%p %l %s\\n\" | sort'"
+    # spark-2's repository is the head's: the same blobs (checked by their hashes), links, ref;
+    # no internet fetch on it (the hf stand-in would have written its own revision).
+    on_worker = run_on(worker, listing).splitlines()
+    assert [line.rsplit(" ", 1)[0] for line in on_worker] == [
+        line.rsplit(" ", 1)[0] for line in run_on(head, listing).splitlines()
+    ]
+    assert f"./blobs/{weights_id()}  {WEIGHTS}" in on_worker
+    # The copy was no sparse shortcut: every byte of it is on the worker's disk.
+    used = run_on(worker, f"sudo du -B1 {CACHE}/blobs/{weights_id()}").split()[0]
+    assert int(used) >= WEIGHTS
+    assert run_on(head, "systemctl is-active spark-weights-share", check=False).strip() != "active"
     assert lane_state(head) == "active" and healthy(head)
+
+
+def test_a_corrupt_copy_is_caught_by_its_hash(cluster: simlab.Lab) -> None:
+    head, worker = cluster.hosts
+    blob = f"{CACHE}/blobs/{weights_id()}"
+    run_on(worker, f"sudo rm -rf {CACHE}")
+    # One byte of the head's weights flipped (its disk, or the wire: the worker cannot tell).
+    flip = f"printf x | sudo dd of={blob} bs=1 seek=1000 conv=notrunc status=none"
+    run_on(head, flip)
+    try:
+        refused = pyinfra(INVENTORY, "deploy.py", "--data", "fetch_weights=True", check=False)
+        output = output_of(refused)
+        assert refused.returncode != 0
+        assert f"blobs/{weights_id()}: {WEIGHTS} bytes, SHA-256 " in output, output
+        assert "not the file its name says" in output
+        kept = run_on(worker, f"sudo ls {CACHE}/blobs", check=False).split()
+        assert not [name for name in kept if name.startswith(weights_id())], kept
+        assert lane_state(head) == "active" and healthy(head)  # the running lane left alone
+    finally:
+        zero = f"sudo dd if=/dev/zero of={blob} bs=1 count=1 seek=1000 conv=notrunc status=none"
+        run_on(head, zero)
+    pyinfra(INVENTORY, "deploy.py", "--data", "fetch_weights=True")
+    assert run_on(worker, f"sudo sha256sum {blob}").split()[0] == weights_id()
 
 
 def test_the_cluster_lane_serves_with_one_bundle_on_each_box(cluster: simlab.Lab) -> None:

@@ -1,0 +1,148 @@
+"""A cluster lane's weights fetched once: the head serves its copy of the model over the fabric
+while the boxes that lack it copy it, each file checked against its hash.
+
+A cluster lane loads its share of the weights on every box from that box's disk (issue 14). A
+model of hundreds of GB fetched from the internet by every box costs hours each; over the fabric
+it is a copy (issue 13: 175 Gb/s and more between two Sparks).
+"""
+
+from __future__ import annotations
+
+import shlex
+import weakref
+
+from pyinfra import host, state
+from pyinfra.api import Inventory, operation
+from pyinfra.api.exceptions import OperationError
+
+from operations import util
+from operations.preflight import ModelWeights, fetch_command, hf_cache_dir
+
+SHARE_UNIT = "spark-weights-share"
+SHARE_DIR = "/run/spark/weights-share"  # the manifest, and `repo`: a link to the model's cache
+COPY_COMMAND = "/usr/local/sbin/spark-weights-copy"
+# In the kernel's ephemeral range, which the cluster's firewall admits from the fabric only
+# (firewall.py); bound to the head's fabric address, so reached over the fabric alone.
+SHARE_PORT = 60990
+# How long the head serves at most: a copy of ~120 GB takes minutes over the fabric.
+SHARE_SECONDS = 6 * 3600
+
+# Which boxes lack the model, per run: the head reads it in a later operation, which pyinfra
+# runs once every box has run the one before.
+_lacking: weakref.WeakKeyDictionary[Inventory, set[str]] = weakref.WeakKeyDictionary()
+
+
+def manifest_command(repo: str, path: str) -> str:
+    """Shell writing the repository's manifest: each blob with its size, each snapshot file
+    with the blob it links to, each ref with its revision."""
+    return (
+        f"cd {shlex.quote(repo)} && {{"
+        ' for b in blobs/*; do [ -f "$b" ] && echo "blob ${b#blobs/} $(stat -c %s "$b")"; done;'
+        " find snapshots -type l -printf 'link %p %l\\n';"
+        ' for r in refs/*; do [ -f "$r" ] && echo "ref ${r#refs/} $(cat "$r")"; done;'
+        f" }} > {path}"
+    )
+
+
+@operation()
+def lacking(model: str, models_dir: str):
+    """
+    Note whether this box lacks ``model`` (changes nothing), for ``shared`` on the head.
+
+    + model: the cluster lane's Hugging Face id
+    + models_dir: the Hugging Face cache on the box the lanes mount
+    """
+    if not host.get_fact(ModelWeights, model=model, models_dir=models_dir):
+        _lacking.setdefault(state.inventory, set()).add(host.name)
+        host.noop(f"{model} is not on this box: copied from the head")
+    else:
+        host.noop(f"{model} is on this box")
+    return
+    yield  # an operation is a generator
+
+
+@operation()
+def shared(model: str, models_dir: str, address: str, fetch: bool):
+    """
+    Serve the head's copy of ``model`` on its fabric ``address`` while a box lacks it (after
+    ``lacking`` ran on every box); nothing when none does, or without ``fetch`` (those boxes
+    stop with the command that fetches it).
+
+    + model: the cluster lane's Hugging Face id, on this box by now (``preflight.model_present``)
+    + models_dir: the Hugging Face cache on the box the lanes mount
+    + address: this box's first fabric address (the others copy from it)
+    + fetch: fetch_weights: copy to the boxes that lack the model
+    """
+    if not fetch or not _lacking.get(state.inventory, set()) - {host.name}:
+        host.noop(f"{model}: nothing to copy to another box")
+        return
+    repo = hf_cache_dir(models_dir, model)
+    serve = (
+        f"systemd-run --unit={SHARE_UNIT} --collect -p RuntimeMaxSec={SHARE_SECONDS}"
+        f" python3 -m http.server {SHARE_PORT} --bind {address} --directory {SHARE_DIR}"
+    )
+    yield f"systemctl stop {SHARE_UNIT} 2>/dev/null; rm -rf {SHARE_DIR}"
+    yield f"install -d -m 700 {SHARE_DIR} && ln -s {shlex.quote(repo)} {SHARE_DIR}/repo"
+    yield manifest_command(repo, f"{SHARE_DIR}/manifest")
+    yield serve
+    # Listening within 30 s, or its journal says why not (the port taken, say).
+    yield (
+        f"for i in $(seq 150); do ss -ltnH 'sport = :{SHARE_PORT}' | grep -q . && exit 0;"
+        f" sleep 0.2; done; journalctl -u {SHARE_UNIT} -n 20 --no-pager >&2; exit 1"
+    )
+
+
+@operation()
+def copied(
+    model: str,
+    models_dir: str,
+    image: str,
+    token_path: str | None,
+    head: str,
+    address: str,
+    fetch: bool,
+):
+    """
+    Copy ``model`` from the head (served on its fabric ``address`` by ``shared``) where this box
+    lacks it, every blob checked against its hash; without ``fetch`` stop instead, with the
+    command that fetches it.
+
+    + model: the cluster lane's Hugging Face id
+    + models_dir: the Hugging Face cache on the box the lanes mount
+    + image: the serving image (its `hf` client, for the command shown without ``fetch``)
+    + token_path: the box's Hugging Face token file, for that command; None: none
+    + head: the head's name (the box copied from)
+    + address: the head's first fabric address
+    + fetch: copy a missing model here (False: stop the box with the command)
+    """
+    if host.name == head or host.name not in _lacking.get(state.inventory, set()):
+        host.noop(f"{model} is on this box")
+        return
+    if not fetch:
+        command = fetch_command(model, image, models_dir, token_path)
+        raise OperationError(
+            f"{host.name}: {model} is not on this box ({hf_cache_dir(models_dir, model)}); a lane"
+            " loads it from the box's disk and downloads nothing: copy it there, fetch it"
+            f" (or set fetch_weights = True, which copies it from the head): {command}"
+        )
+    if head in {failed.name for failed in state.failed_hosts}:
+        raise OperationError(
+            f"{host.name}: {model} is copied from {head}, which stopped in this run (see its"
+            " error above)"
+        )
+    yield from util.template("spark-weights-copy.j2", COPY_COMMAND, "755")
+    repo = shlex.quote(hf_cache_dir(models_dir, model))
+    yield f"{COPY_COMMAND} {address}:{SHARE_PORT} {repo}"
+
+
+@operation()
+def unshared(fetch: bool):
+    """
+    Stop serving the model over the fabric, if ``shared`` served it in this run.
+
+    + fetch: fetch_weights, as ``shared`` was given it
+    """
+    if not fetch or not _lacking.get(state.inventory, set()) - {host.name}:
+        host.noop("nothing was served")
+        return
+    yield f"systemctl stop {SHARE_UNIT} 2>/dev/null; rm -rf {SHARE_DIR}; true"
