@@ -15,7 +15,14 @@ from pyinfra.api.exceptions import OperationError
 from pyinfra.facts.files import Sha1File
 
 from operations import ray, util
-from operations.recipes import SLUG, Lane
+from operations.recipes import (
+    SLUG,
+    Lane,
+    _is_modelopt_nvfp4,
+    _is_qwen3,
+    _quantization,
+    _uses_cutlass_fp4,
+)
 
 UNIT_DIR = "/etc/systemd/system"
 PREFIX = "spark-lane-"  # of every lane's unit and container: what the deploy owns
@@ -26,6 +33,8 @@ MODELS_DIR = "/var/lib/spark/models"
 # Lanes load one at a time, whatever starts them (templates/spark-lane-turn.j2).
 TURN_COMMAND = "/usr/local/sbin/spark-lane-turn"
 LOADING_DIR = "/run/spark/loading"
+# After /health, a fixed question whose answer is checked (templates/spark-lane-canary.j2).
+CANARY_COMMAND = "/usr/local/sbin/spark-lane-canary"
 # Where the container reads its secrets: mounted read-only, never passed as values.
 KEY_IN_CONTAINER = "/run/secrets/api-key"
 HF_TOKEN_IN_CONTAINER = "/run/secrets/hf-token"
@@ -211,6 +220,34 @@ def systemd_word(arg: str) -> str:
     return arg.replace("$", "$$").replace("%", "%%")
 
 
+def canary_causes(lane: Lane) -> list[str]:
+    """The usual causes of a wrong answer for this lane's model and quantization, named by the
+    canary when it fails (no secrets: they are in the unit)."""
+    causes = []
+    nvfp4 = _quantization(lane) in ("nvfp4", "nvfp4-modelopt")
+    if nvfp4 or _is_modelopt_nvfp4(lane):  # known ones are refused (recipes.py); others are not
+        causes.append(
+            "a ModelOpt NVFP4 checkpoint (quant_method modelopt in its config.json): loads and"
+            " answers confident nonsense on SM121; use a compressed-tensors NVFP4 one (seed 003)"
+        )
+    if nvfp4 or _uses_cutlass_fp4(lane):
+        causes.append(
+            "NVFP4 on a CUTLASS FP4 path, not Marlin: silent garbage on SM121; Marlin is"
+            " VLLM_NVFP4_GEMM_BACKEND=marlin to 0.20.1, --linear-backend marlin from 0.31.0"
+            " (seed 003)"
+        )
+    if _is_qwen3(lane):
+        causes.append(
+            "a thinking template hiding the answer: Qwen3 models need --generation-config vllm,"
+            " or their answer stays in the reasoning (seed 003)"
+        )
+    causes.append(
+        "a chat template that does not fit the model, or weights that do not match its config"
+        " (read the answer quoted above)"
+    )
+    return causes
+
+
 def serve_script(serve_args: Sequence[str], api_key: bool) -> str:
     """The shell command the container runs: `vllm serve` with the lane's arguments, the API key
     read from its mounted file into VLLM_API_KEY (vLLM's own variable) just before exec, so it is
@@ -324,6 +361,15 @@ class LaneUnit:
             "ray_unit": ray.UNIT,
             "nodes_command": ray.NODES_COMMAND,
             "turn_command": TURN_COMMAND,
+            "canary_command": " ".join(
+                systemd_word(arg)
+                for arg in [
+                    CANARY_COMMAND,
+                    self.name,
+                    str(self.lane.backend_port),
+                    *canary_causes(self.lane),
+                ]
+            ),
             "loading_mark": f"{LOADING_DIR}/{self.name}",
             **self.timeouts(),
         }
@@ -401,6 +447,7 @@ def serving(unit: LaneUnit):
     yield from util.template(
         "spark-lane-turn.j2", TURN_COMMAND, "755", loading_dir=LOADING_DIR, prefix=PREFIX
     )
+    yield from util.template("spark-lane-canary.j2", CANARY_COMMAND, "755", secrets_dir=SECRETS_DIR)
     name = unit_name(lane.name)
     unit_changes = util.template(
         "vllm-lane.service.j2",

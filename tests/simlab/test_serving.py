@@ -416,3 +416,30 @@ def test_a_model_gives_its_load_time_beside_its_config(tmp_path: Path) -> None:
     (tmp_path / "local").mkdir()
     (tmp_path / "local" / "simlab-load-seconds").write_text("3")
     assert vllm_standin.load_time(str(tmp_path / "local"), env) == 3.0
+
+
+@pytest.mark.parametrize(
+    ("answer", "code", "said"),
+    [
+        ("", 0, 'canary passed: "42 harbor"'),
+        ("gibberish", 1, '"Theorem quantum banana'),
+        ("empty-reasoning", 1, "a thinking template hiding the answer"),
+    ],
+)
+def test_the_answer_canary_against_the_standin(
+    start: Callable[..., Server], tmp_path: Path, answer: str, code: int, said: str
+) -> None:
+    """The stand-in answers the canary's sum and word (its model: 'A + B' and the word asked),
+    or, told by SIMLAB_STANDIN_ANSWER in the lane's environment, garbage or only reasoning."""
+    import jinja2
+
+    server = start("--served-model-name", "lane-b", SIMLAB_STANDIN_ANSWER=answer)
+    template = Path(__file__).resolve().parents[2] / "templates/spark-lane-canary.j2"
+    canary = tmp_path / "spark-lane-canary"
+    canary.write_text(jinja2.Template(template.read_text()).render(secrets_dir=str(tmp_path)))
+    result = subprocess.run(
+        [sys.executable, str(canary), "lane-b", str(server.port), "a cause"],
+        capture_output=True, text=True, timeout=30,
+    )  # fmt: skip
+    assert result.returncode == code, result.stdout
+    assert said in result.stdout

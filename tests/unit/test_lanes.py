@@ -94,20 +94,25 @@ def lane_unit(lane: dict[str, Any] | None = None, **changes: Any) -> lanes.LaneU
 def lane_host(fact: str, files: dict[str, str | None], turn_script: bool = True) -> FakeHost:
     """A box as the capture shows it, with these files, and the lanes' turn script in place as
     the deploy writes it (absent with turn_script=False)."""
-    script = turn_script_text() if turn_script else None
-    host = FakeHost(file_facts(files | {lanes.TURN_COMMAND: script}) | lane_facts(captured(fact)))
-    if turn_script:  # a root:root 0755 file's stat line
+    scripts = scripts_text() if turn_script else {}
+    known = {lanes.TURN_COMMAND: None, lanes.CANARY_COMMAND: None} | scripts
+    host = FakeHost(file_facts(files | known) | lane_facts(captured(fact)))
+    for path in scripts:  # a root:root 0755 file's stat line
         stat = captured("lab-stat-memguard-script-0755.txt")
-        host.outputs[(File, (("path", lanes.TURN_COMMAND),))] = stat
+        host.outputs[(File, (("path", path),))] = stat
     return host
 
 
 @cache
-def turn_script_text() -> str:
-    """The turn script as the deploy renders it (it writes it where it is absent)."""
+def scripts_text() -> dict[str, str]:
+    """The turn and canary scripts as the deploy renders them (it writes them where absent)."""
     host = lane_host("lab-lanehost-bare.txt", dict.fromkeys(paths()), turn_script=False)
     run_op(lanes.serving, host=host, unit=lane_unit())
-    return host.uploads[lanes.TURN_COMMAND]
+    return {path: host.uploads[path] for path in (lanes.TURN_COMMAND, lanes.CANARY_COMMAND)}
+
+
+def turn_script_text() -> str:
+    return scripts_text()[lanes.TURN_COMMAND]
 
 
 def paths(lane: str = "coder") -> tuple[str, str]:
@@ -801,3 +806,43 @@ def test_a_lane_waits_while_another_loads_and_goes_once_it_serves(turn: Any) -> 
     assert result.returncode == 0, result.stderr
     assert result.stdout == "lane coder waits for lane fast to finish loading\n"
     assert sorted(path.name for path in turn.marks.glob("[!.]*")) == ["coder"]
+
+
+# --- the answer canary (issue 16) ---------------------------------------------------------------
+
+
+def post_lines(unit: str) -> list[str]:
+    return [line for line in unit.splitlines() if line.startswith("ExecStartPost=")]
+
+
+def test_the_canary_runs_after_the_health_wait_and_before_the_next_lanes_turn() -> None:
+    health, canary, turn = post_lines(rendered()[paths()[0]])
+    assert "/health" in health and turn.startswith("ExecStartPost=/bin/rm -f")
+    assert canary.startswith(f"ExecStartPost={lanes.CANARY_COMMAND} coder 11101 ")
+    assert "key" not in canary  # the script reads the key file itself
+
+
+def test_the_canary_is_written_root_0755_and_reads_the_lanes_key_file() -> None:
+    host = lane_host("lab-lanehost-bare.txt", dict.fromkeys(paths()), turn_script=False)
+    run_op(lanes.serving, host=host, unit=lane_unit())
+    assert f'SECRETS_DIR = "{lanes.SECRETS_DIR}"' in host.uploads[lanes.CANARY_COMMAND]
+
+
+@pytest.mark.parametrize(
+    ("lane", "causes"),
+    [
+        ({}, ["chat template"]),
+        (
+            {"model_spec": LANE["model_spec"].model_copy(update={"quantization": "nvfp4"})},
+            ["ModelOpt", "CUTLASS", "chat"],
+        ),
+        ({"model": "Qwen/Qwen3-8B"}, ["thinking template", "chat template"]),
+    ],
+)
+def test_the_canary_names_the_causes_of_the_lanes_model(lane: dict, causes: list[str]) -> None:
+    named = lanes.canary_causes(lane_unit(lane).lane)
+    assert len(named) == len(causes)
+    for cause, word in zip(named, causes, strict=True):
+        assert word in cause
+    (canary,) = [line for line in post_lines(rendered(lane=lane)[paths()[0]]) if "canary" in line]
+    assert all(f'"{cause}"' in canary for cause in named)

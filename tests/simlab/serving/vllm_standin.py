@@ -343,6 +343,20 @@ class StandinServer(ThreadingHTTPServer):
         self.shutdown()
 
 
+ADDITION = re.compile(r"\bWhat is (-?\d+) \+ (-?\d+)\?(?:.*?\bthe word (\w+))?", re.S)
+
+
+def standin_answer(question: str) -> str | None:
+    """The stand-in's model: "What is A + B?" (and "the word W") is answered "A+B W", as the
+    answer canary (templates/spark-lane-canary.j2) expects of a healthy lane; None otherwise
+    (the stand-in then echoes). SIMLAB_STANDIN_ANSWER=gibberish|empty-reasoning, in the lane's
+    environment, makes it answer garbage or only in the reasoning instead."""
+    match = ADDITION.search(question)
+    if not match:
+        return None
+    return " ".join(filter(None, [str(int(match[1]) + int(match[2])), match[3]]))
+
+
 def _text(content: Any) -> str:
     """The text of a message's content: a string, or OpenAI's list of typed parts."""
     if isinstance(content, str):
@@ -477,7 +491,15 @@ class Handler(BaseHTTPRequestHandler):
         turns = [m for m in messages if isinstance(m, dict)]
         said = [_text(m.get("content")) for m in turns if m.get("role") == "user"]
         last = said[-1] if said else ""
-        reply = f"[vLLM {self.server.version} stand-in, no model loaded] {model} got: {last}"
+        reply = standin_answer(last) or (
+            f"[vLLM {self.server.version} stand-in, no model loaded] {model} got: {last}"
+        )
+        answer = os.environ.get("SIMLAB_STANDIN_ANSWER", "")
+        reasoning = None
+        if answer == "gibberish":  # what a ModelOpt NVFP4 checkpoint does on SM121 (seed 003)
+            reply = "Theorem quantum banana ledger " + "the " * 12
+        elif answer == "empty-reasoning":  # a thinking template hiding the answer
+            reply, reasoning = "", f"Thinking it over: {reply}"
         prompt_tokens = sum(len(_text(m.get("content")).split()) for m in turns)
         usage = {
             "prompt_tokens": prompt_tokens,
@@ -489,6 +511,8 @@ class Handler(BaseHTTPRequestHandler):
             self._stream(head, reply)
             return
         message = {"role": "assistant", "content": reply, "tool_calls": []}
+        if reasoning is not None:
+            message["reasoning_content"] = message["reasoning"] = reasoning
         choice = {"index": 0, "message": message, "logprobs": None, "finish_reason": "stop"}
         self._json(200, {**head, "object": "chat.completion", "choices": [choice], "usage": usage})
 
