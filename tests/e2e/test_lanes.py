@@ -217,6 +217,32 @@ def test_changing_lane_b_model_restarts_lane_b_alone(deployed: dict[str, Any]) -
     deploy()  # back to the inventory's lanes
 
 
+def test_a_lane_answering_gibberish_fails_its_canary_then_serves_again(
+    deployed: dict[str, Any],
+) -> None:
+    """The answer canary (issue 16): B's stand-in told to answer gibberish, as a ModelOpt NVFP4
+    checkpoint does (seed 003), fails B's start; the deploy fails showing B's journal, which
+    names the canary and quotes the answer; deployed back, B answers right and serves."""
+    hosts = deployed["lab"].hosts
+    environment = B.get("environment", {}) | {"SIMLAB_STANDIN_ANSWER": "gibberish"}
+    failed = pyinfra(INVENTORY, "deploy.py", "--data", lanes_data(A, B | {"environment":
+                     environment}), check=False)  # fmt: skip
+    output = failed.stdout + failed.stderr
+    assert failed.returncode != 0, output
+    assert f"lane {B['name']}: canary failed" in output, output
+    assert '"Theorem quantum banana' in output, output
+    for host in hosts:
+        assert show(host, B, "ActiveState")["ActiveState"] != "active"
+        assert show(host, A, "ActiveState")["ActiveState"] == "active"
+    deploy()  # back to the inventory's lanes
+    for host in hosts:
+        assert show(host, B, "ActiveState")["ActiveState"] == "active"
+        status, _ = request(f"http://{host.mgmt_ip}:{B['port']}/v1/models", key_of(host, B))
+        assert status == 200
+        journal = run_on(host, f"sudo journalctl -u {unit(B)} -n 20 --no-pager")
+        assert 'canary passed: "42 harbor"' in journal, journal
+
+
 def test_a_lane_whose_model_is_missing_stops_each_box_before_the_lane_changes(
     deployed: dict[str, Any],
 ) -> None:
