@@ -584,8 +584,7 @@ def _env_problems(vllm: Release, name: str, value: str) -> list[str]:
             " root-only file on the box"
         ]
     problems = []
-    # SIMLAB_*: switches of the simulated lab's stand-ins (tests/simlab), read by nothing else.
-    known = vllm.reads(name) or name.startswith((*ENV_PREFIXES, "SIMLAB_"))
+    known = vllm.reads(name) or name.startswith(ENV_PREFIXES)
     if not ENV_NAME.fullmatch(name) or not known:
         problems.append(
             f"{name!r} is no variable {vllm.label} reads"

@@ -220,13 +220,17 @@ def test_changing_lane_b_model_restarts_lane_b_alone(deployed: dict[str, Any]) -
 def test_a_lane_answering_gibberish_fails_its_canary_then_serves_again(
     deployed: dict[str, Any],
 ) -> None:
-    """The answer canary (issue 16): B's stand-in told to answer gibberish, as a ModelOpt NVFP4
-    checkpoint does (seed 003), fails B's start; the deploy fails showing B's journal, which
-    names the canary and quotes the answer; deployed back, B answers right and serves."""
+    """The answer canary (issue 16): B's model made to answer gibberish, as a ModelOpt NVFP4
+    checkpoint does (seed 003; the stand-in reads it beside the model's config.json), and B
+    restarted by a change of its settings: its start fails; the deploy fails showing B's
+    journal, which names the canary and quotes the answer; mended, B answers right and serves."""
     hosts = deployed["lab"].hosts
-    environment = B.get("environment", {}) | {"SIMLAB_STANDIN_ANSWER": "gibberish"}
-    failed = pyinfra(INVENTORY, "deploy.py", "--data", lanes_data(A, B | {"environment":
-                     environment}), check=False)  # fmt: skip
+    snapshots = f"/var/lib/spark/models/hub/models--{B['model'].replace('/', '--')}/snapshots/*/"
+    each = f"sudo sh -c 'for d in {snapshots}; do"
+    for host in hosts:
+        run_on(host, f"{each} echo gibberish > $d/simlab-answer; done'")
+    longer = B | {"max_model_len": B["max_model_len"] + 1024}
+    failed = pyinfra(INVENTORY, "deploy.py", "--data", lanes_data(A, longer), check=False)
     output = failed.stdout + failed.stderr
     assert failed.returncode != 0, output
     assert f"lane {B['name']}: canary failed" in output, output
@@ -234,6 +238,7 @@ def test_a_lane_answering_gibberish_fails_its_canary_then_serves_again(
     for host in hosts:
         assert show(host, B, "ActiveState")["ActiveState"] != "active"
         assert show(host, A, "ActiveState")["ActiveState"] == "active"
+        run_on(host, f"{each} rm $d/simlab-answer; done'")
     deploy()  # back to the inventory's lanes
     for host in hosts:
         assert show(host, B, "ActiveState")["ActiveState"] == "active"

@@ -403,7 +403,7 @@ def test_assemble_refuses_a_tree_without_the_python_ray_is_for(tmp_path: Path) -
         serving.assemble_serving_rootfs(tmp_path)
 
 
-def test_a_model_gives_its_load_time_beside_its_config(tmp_path: Path) -> None:
+def test_a_model_gives_its_load_time_and_answer_beside_its_config(tmp_path: Path) -> None:
     env = {"HF_HUB_CACHE": str(tmp_path)}
     snapshot = tmp_path / "models--org--name" / "snapshots" / "abc"
     snapshot.mkdir(parents=True)
@@ -416,6 +416,9 @@ def test_a_model_gives_its_load_time_beside_its_config(tmp_path: Path) -> None:
     (tmp_path / "local").mkdir()
     (tmp_path / "local" / "simlab-load-seconds").write_text("3")
     assert vllm_standin.load_time(str(tmp_path / "local"), env) == 3.0
+    assert vllm_standin.answer_mode("org/name", env) == ""
+    (snapshot / "simlab-answer").write_text("gibberish\n")
+    assert vllm_standin.answer_mode("org/name", env) == "gibberish"
 
 
 @pytest.mark.parametrize(
@@ -430,7 +433,8 @@ def test_the_answer_canary_against_the_standin(
     start: Callable[..., Server], tmp_path: Path, answer: str, code: int, said: str
 ) -> None:
     """The stand-in answers the canary's sum and word (its model: 'A + B' and the word asked),
-    or, told by SIMLAB_STANDIN_ANSWER in the lane's environment, garbage or only reasoning."""
+    or, told by SIMLAB_STANDIN_ANSWER (a lane is told by a file beside its model's config.json:
+    test_a_model_gives_its_load_time_and_answer_beside_its_config), garbage or only reasoning."""
     import jinja2
 
     server = start("--served-model-name", "lane-b", SIMLAB_STANDIN_ANSWER=answer)

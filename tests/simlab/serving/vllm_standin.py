@@ -317,6 +317,7 @@ class StandinServer(ThreadingHTTPServer):
         self.token_hashes = [hashlib.sha256(key.encode()).digest() for key in config.api_keys]
         self.placement: Placement | None = None
         self.exit_code = 0
+        self.answer_mode = ""
 
     def server_bind(self) -> None:
         # HTTPServer's own bind looks up this host's FQDN, which can stall where DNS is absent.
@@ -349,8 +350,8 @@ ADDITION = re.compile(r"\bWhat is (-?\d+) \+ (-?\d+)\?(?:.*?\bthe word (\w+))?",
 def standin_answer(question: str) -> str | None:
     """The stand-in's model: "What is A + B?" (and "the word W") is answered "A+B W", as the
     answer canary (templates/spark-lane-canary.j2) expects of a healthy lane; None otherwise
-    (the stand-in then echoes). SIMLAB_STANDIN_ANSWER=gibberish|empty-reasoning, in the lane's
-    environment, makes it answer garbage or only in the reasoning instead."""
+    (the stand-in then echoes). "gibberish" or "empty-reasoning" in ANSWER_FILE beside the
+    model's config.json makes it answer garbage, or only in the reasoning, instead."""
     match = ADDITION.search(question)
     if not match:
         return None
@@ -494,7 +495,7 @@ class Handler(BaseHTTPRequestHandler):
         reply = standin_answer(last) or (
             f"[vLLM {self.server.version} stand-in, no model loaded] {model} got: {last}"
         )
-        answer = os.environ.get("SIMLAB_STANDIN_ANSWER", "")
+        answer = self.server.answer_mode
         reasoning = None
         if answer == "gibberish":  # what a ModelOpt NVFP4 checkpoint does on SM121 (seed 003)
             reply = "Theorem quantum banana ledger " + "the " * 12
@@ -596,17 +597,33 @@ def model_not_cached(model: str, env: Mapping[str, str]) -> str | None:
 LOAD_SECONDS_FILE = "simlab-load-seconds"
 
 
-def load_time(model: str, env: Mapping[str, str]) -> float:
-    """Seconds the stand-in takes to "load" the model: SIMLAB_VLLM_LOAD_SECONDS, else the
-    number in LOAD_SECONDS_FILE of the model's snapshot (or directory), else 0."""
-    if env.get("SIMLAB_VLLM_LOAD_SECONDS"):
-        return float(env["SIMLAB_VLLM_LOAD_SECONDS"])
+# Where a lab test makes the model answer badly (gibberish, empty-reasoning), as a broken
+# checkpoint would: beside its config.json, like its load time.
+ANSWER_FILE = "simlab-answer"
+
+
+def beside_model(model: str, env: Mapping[str, str], name: str) -> str | None:
+    """The text of the lab's file `name` in the model's snapshot (or directory), if any."""
     if model.startswith("/"):
-        files = [Path(model) / LOAD_SECONDS_FILE]
+        files = [Path(model) / name]
     else:
         repo = hub_cache(env) / f"models--{model.replace('/', '--')}"
-        files = sorted(repo.glob(f"snapshots/*/{LOAD_SECONDS_FILE}"))
-    return next((float(f.read_text()) for f in files if f.is_file()), 0.0)
+        files = sorted(repo.glob(f"snapshots/*/{name}"))
+    return next((f.read_text().strip() for f in files if f.is_file()), None)
+
+
+def load_time(model: str, env: Mapping[str, str]) -> float:
+    """Seconds the stand-in takes to "load" the model: SIMLAB_VLLM_LOAD_SECONDS, else the
+    number in LOAD_SECONDS_FILE beside the model's config.json, else 0."""
+    if env.get("SIMLAB_VLLM_LOAD_SECONDS"):
+        return float(env["SIMLAB_VLLM_LOAD_SECONDS"])
+    return float(beside_model(model, env, LOAD_SECONDS_FILE) or 0)
+
+
+def answer_mode(model: str, env: Mapping[str, str]) -> str:
+    """How the model answers: SIMLAB_STANDIN_ANSWER (the stand-in's own tests), else ANSWER_FILE
+    beside its config.json, else "" (right)."""
+    return env.get("SIMLAB_STANDIN_ANSWER") or beside_model(model, env, ANSWER_FILE) or ""
 
 
 def serve(config: ServeConfig, version: str, non_default: dict[str, Any]) -> int:
@@ -636,6 +653,7 @@ def serve(config: ServeConfig, version: str, non_default: dict[str, Any]) -> int
             signal.signal(signal.SIGTERM, _interrupt)
             log("INFO", f"Ray workers placed on {', '.join(server.placement.node_ips)}")
         load_seconds = load_time(config.model, os.environ)
+        server.answer_mode = answer_mode(config.model, os.environ)
         log("INFO", f"Starting to load model {config.model}...")
         time.sleep(load_seconds)
         log("INFO", f"Model loading took 0.0000 GiB memory and {load_seconds:.6f} seconds")
