@@ -49,10 +49,14 @@ from operations import (
     toolkit,
     weights,
 )
-from operations.recipes import Lane
+from operations.recipes import Lane, MpRank
 
 spark = config.load(inventory)  # validated once for the whole inventory, then cached
 me = spark.host(host.name)
+# A cluster lane (on the head) runs a rank on every box: on vLLM's own multi-node mode
+# (executor mp) each box has a unit for it; on Ray the box's Ray node holds it.
+cluster_lane = spark.cluster_lane
+on_mp = cluster_lane is not None and cluster_lane.cluster_executor == "mp"
 
 debpkg.completed(name="dpkg: nothing left half installed")
 driver.branch_held(
@@ -116,31 +120,38 @@ hygiene.sshd_oom_protected(name="sshd's listener out of the OOM killer's reach (
 
 memguard.memory_guard(
     name=f"Memory guard: a lane stopped below {me.memory_guard_min_available_gib:g} GiB available",
-    lanes=[(lane.name, lane.priority) for lane in me.lanes],
+    lanes=[(lane.name, lane.priority) for lane in spark.units(me.name)],
     min_available_gib=me.memory_guard_min_available_gib,
 )
 if me.hf_token_file:
     lanes.hf_token(name="Hugging Face token (root 0600)", src=me.hf_token_file)
 lanes.lanes_removed(
-    name="Lanes no longer configured: removed", keep=[lane.name for lane in me.lanes]
+    name="Lanes no longer configured: removed", keep=[lane.name for lane in spark.units(me.name)]
 )
 for image in dict.fromkeys(lane.image for lane in me.lanes):
     lanes.image_present(name=f"Serving image {image}", image=image)
 
 
-def serve(lane: Lane, after: str | None) -> None:
+def serve(lane: Lane, after: str | None, rank: MpRank | None = None) -> None:
+    on_ray = lane.cluster_executor == "ray"
+    head_ip = str(spark.head.fabric[0].address.ip) if lane.is_cluster else ""
+    others = spark.ranks[1:] if me.role == "head" else [spark.head]
     lanes.serving(
-        name=f"Lane {lane.name}: {lane.served_name} on port {lane.port}",
+        name=(
+            f"Lane {lane.name}: rank {rank.node_rank} of {lane.served_name}, headless"
+            if rank and rank.headless
+            else f"Lane {lane.name}: {lane.served_name} on port {lane.port}"
+        ),
         unit=lanes.LaneUnit(
             lane=lane,
             environment=me.cluster_environment(spark.head),
             after=after,
             hf_token=bool(me.hf_token_file),
             start_timeout_s=me.lane_start_timeout_min * 60,
-            ray_address=(
-                f"{spark.head.fabric[0].address.ip}:{me.ray.port}" if lane.is_cluster else None
-            ),
-            ray_token=lane.is_cluster and me.ray.auth,
+            ray_address=f"{head_ip}:{me.ray.port}" if on_ray else None,
+            ray_token=on_ray and me.ray.auth,
+            rank=rank,
+            peers=tuple(str(box.fabric[0].address.ip) for box in others) if rank else (),
         ),
     )
 
@@ -199,6 +210,9 @@ elif len(spark.hosts) > 1:
         ports=ray.listen_ports(me.ray.port),
         open_ports=[host.data.get("ssh_port") or 22, *(lane.port for lane in me.lanes)],
     )
+if len(spark.hosts) > 1 and me.topology != "ring3" and on_mp:
+    ray.node_removed(name=f"No {ray.UNIT}: the cluster lane runs on vLLM's own multi-node mode")
+elif len(spark.hosts) > 1 and me.topology != "ring3":
     ray.node(
         name=f"Ray ({ray.UNIT}): head on {spark.head.fabric[0].address.ip}, workers join it",
         role=me.role,
@@ -212,9 +226,8 @@ elif len(spark.hosts) > 1:
     )
 
 # A cluster lane (on the head) runs a rank on every box: each box checks what it needs before
-# the head starts it; the Ray image is its image (config.py), present on every box by now.
-cluster_lane = next((lane for lane in spark.head.lanes if lane.is_cluster), None)
-if cluster_lane and len(spark.hosts) > 1:
+# the head starts it; on Ray the Ray image is its image (config.py), present on every box by now.
+if cluster_lane:
     if cluster_lane.model.startswith("/"):  # a directory of the user's, on every box
         model_on_box(cluster_lane, f"Cluster lane {cluster_lane.name}")
     else:  # from the internet once, onto the head; over the fabric to the other boxes
@@ -247,9 +260,17 @@ if cluster_lane and len(spark.hosts) > 1:
         image=cluster_lane.image,
         boxes=[box.name for box in spark.hosts],
     )
-    for lane in me.lanes:
-        if lane.is_cluster:  # on the head, after its own lanes
-            serve(lane, after=previous)
+    if on_mp:
+        # The headless ranks first, the head's last (as eugr/spark-vllm-docker's launcher does):
+        # two calls, so that pyinfra runs the ranks' operation on every box before the head's.
+        ranks = [box.name for box in spark.ranks]
+        rank = MpRank(ranks.index(me.name), str(spark.head.fabric[0].address.ip))
+        if rank.headless:
+            serve(cluster_lane, after=previous, rank=rank)
+        if not rank.headless:
+            serve(cluster_lane, after=previous, rank=rank)
+    elif me.role == "head":  # on Ray: the head's unit only, after its own lanes
+        serve(cluster_lane, after=previous)
 
 # Clients reach a box at the address the inventory connects to.
 endpoints.report(state, me, address=host.data.get("ssh_hostname") or host.name)

@@ -724,6 +724,28 @@ class SparkConfig(Frozen):
     def host(self, name: str) -> HostConfig:
         return next(host for host in self.hosts if host.name == name)
 
+    @property
+    def cluster_lane(self) -> Lane | None:
+        """The lane served from the head over every box, in an inventory of several boxes."""
+        if len(self.hosts) < 2:
+            return None
+        return next((lane for lane in self.head.lanes if lane.is_cluster), None)
+
+    @property
+    def ranks(self) -> tuple[HostConfig, ...]:
+        """The boxes in node-rank order: the head (rank 0, which serves), then the others in the
+        inventory's order."""
+        return (self.head, *(host for host in self.hosts if host.role != "head"))
+
+    def units(self, name: str) -> tuple[Lane, ...]:
+        """The lanes with a unit on a box: its own and, on a box other than the head, the
+        cluster lane's rank where that lane runs on vLLM's own multi-node mode (executor mp);
+        on Ray, the box's Ray node holds the rank."""
+        host, lane = self.host(name), self.cluster_lane
+        if host.role != "head" and lane is not None and lane.cluster_executor == "mp":
+            return (*host.lanes, lane)
+        return host.lanes
+
 
 def _names(hosts: Iterable[HostConfig]) -> str:
     return ", ".join(dict.fromkeys(host.name for host in hosts))
@@ -780,7 +802,7 @@ def _cluster_lane_problems(hosts: tuple[HostConfig, ...]) -> list[str]:
                 f"{where}: {size} makes a cluster lane, which is served from the head; move the"
                 " lane to the head's lanes"
             )
-        elif lane.image != host.ray.image:
+        elif lane.cluster_executor == "ray" and lane.image != host.ray.image:
             problems.append(
                 f"{host.name}: lanes: {lane.name}: image: {lane.image}, but a cluster lane's"
                 f" ranks run in Ray's containers ({host.ray.image}); set ray_image and the"
@@ -789,20 +811,20 @@ def _cluster_lane_problems(hosts: tuple[HostConfig, ...]) -> list[str]:
         elif size != len(hosts):
             problems.append(
                 f"{where}: {size}, but the cluster has {len(hosts)} boxes ({_names(hosts)});"
-                f" set {len(hosts)}: one rank on each box (Ray gives each box one GPU)"
+                f" set {len(hosts)}: one rank on each box (each box has one GPU)"
             )
         elif host.topology == "ring3":
             problems.append(
-                f"{where}: {size} makes a cluster lane, which runs on Ray, and this collection"
-                " does not yet run Ray over a ring3 (each box's fabric addresses reach one"
-                " neighbour each; Ray needs one address every box reaches); serve it from a"
-                " pair or a switch, or set 1"
+                f"{where}: {size} makes a cluster lane, and this collection does not yet run"
+                " one over a ring3 (each box's fabric addresses reach one neighbour each; Ray's"
+                " head and vLLM's --master-addr need one address every box reaches); serve it"
+                " from a pair or a switch, or set 1"
             )
     if len(cluster_lanes) > 1:
         problems.append(
             f"{_names(host for host, _ in cluster_lanes)}: lanes:"
             f" {' and '.join(lane.name for _, lane in cluster_lanes)} are cluster lanes; keep"
-            " one (each holds the one GPU Ray has on every box)"
+            " one (each holds the one GPU of every box)"
         )
     heads = [host for host in hosts if host.role == "head"]
     if problems or not cluster_lanes or len(heads) != 1:

@@ -18,6 +18,7 @@ from operations import ray, util
 from operations.recipes import (
     SLUG,
     Lane,
+    MpRank,
     _is_modelopt_nvfp4,
     _is_qwen3,
     _quantization,
@@ -35,6 +36,8 @@ TURN_COMMAND = "/usr/local/sbin/spark-lane-turn"
 LOADING_DIR = "/run/spark/loading"
 # After /health, a fixed question whose answer is checked (templates/spark-lane-canary.j2).
 CANARY_COMMAND = "/usr/local/sbin/spark-lane-canary"
+# A cluster lane's rank on executor mp, its rendezvous watched (templates/spark-lane-ranks.j2).
+RANKS_COMMAND = "/usr/local/sbin/spark-lane-ranks"
 # Where the container reads its secrets: mounted read-only, never passed as values.
 KEY_IN_CONTAINER = "/run/secrets/api-key"
 HF_TOKEN_IN_CONTAINER = "/run/secrets/hf-token"
@@ -268,8 +271,11 @@ class LaneUnit:
     + hf_token: mount /etc/spark/secrets/hf-token (see ``hf_token``) for gated models
     + start_timeout_s: how long a start may take, model load included, until /health answers
     + models_dir: the Hugging Face cache on the box, shared by the lanes
-    + ray_address: a cluster lane's Ray GCS, host:port (the head's fabric address)
-    + ray_token: a cluster lane mounts Ray's token (Ray runs with token authentication)
+    + ray_address: a cluster lane's Ray GCS, host:port (the head's fabric address), on Ray
+    + ray_token: a cluster lane mounts Ray's token (Ray runs with token authentication), on Ray
+    + rank: this box's rank of a cluster lane on executor mp (a unit on every box)
+    + peers: the fabric addresses of the boxes whose ranks this box's rank meets on the head's
+      master port (the head: every other box's; another box: the head's), on executor mp
     """
 
     lane: Lane
@@ -280,15 +286,22 @@ class LaneUnit:
     models_dir: str = MODELS_DIR
     ray_address: str | None = None
     ray_token: bool = False
+    rank: MpRank | None = None
+    peers: tuple[str, ...] = ()
 
     @property
     def name(self) -> str:
         return self.lane.name
 
     @property
-    def cluster(self) -> bool:
-        """A cluster lane: its ranks run on every box's Ray node (this box's among them)."""
-        return self.lane.is_cluster
+    def on_ray(self) -> bool:
+        """A cluster lane on Ray: its ranks run on every box's Ray node (this box's among them)."""
+        return self.lane.cluster_executor == "ray"
+
+    @property
+    def headless(self) -> bool:
+        """A rank of a cluster lane (executor mp) on a box other than the head: no API."""
+        return self.rank is not None and self.rank.headless
 
     def variables(self) -> dict[str, str]:
         """The container's environment (its env file): names and paths, never a secret."""
@@ -302,7 +315,7 @@ class LaneUnit:
                     f"lane {self.name}: environment {key}={value!r}: a name of A-Z a-z 0-9 _ and"
                     " a value without line breaks only (docker reads the file line by line)"
                 )
-        if self.cluster:
+        if self.on_ray:
             if not self.ray_address:
                 raise OperationError(
                     f"lane {self.name}: a cluster lane needs ray_address (host:port)"
@@ -318,22 +331,24 @@ class LaneUnit:
         return variables
 
     def docker_run(self, rdma: bool, unlimited_memlock: bool) -> list[str]:
-        """The `docker run` argument list of the lane's container; a cluster lane's gets the Ray
-        token as ray.py mounts it and Ray's session directory, where its driver finds the box's
-        Ray node (the raylet's sockets), sharing the Ray container's processes."""
+        """The `docker run` argument list of the lane's container; a cluster lane's on Ray gets
+        the Ray token as ray.py mounts it and Ray's session directory, where its driver finds the
+        box's Ray node (the raylet's sockets), sharing the Ray container's processes. A headless
+        rank serves no API: no key."""
         options = ["--oom-score-adj", str(OOM_SCORE_ADJ)]
         args = util.docker_run(PREFIX + self.name, options, rdma, unlimited_memlock)
         args += ["--env-file", f"{LANE_DIR}/{self.name}.env"]
         args += ["-v", f"{self.models_dir}:/root/.cache/huggingface"]
-        if self.lane.api_key:
+        api_key = self.lane.api_key and not self.headless
+        if api_key:
             args += ["-v", f"{key_path(self.name)}:{KEY_IN_CONTAINER}:ro"]
         if self.hf_token:
             args += ["-v", f"{HF_TOKEN}:{HF_TOKEN_IN_CONTAINER}:ro"]
-        if self.cluster:  # the box's Ray node: its processes (the driver looks for its raylet)
+        if self.on_ray:  # the box's Ray node: its processes (the driver looks for its raylet)
             args += ["--pid", f"container:{ray.CONTAINER}", "-v", f"{ray.SESSION_DIR}:/tmp/ray"]
             if self.ray_token:
                 args += ["-v", f"{ray.TOKEN_PATH}:{ray.TOKEN_IN_CONTAINER}:ro"]
-        script = serve_script(self.lane.vllm_args(), self.lane.api_key)
+        script = serve_script(self.lane.vllm_args(self.rank), api_key)
         return [*args, self.lane.image, "/bin/sh", "-c", script]
 
     def timeouts(self) -> dict[str, int]:
@@ -350,6 +365,8 @@ class LaneUnit:
     def unit_variables(self, rdma: bool, unlimited_memlock: bool) -> dict:
         """What templates/vllm-lane.service.j2 is rendered with."""
         run = self.docker_run(rdma, unlimited_memlock)
+        if self.rank is not None:  # under the rendezvous watch
+            run = [RANKS_COMMAND, str(self.rank.master_port), *self.peers, "--", *run]
         return {
             "lane": self.name,
             "port": self.lane.port,
@@ -357,7 +374,12 @@ class LaneUnit:
             "after": unit_name(self.after) if self.after else None,
             "container": PREFIX + self.name,
             "exec_start": " ".join(systemd_word(arg) for arg in run),
-            "cluster_nodes": self.lane.tensor_parallel_size if self.cluster else None,
+            "ray_nodes": self.lane.tensor_parallel_size if self.on_ray else None,
+            "mp_peers": " ".join(self.peers) if self.rank is not None else None,
+            "headless": self.headless,
+            "node_rank": self.rank.node_rank if self.rank else None,
+            "nnodes": self.lane.tensor_parallel_size,
+            "master": f"{self.rank.master_addr}:{self.rank.master_port}" if self.rank else None,
             "ray_unit": ray.UNIT,
             "nodes_command": ray.NODES_COMMAND,
             "turn_command": TURN_COMMAND,
@@ -414,9 +436,11 @@ def serving(unit: LaneUnit):
     + unit: the lane and how this box runs it (see ``LaneUnit``); its image is on the box (see
       ``image_present``); a port another service holds is refused; with the lane's api_key,
       /v1 is guarded by the key in /etc/spark/secrets/<lane>.key (root 0600), generated on the
-      box when absent and never regenerated, so clients keep working; a cluster lane requires
-      ``spark-ray.service`` and waits until all its Ray nodes have joined before its container
-      starts
+      box when absent and never regenerated, so clients keep working; a cluster lane on Ray
+      requires ``spark-ray.service`` and waits until all its Ray nodes have joined before its
+      container starts; one on executor mp has a unit on every box (``unit.rank``) under the
+      watch of its rendezvous (spark-lane-ranks), the head's serving and the others' headless
+      (no port, no key, active once running)
 
     A changed unit, environment or new key restarts this lane only; otherwise a lane that is
     not running is started. Starting returns once /health answers.
@@ -431,10 +455,11 @@ def serving(unit: LaneUnit):
     if unit.after is not None and not SLUG.fullmatch(unit.after):
         raise OperationError(f"lane names are 1-32 of a-z 0-9 - (got after {unit.after!r})")
     state = host.get_fact(LaneServing)
-    problem = _port_owner_problem(state, lane)
+    problem = None if unit.headless else _port_owner_problem(state, lane)
     if problem:
         raise OperationError(problem)
-    commands, new_key = _secret_commands(state, lane.name) if lane.api_key else ([], False)
+    with_key = lane.api_key and not unit.headless
+    commands, new_key = _secret_commands(state, lane.name) if with_key else ([], False)
     yield from commands
     env_changes = util.template(
         "vllm-lane.env.j2",
@@ -448,6 +473,8 @@ def serving(unit: LaneUnit):
         "spark-lane-turn.j2", TURN_COMMAND, "755", loading_dir=LOADING_DIR, prefix=PREFIX
     )
     yield from util.template("spark-lane-canary.j2", CANARY_COMMAND, "755", secrets_dir=SECRETS_DIR)
+    if unit.rank is not None:
+        yield from util.template("spark-lane-ranks.j2", RANKS_COMMAND, "755")
     name = unit_name(lane.name)
     unit_changes = util.template(
         "vllm-lane.service.j2",
@@ -473,7 +500,11 @@ def serving(unit: LaneUnit):
         restart=f"{start.format('restart')} || {show_log}",
     )
     if running and not changed:
-        host.noop(f"lane {lane.name} is serving on port {lane.port}")
+        host.noop(
+            f"lane {lane.name}: rank {unit.rank.node_rank} running"
+            if unit.rank and unit.headless
+            else f"lane {lane.name} is serving on port {lane.port}"
+        )
 
 
 @operation()

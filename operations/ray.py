@@ -15,6 +15,7 @@ from pyinfra import host
 from pyinfra.api import FactBase, operation
 from pyinfra.api.command import FileUploadCommand
 from pyinfra.api.exceptions import OperationError
+from pyinfra.facts.files import File
 
 from operations import util
 
@@ -302,3 +303,18 @@ def node(
     )
     if running and not (unit or changes) and state["enabled"] == "enabled" and not script:
         host.noop(f"Ray {role} runs on {node_ip} ({UNIT})")
+
+
+@operation()
+def node_removed():
+    """
+    Stop, disable and remove this box's Ray node (``spark-ray.service``) where one is left from
+    a cluster lane on Ray: a cluster lane on vLLM's own multi-node mode (executor mp) needs no
+    Ray, whose containers would hold memory the lanes need. Its token and images stay.
+    """
+    if host.get_fact(File, path=UNIT_PATH) is None:
+        host.noop(f"no {UNIT} on this box")
+        return
+    yield f"systemctl disable --now {UNIT}"
+    yield f"rm -f {UNIT_PATH}"
+    yield "systemctl daemon-reload"

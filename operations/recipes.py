@@ -27,7 +27,7 @@ from pydantic import (
 )
 
 from operations import ray
-from operations.firewall import BACKEND_PORTS
+from operations.firewall import BACKEND_PORTS, MASTER_PORT
 from operations.util import ENV_NAME
 from operations.vllm_release import (
     DATA,
@@ -138,9 +138,26 @@ def _without_ray(image: str) -> list[str]:
     if image_has_ray(image) is not False:
         return []
     return [
-        f"{image} carries no Ray (NVIDIA/dgx-spark-playbooks#109); a cluster runs on Ray:"
-        f" use {' or '.join(images_with_ray())}"
+        f"{image} carries no Ray (NVIDIA/dgx-spark-playbooks#109); a cluster on Ray needs"
+        f" {' or '.join(images_with_ray())}, or a cluster lane with executor mp"
     ]
+
+
+# vLLM's own (Ray-free) multi-node mode: the head, node rank 0, serves; every other box runs a
+# headless rank joining the head's torch.distributed group at --master-addr:--master-port
+# (vLLM docs, serving/parallelism_scaling.md, "Running vLLM with MultiProcessing"; vllm PR
+# #23691).
+@dataclass(frozen=True)
+class MpRank:
+    """A box's place in a cluster lane run by vLLM's own multi-node mode (executor mp)."""
+
+    node_rank: int  # 0: the head, which serves; above 0: a headless rank
+    master_addr: str  # the head's first fabric twin
+    master_port: int = MASTER_PORT
+
+    @property
+    def headless(self) -> bool:
+        return self.node_rank > 0
 
 
 class ModelSpec(BaseModel):
@@ -275,7 +292,13 @@ class Lane(BaseModel):
         ge=1,
         le=64,
         description="1: the lane runs on its box; N > 1: a cluster lane, on the head, spread"
-        " over all N boxes of the cluster by tensor parallelism over Ray (an image with Ray)",
+        " over all N boxes of the cluster by tensor parallelism (see executor)",
+    )
+    executor: Literal["ray", "mp"] | None = Field(
+        None,
+        description="how a cluster lane reaches the other boxes: ray (Ray's cluster, an image"
+        " with Ray) or mp (vLLM's own multi-node mode, one unit per box, no Ray); None: ray on"
+        " an image with Ray, mp on one without (NGC's from 26.05)",
     )
 
     @field_validator("extra_args", mode="before")
@@ -308,8 +331,13 @@ class Lane(BaseModel):
             raise ValueError(str(error)) from None
         problems = _release_problems(self, vllm)
         problems += [rule.problem(vllm) for rule in SM121_RULES if rule.breaks(self)]
-        if self.is_cluster:
-            problems += [f"tensor_parallel_size: {problem}" for problem in _without_ray(self.image)]
+        if self.executor and not self.is_cluster:
+            problems.append(
+                f"executor: {self.executor} is for a cluster lane; set tensor_parallel_size to"
+                " the number of boxes, or leave executor out"
+            )
+        elif self.cluster_executor == "ray":
+            problems += [f"executor: ray: {problem}" for problem in _without_ray(self.image)]
         spec = self.spec
         if spec is None:
             problems.append(
@@ -344,13 +372,21 @@ class Lane(BaseModel):
         found = [value for option, value in options if option == name]
         return found[-1] if found else None
 
-    def vllm_args(self) -> list[str]:
+    @property
+    def cluster_executor(self) -> Literal["ray", "mp"] | None:
+        """How a cluster lane's ranks meet: executor, else ray where the image has Ray and mp
+        where it has none or the table does not know it; None for a lane of one box."""
+        if not self.is_cluster:
+            return None
+        return self.executor or ("ray" if image_has_ray(self.image) else "mp")
+
+    def vllm_args(self, rank: MpRank | None = None) -> list[str]:
         """Everything after `vllm serve`: the model, the lane's settings, the additions SM121
-        needs, then extra_args. Never a key: the API key reaches vLLM as VLLM_API_KEY from a
-        root-only file on the box. vLLM listens on loopback only: its --api-key guards /v1 and
-        leaves /invocations, /tokenize, /metrics and more open to anyone (vLLM's security guide;
-        vllm-project/vllm#18892), so the box's front (operations/front.py) owns `port` and asks
-        the key on every path."""
+        needs, then extra_args; for a cluster lane on executor mp, this box's `rank`. Never a
+        key: the API key reaches vLLM as VLLM_API_KEY from a root-only file on the box. vLLM
+        listens on loopback only: its --api-key guards /v1 and leaves /invocations, /tokenize,
+        /metrics and more open to anyone (vLLM's security guide; vllm-project/vllm#18892), so
+        the box's front (operations/front.py) owns `port` and asks the key on every path."""
         args = [
             self.model,
             "--served-model-name", self.served_name,
@@ -363,9 +399,16 @@ class Lane(BaseModel):
             args += ["--kv-cache-dtype", self.kv_cache_dtype]
         if self.tool_call_parser:
             args += ["--tool-call-parser", self.tool_call_parser, "--enable-auto-tool-choice"]
-        if self.is_cluster:  # one rank per box, placed by Ray (its head is this box's node)
+        if self.is_cluster:  # one rank per box
             args += ["--tensor-parallel-size", str(self.tensor_parallel_size)]
-            args += ["--distributed-executor-backend", "ray"]
+            args += ["--distributed-executor-backend", self.cluster_executor or "ray"]
+        if self.cluster_executor == "mp":
+            if rank is None:
+                raise ValueError(f"lane {self.name}: a cluster lane on executor mp needs its rank")
+            args += ["--nnodes", str(self.tensor_parallel_size), "--node-rank", str(rank.node_rank)]
+            args += ["--master-addr", rank.master_addr, "--master-port", str(rank.master_port)]
+            if rank.headless:  # no API server on this box: the head serves
+                args.append("--headless")
         for addition in SM121_ADDITIONS:
             args += addition.args(self)
         return [*args, *self.extra_args]
@@ -422,7 +465,11 @@ LANE_KEYS = {
     "--enable-auto-tool-choice": "tool_call_parser",
     "--no-enable-auto-tool-choice": "tool_call_parser",
     "--tensor-parallel-size": "tensor_parallel_size",
-    "--distributed-executor-backend": "tensor_parallel_size (a cluster lane runs on Ray)",
+    "--distributed-executor-backend": "tensor_parallel_size and executor (a cluster lane)",
+    **{
+        option: "tensor_parallel_size and executor mp (the deploy gives each box its rank)"
+        for option in ("--nnodes", "--node-rank", "--master-addr", "--master-port", "--headless")
+    },
 }
 # Options extra_args may not carry at all, and why.
 NOT_IN_EXTRA_ARGS = {
@@ -439,8 +486,6 @@ NOT_IN_EXTRA_ARGS = {
     " and set tensor_parallel_size (a cluster lane)",
     "--data-parallel-size": "a lane spans boxes by tensor parallelism only; leave it out"
     " and set tensor_parallel_size (a cluster lane)",
-    "--nnodes": "a cluster lane spans boxes over Ray, not vLLM's own multi-node mode; leave it"
-    " out and set tensor_parallel_size",
     "--hf-token": "a token in argv shows in `ps` and `docker inspect`; set hf_token_file (the"
     " token goes to a root-only file on the box)",
 }
@@ -919,7 +964,12 @@ def port_owners(ray_port: int, ssh_port: int = 22) -> list[tuple[int, int, str]]
     return [
         *((low, high, ray_owner) for low, high in ranges),
         *(
-            (low, high, "the distributed back-end's (torch's TCPStore 29500, vLLM's 14579)")
+            (
+                low,
+                high,
+                "the distributed back-end's (torch's TCPStore 29500, vLLM's 14579 and its"
+                f" multi-node master port {MASTER_PORT})",
+            )
             for low, high in BACKEND_PORTS
         ),
         (

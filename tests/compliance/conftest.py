@@ -84,6 +84,9 @@ class Box:
         self.config: HostConfig = spark.host(host.name)
         self.head: HostConfig = spark.head
         self.cluster: tuple[HostConfig, ...] = spark.hosts  # every box, also under --limit
+        self.ranks = spark.ranks  # node-rank order: the head first
+        self.cluster_lane = spark.cluster_lane
+        self.units = spark.units(host.name)  # its own lanes, and an mp cluster lane's rank
         self._pyinfra_host = host
         self._testinfra: TestinfraHost | None = None
         self._failure: str | None = None

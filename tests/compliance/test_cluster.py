@@ -1,7 +1,8 @@
-"""The Ray cluster over the fabric: each box's Ray unit running, every box joined (as each box
-sees it), the firewall's table loaded as the deploy renders it, the token root-only, and the
-cluster lane (on the head) serving with every node in. Boxes of a one-box inventory have no
-cluster: these checks skip there."""
+"""The cluster over the fabric: the firewall's table loaded as the deploy renders it; on Ray, each
+box's Ray unit running, every box joined (as each box sees it), the token root-only, and the
+cluster lane (on the head) serving with every node in; on vLLM's own multi-node mode (executor
+mp), every box's rank unit running, joined to the head's rendezvous, and the head serving. Boxes
+of a one-box inventory have no cluster: these checks skip there."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from typing import TYPE_CHECKING
 import pytest
 
 from operations import firewall, lanes, ray
+from operations.firewall import MASTER_PORT
 
 if TYPE_CHECKING:
     from tests.compliance.conftest import Box
@@ -22,6 +24,17 @@ def _cluster_only(box: Box) -> None:
         pytest.skip("a single box: no Ray cluster")
 
 
+def _on_mp(box: Box) -> bool:
+    return box.cluster_lane is not None and box.cluster_lane.cluster_executor == "mp"
+
+
+@pytest.fixture
+def _ray_only(box: Box) -> None:
+    if _on_mp(box):
+        pytest.skip("no Ray: the cluster lane runs on vLLM's own multi-node mode (executor mp)")
+
+
+@pytest.mark.usefixtures("_ray_only")
 def test_ray_unit(box: Box, found: Callable[[object], None]) -> None:
     """Ray unit enabled and running"""
     state = box.run(f"systemctl is-enabled {ray.UNIT}; systemctl is-active {ray.UNIT}").stdout
@@ -29,6 +42,7 @@ def test_ray_unit(box: Box, found: Callable[[object], None]) -> None:
     assert state.split() == ["enabled", "active"], f"expected {ray.UNIT} enabled, active: {state}"
 
 
+@pytest.mark.usefixtures("_ray_only")
 def test_ray_nodes(box: Box, found: Callable[[object], None]) -> None:
     """Ray nodes all joined"""
     # Asked on every box (any node's `ray status` reads the head's GCS); waits a minute at most
@@ -70,6 +84,7 @@ def test_firewall_table(box: Box, found: Callable[[object], None]) -> None:
     )
 
 
+@pytest.mark.usefixtures("_ray_only")
 def test_ray_token(box: Box, found: Callable[[object], None]) -> None:
     """Ray token root-only"""
     if not box.config.ray.auth:
@@ -82,6 +97,8 @@ def test_ray_token(box: Box, found: Callable[[object], None]) -> None:
 
 def test_cluster_lane(box: Box, found: Callable[[object], None]) -> None:
     """cluster lane active, all nodes in"""
+    if _on_mp(box):
+        return _mp_ranks_joined(box, found)
     lane = next((lane for lane in box.config.lanes if lane.is_cluster), None)
     if lane is None:  # nothing of it to be on this box: a worker holds only Ray's ranks
         found("none on this box" if box.config.role == "head" else "served from the head")
@@ -100,3 +117,34 @@ def test_cluster_lane(box: Box, found: Callable[[object], None]) -> None:
         and health == "200"
         and said.startswith(f"{lane.tensor_parallel_size} of {lane.tensor_parallel_size}")
     ), f"expected {unit} active, /health 200 and every Ray node alive, found: {state}"
+
+
+def _mp_ranks_joined(box: Box, found: Callable[[object], None]) -> None:
+    """Executor mp: this box's unit of the cluster lane active, connected on the head's master
+    port with every other rank's box (the head with all, the others with the head), and the head
+    serving /health."""
+    lane = box.cluster_lane
+    assert lane is not None
+    unit = lanes.unit_name(lane.name)
+    active = box.run(f"systemctl is-active {unit}").stdout.strip() or "no unit"
+    listing = box.run(
+        f"ss -Htn state established '( sport = :{MASTER_PORT} or dport = :{MASTER_PORT} )'"
+    ).stdout
+    peers = {line.split()[3].rpartition(":")[0] for line in listing.splitlines() if line.split()}
+    others = box.ranks[1:] if box.config.role == "head" else box.ranks[:1]
+    want = {str(other.fabric[0].address.ip) for other in others}
+    joined = ", ".join(sorted(peers)) or "none"
+    state = f"{lane.name} {active}, rendezvous {MASTER_PORT} with {joined}"
+    healthy = True
+    if box.config.role == "head":
+        health = box.run(
+            f"curl -s -o /dev/null -w '%{{http_code}}' --max-time 10"
+            f" http://127.0.0.1:{lane.backend_port}/health"
+        ).stdout.strip()
+        state += f", /health {health or 'no answer'}"
+        healthy = health == "200"
+    found(state)
+    assert active == "active" and want <= peers and healthy, (
+        f"expected {unit} active, joined on port {MASTER_PORT} with {', '.join(sorted(want))}"
+        f"{' and /health 200' if box.config.role == 'head' else ''}, found: {state}"
+    )

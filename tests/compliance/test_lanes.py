@@ -42,7 +42,7 @@ def _report(found: Callable[[object], None], problems: list[str], what: str) -> 
 def test_lanes_enabled_active_in_order(box: Box, found: Callable[[object], None]) -> None:
     """lanes enabled, serving, in order"""
     problems, previous = [], None
-    for lane in box.config.lanes:
+    for lane in box.units:  # an mp cluster lane's rank too, after the box's own lanes
         shown = box.run(f"systemctl show -p ActiveState,UnitFileState,After {unit_name(lane.name)}")
         state = dict(line.split("=", 1) for line in shown.stdout.splitlines() if "=" in line)
         if (state.get("ActiveState"), state.get("UnitFileState")) != ("active", "enabled"):
@@ -60,7 +60,7 @@ def test_no_lane_beyond_the_inventory(box: Box, found: Callable[[object], None])
         path.rpartition("/")[2].removeprefix(PREFIX).removesuffix(".service").removesuffix(".env")
         for path in listed.split()
     }
-    extra = sorted(names - {lane.name for lane in box.config.lanes})
+    extra = sorted(names - {lane.name for lane in box.units})
     _report(found, [f"{name} is not in the inventory" for name in extra], "only configured lanes")
 
 
@@ -146,7 +146,7 @@ def test_memory_guard_watching(box: Box, found: Callable[[object], None]) -> Non
     threshold = box.config.memory_guard_min_available_gib
     if config.get("min_available_gib") != threshold:
         problems.append(f"threshold {config.get('min_available_gib')} (want {threshold})")
-    order = stop_order([(lane.name, lane.priority) for lane in box.config.lanes])
+    order = stop_order([(lane.name, lane.priority) for lane in box.units])
     if config.get("lanes") != order:
         problems.append("stop order differs from the inventory's priorities")
     _report(found, problems, f"{SERVICE} enabled and active, with the inventory's threshold")

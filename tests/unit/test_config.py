@@ -351,13 +351,15 @@ def test_a_cluster_lane_is_refused_on_a_worker_a_lone_box_or_at_another_size() -
     )
     assert cluster_problems([BIG | {"tensor_parallel_size": 4}], []) == [
         "spark-1: lanes: big: tensor_parallel_size: 4, but the cluster has 2 boxes (spark-1,"
-        " spark-2); set 2: one rank on each box (Ray gives each box one GPU)"
+        " spark-2); set 2: one rank on each box (each box has one GPU)"
     ]
 
 
 def test_a_cluster_lane_in_another_image_than_rays_is_refused() -> None:
+    # An image the table does not know runs a cluster lane on executor mp unless told ray.
     mirror = {"image": "registry.local:5000/nvidia/vllm:26.04-py3", "vllm_version": "0.19.0"}
-    (problem,) = cluster_problems([BIG | mirror], [])
+    assert cluster_problems([BIG | mirror], []) == []
+    (problem,) = cluster_problems([BIG | mirror | {"executor": "ray"}], [])
     assert problem.startswith(
         "spark-1: lanes: big: image: registry.local:5000/nvidia/vllm:26.04-py3, but"
     )

@@ -24,7 +24,7 @@ FABRIC = {"enp1s0f1np1": "192.168.100.0/24", "enP2p1s0f1np1": "192.168.101.0/24"
 RULES = "/etc/spark/firewall.nft"
 UNIT = f"/etc/systemd/system/{firewall.UNIT}"
 ARGS = {"fabric": FABRIC, "ports": ray.listen_ports(6379), "open_ports": [22, 10101, 10102]}
-LAB_DIGEST = "36b091a649359321c8246eea9a87c25f4aa5e66df63ca1449032d1f832ac0dc4"
+LAB_DIGEST = "73093b6d0388057d84c30b82dac2d55b27e7b04f6e6e83de8b51e8ccfcc989ab"
 
 
 def firewall_host(fact: str, files: dict[str, str | None] | None = None) -> FakeHost:
@@ -87,7 +87,7 @@ def test_bare_box_gets_nftables_the_ruleset_and_its_unit() -> None:
     rules = host.uploads[RULES]
     assert "elements = { 192.168.100.0/24, 192.168.101.0/24 }" in rules
     # Ray's pinned ports, the back-end's, the kernel's ephemeral range: joined where adjacent.
-    assert "elements = { 6379-6385, 8265, 10001, 14579, 20000-20999, 29500, 32768-60999 }" in rules
+    assert "elements = { 6379-6385, 8265, 10001, 14579, 20000-20999, 29500-29501, 32768-60999 }" in rules
     assert 'iifname { "enP2p1s0f1np1", "enp1s0f1np1" } ip saddr @fabric_subnets accept' in rules
     assert "\t\ttcp dport @cluster_ports reject with tcp reset\n" in rules
     assert "udp" not in rules.split("chain input")[1]  # WireGuard, Tailscale, mosh: left open

@@ -27,7 +27,7 @@ import os
 import subprocess
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from functools import cache
 from pathlib import Path
 from types import SimpleNamespace
@@ -41,7 +41,7 @@ from pyinfra.facts.systemd import SystemdEnabled, SystemdStatus
 
 from operations import lanes, memguard, util
 from operations.config import ConfigError, load_from_dicts
-from operations.recipes import Lane, ModelSpec
+from operations.recipes import Lane, ModelSpec, MpRank
 from tests.unit.harness import FakeHost, captured, file_facts, process, run_op
 from tests.unit.test_config import TWO_SPARKS, merged
 
@@ -95,7 +95,7 @@ def lane_host(fact: str, files: dict[str, str | None], turn_script: bool = True)
     """A box as the capture shows it, with these files, and the lanes' turn script in place as
     the deploy writes it (absent with turn_script=False)."""
     scripts = scripts_text() if turn_script else {}
-    known = {lanes.TURN_COMMAND: None, lanes.CANARY_COMMAND: None} | scripts
+    known = dict.fromkeys((lanes.TURN_COMMAND, lanes.CANARY_COMMAND, lanes.RANKS_COMMAND)) | scripts
     host = FakeHost(file_facts(files | known) | lane_facts(captured(fact)))
     for path in scripts:  # a root:root 0755 file's stat line
         stat = captured("lab-stat-memguard-script-0755.txt")
@@ -105,10 +105,12 @@ def lane_host(fact: str, files: dict[str, str | None], turn_script: bool = True)
 
 @cache
 def scripts_text() -> dict[str, str]:
-    """The turn and canary scripts as the deploy renders them (it writes them where absent)."""
+    """The turn, canary and rendezvous watch scripts as the deploy renders them (it writes them
+    where absent; the watch for a cluster lane on executor mp only)."""
     host = lane_host("lab-lanehost-bare.txt", dict.fromkeys(paths()), turn_script=False)
-    run_op(lanes.serving, host=host, unit=lane_unit())
-    return {path: host.uploads[path] for path in (lanes.TURN_COMMAND, lanes.CANARY_COMMAND)}
+    run_op(lanes.serving, host=host, unit=lane_unit(MP, **MP_HEAD))
+    scripts = (lanes.TURN_COMMAND, lanes.CANARY_COMMAND, lanes.RANKS_COMMAND)
+    return {path: host.uploads[path] for path in scripts}
 
 
 def turn_script_text() -> str:
@@ -743,6 +745,152 @@ def test_a_cluster_lane_without_rays_address_is_refused() -> None:
     host = lane_host("lab-lanehost-bare.txt", dict.fromkeys(paths()))
     with pytest.raises(OperationError, match="a cluster lane needs ray_address"):
         run_op(lanes.serving, host=host, unit=lane_unit(CLUSTER))
+
+
+# --- a cluster lane on vLLM's own multi-node mode (executor mp) ----------------------------------
+
+
+MP = {"tensor_parallel_size": 2, "executor": "mp"}
+MP_HEAD = {"rank": MpRank(0, "192.168.100.10"), "peers": ("192.168.100.11",)}
+MP_WORKER = {"rank": MpRank(1, "192.168.100.10"), "peers": ("192.168.100.10",)}
+MP_ARGS = (
+    "--tensor-parallel-size 2 --distributed-executor-backend mp --nnodes 2 --node-rank {rank}"
+    " --master-addr 192.168.100.10 --master-port 29501"
+)
+
+
+def test_an_mp_cluster_lanes_head_serves_under_the_rendezvous_watch_without_ray() -> None:
+    files = rendered(lane=MP, **MP_HEAD)
+    unit, env = files[UNIT], files[ENV]
+    assert "spark-ray" not in unit and "RAY_" not in env.replace("RAY_memory", "")
+    assert "StartLimitIntervalSec=0\n" in unit and "StartLimitBurst" not in unit
+    start = exec_start(unit)
+    # The watch first: port 29501 and the worker's first twin, then the lane's `docker run`.
+    assert start.startswith(
+        "ExecStart=/usr/local/sbin/spark-lane-ranks 29501 192.168.100.11 -- /usr/bin/docker run"
+    )
+    assert MP_ARGS.format(rank=0) in start and "--headless" not in start
+    assert "-v /etc/spark/secrets/coder.key:/run/secrets/api-key:ro" in start
+    # The head serves: health wait and canary as any lane's.
+    assert "/health" in unit and "ExecStartPost=/usr/local/sbin/spark-lane-canary coder" in unit
+
+
+def test_an_mp_cluster_lanes_worker_runs_a_headless_rank_without_key_health_or_canary() -> None:
+    unit_ = lane_unit(MP, **MP_WORKER)
+    host = lane_host("lab-lanehost-bare.txt", dict.fromkeys(paths()))
+    commands = run_op(lanes.serving, host=host, unit=unit_)
+    unit = host.uploads[UNIT]
+    start = exec_start(unit)
+    assert start.startswith(
+        "ExecStart=/usr/local/sbin/spark-lane-ranks 29501 192.168.100.10 -- /usr/bin/docker run"
+    )
+    assert MP_ARGS.format(rank=1) + " --headless" in start
+    assert "api-key" not in start and "VLLM_API_KEY" not in start
+    assert "/health" not in unit and "spark-lane-canary coder" not in unit
+    assert "Description=vLLM lane coder: this box's rank 1 (headless" in unit
+    # No key (nor its directory) for a rank that serves nothing; started like any lane.
+    assert not [c for c in commands if "secrets" in str(c)], commands
+    assert commands[-3:] == [
+        "systemctl daemon-reload",
+        "systemctl enable spark-lane-coder.service",
+        RESTART,
+    ]
+
+
+def test_a_headless_rank_ignores_the_lanes_ports_which_the_box_may_use_otherwise() -> None:
+    # 10102 held by another service (python3): the head's lane would take it, a rank does not.
+    taken = MP | {"name": "fast", "port": 10102}
+    host = lane_host("lab-lanehost-port-taken.txt", dict.fromkeys(paths("fast")))
+    assert run_op(lanes.serving, host=host, unit=lane_unit(taken, **MP_WORKER))
+    with pytest.raises(OperationError, match="port 10102 of lane fast is taken by python3"):
+        run_op(lanes.serving, host=host, unit=lane_unit(taken, **MP_HEAD))
+
+
+def test_an_mp_rank_in_place_yields_nothing() -> None:
+    for unit in (MP_HEAD, MP_WORKER):
+        host = lane_host("lab-lanehost-serving.txt", rendered(lane=MP, **unit))
+        assert run_op(lanes.serving, host=host, unit=lane_unit(MP, **unit)) == []
+
+
+# --- the rendezvous watch, run by sh against a fake ss ------------------------------------------
+
+
+@pytest.fixture
+def ranks(tmp_path: Path) -> Iterator[Callable[..., subprocess.Popen[str]]]:
+    """Start the watch script for port 29501 and these peers over `sleep 300` (the rank), with
+    an `ss` that prints tmp_path/connections (ss's columns under a state filter)."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "ss").write_text(f"#!/bin/sh\ncat {tmp_path}/connections 2>/dev/null\n")
+    (bin_dir / "ss").chmod(0o755)
+    script = tmp_path / "spark-lane-ranks"
+    script.write_text((util.TEMPLATES / "spark-lane-ranks.j2").read_text())
+    started: list[subprocess.Popen[str]] = []
+
+    def start(*peers: str, command: tuple[str, ...] = ("sleep", "300")) -> subprocess.Popen[str]:
+        env = {"PATH": f"{bin_dir}:/usr/bin:/bin"}
+        process = subprocess.Popen(
+            ["sh", str(script), "29501", *peers, "--", *command],
+            env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        )  # fmt: skip
+        started.append(process)
+        return process
+
+    yield start
+    for watch in started:
+        watch.kill()
+        watch.wait()
+
+
+def connections(tmp_path: Path, *peers: str) -> None:
+    """ss -Htn state established's lines: this box's end, then the peer's."""
+    lines = [f"0 0 192.168.100.10:29501 {peer}:4{n}123\n" for n, peer in enumerate(peers)]
+    (tmp_path / "connections").write_text("".join(lines))
+
+
+def test_the_watch_stops_the_rank_and_fails_once_a_joined_peer_leaves(
+    ranks: Callable[..., subprocess.Popen[str]], tmp_path: Path
+) -> None:
+    connections(tmp_path, "192.168.100.11", "192.168.100.12")
+    watch = ranks("192.168.100.11", "192.168.100.12")
+    time.sleep(3)  # two rounds of the watch: joined, still running
+    assert watch.poll() is None
+    connections(tmp_path, "192.168.100.12")
+    output, _ = watch.communicate(timeout=20)
+    assert watch.returncode == 1
+    assert "every rank joined the rendezvous on port 29501: 192.168.100.11 192.168.100.12" in output
+    assert "the rank at 192.168.100.11 left the rendezvous on port 29501" in output
+    # Its rank was stopped with it: no sleep 300 of this test left.
+    sleeping = subprocess.run(["pgrep", "-f", "^sleep 300$"], capture_output=True, text=True)
+    assert sleeping.stdout.strip() == ""
+
+
+def test_the_watch_waits_for_peers_not_yet_joined_and_passes_the_ranks_exit_on(
+    ranks: Callable[..., subprocess.Popen[str]], tmp_path: Path
+) -> None:
+    # Nobody joined yet: a missing peer is no loss; the rank's own failure is the watch's.
+    watch = ranks("192.168.100.11", command=("sh", "-c", "sleep 3; exit 7"))
+    output, _ = watch.communicate(timeout=20)
+    assert watch.returncode == 7 and "left" not in output and "joined" not in output
+
+
+def test_the_watch_passes_systemds_stop_on_to_the_rank(
+    ranks: Callable[..., subprocess.Popen[str]], tmp_path: Path
+) -> None:
+    connections(tmp_path, "192.168.100.11")
+    watch = ranks("192.168.100.11")
+    time.sleep(1)
+    watch.terminate()
+    watch.communicate(timeout=20)
+    assert watch.returncode == 143
+
+
+def test_the_watch_refuses_a_command_line_without_its_command(
+    ranks: Callable[..., subprocess.Popen[str]],
+) -> None:
+    watch = ranks("192.168.100.11", command=())
+    output, _ = watch.communicate(timeout=20)
+    assert watch.returncode == 2 and "usage: spark-lane-ranks" in output
 
 
 # --- the lanes' turn to load, run by sh against a fake systemctl --------------------------------

@@ -323,3 +323,16 @@ def test_nodes_command_says_while_it_waits_how_many_are_in(tmp_path: Path) -> No
         "waiting for 2 Ray nodes: 1 alive (a box's spark-ray not joined yet)",
         "1 of 2 Ray nodes are alive (see: journalctl -u spark-ray on each box)",
     ]
+
+
+def test_a_ray_node_left_behind_is_stopped_and_removed_once() -> None:
+    # Where a cluster lane moved to executor mp: the unit the Ray lane left (a file's stat
+    # line from the lab), then none.
+    left = FakeHost(file_facts({}) | {(File, (("path", ray.UNIT_PATH),)): captured(
+        "lab-stat-memguard-script-0755.txt")})  # fmt: skip
+    assert run_op(ray.node_removed, host=left) == [
+        "systemctl disable --now spark-ray.service",
+        "rm -f /etc/systemd/system/spark-ray.service",
+        "systemctl daemon-reload",
+    ]
+    assert run_op(ray.node_removed, host=FakeHost(file_facts({ray.UNIT_PATH: None}))) == []

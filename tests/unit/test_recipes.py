@@ -19,6 +19,7 @@ from operations.recipes import (
     SM121_ADDITIONS,
     SM121_RULES,
     Lane,
+    MpRank,
     matching,
     parse_options,
     refused,
@@ -552,7 +553,7 @@ def test_extra_args_are_read_as_vllm_reads_them() -> None:
                                             " set tool_call_parser"),
         (["--host", "0.0.0.0"], "--host is refused: vLLM listens on 127.0.0.1 behind the box's"),
         (["--tensor-parallel-size", "2"], "--tensor-parallel-size comes from the lane; set"),
-        (["--nnodes", "2"], "--nnodes is refused: a cluster lane spans boxes over Ray"),
+        (["--nnodes", "2"], "--nnodes comes from the lane; set tensor_parallel_size and executor"),
         (["--distributed-executor-backend", "ray"], "--distributed-executor-backend comes from"),
         (["--config", "serve.yaml"], "--config is refused: a config file would hide"),
         (["--enforce-eager=true"], "--enforce-eager takes no value; drop =true"),
@@ -804,22 +805,61 @@ def test_cuda_graphs_turned_off_any_way_are_refused_like_enforce_eager(
     assert problems(lane(extra_args=extra_args)) == (expected if graphs_off else [])
 
 
-def test_a_cluster_lane_and_ray_need_an_image_with_ray() -> None:
+# Seed 004's cluster lane, over two boxes.
+CLUSTER_PROBE = lane(
+    model="Qwen/Qwen3-235B-A22B-GPTQ-Int4",
+    memory_fraction=0.87,
+    max_model_len=40960,
+    kv_cache_dtype="fp8",
+    tensor_parallel_size=2,
+)
+
+
+def test_a_cluster_lane_on_ray_and_ray_need_an_image_with_ray() -> None:
     without = "nvcr.io/nvidia/vllm:26.05-py3"
-    big = lane(
-        model="Qwen/Qwen3-235B-A22B-GPTQ-Int4",
-        memory_fraction=0.87,
-        max_model_len=40960,
-        kv_cache_dtype="fp8",
-        tensor_parallel_size=2,
-        image=without,
+    big = CLUSTER_PROBE | {"image": without}
+    refusal = (
+        f"{without} carries no Ray (NVIDIA/dgx-spark-playbooks#109); a cluster on Ray needs"
+        " nvcr.io/nvidia/vllm:26.04-py3, or a cluster lane with executor mp"
     )
-    assert (
-        f"spark-1: lanes: probe: tensor_parallel_size: {without} carries no Ray"
-        " (NVIDIA/dgx-spark-playbooks#109); a cluster runs on Ray: use"
-        " nvcr.io/nvidia/vllm:26.04-py3"
-    ) in problems(big)
-    assert problems(ray_image=without) == [
-        f"spark-1: ray_image: {without} carries no Ray (NVIDIA/dgx-spark-playbooks#109); a"
-        " cluster runs on Ray: use nvcr.io/nvidia/vllm:26.04-py3"
+    assert f"spark-1: lanes: probe: executor: ray: {refusal}" in problems(big | {"executor": "ray"})
+    # Left out, the executor follows the image: mp where it has no Ray.
+    assert not [p for p in problems(big) if "executor" in p or "Ray" in p], problems(big)
+    assert problems(ray_image=without) == [f"spark-1: ray_image: {refusal}"]
+
+
+def test_the_executor_follows_the_image_unless_given() -> None:
+    big = CLUSTER_PROBE
+    with_ray, without = "nvcr.io/nvidia/vllm:26.04-py3", "nvcr.io/nvidia/vllm:26.10-py3"
+    executors = {
+        (image, given): Lane.model_validate(big | {"image": image, "executor": given})
+        for image in (with_ray, without)
+        for given in (None, "mp")
+    }
+    assert {key: value.cluster_executor for key, value in executors.items()} == {
+        (with_ray, None): "ray",
+        (with_ray, "mp"): "mp",
+        (without, None): "mp",
+        (without, "mp"): "mp",
+    }
+    assert Lane.model_validate(PROBE).cluster_executor is None  # a lane of one box
+    assert problems(lane(executor="mp")) == [
+        "spark-1: lanes: probe: executor: mp is for a cluster lane; set tensor_parallel_size to"
+        " the number of boxes, or leave executor out"
     ]
+
+
+def test_an_mp_rank_gets_vllms_multinode_options_and_the_others_headless() -> None:
+    big = Lane.model_validate(CLUSTER_PROBE | {"image": "nvcr.io/nvidia/vllm:26.10-py3"})
+    common = [
+        "--tensor-parallel-size", "2", "--distributed-executor-backend", "mp", "--nnodes", "2",
+    ]  # fmt: skip
+    head = big.vllm_args(MpRank(0, "192.168.100.10"))
+    worker = big.vllm_args(MpRank(1, "192.168.100.10"))
+    place = ["--master-addr", "192.168.100.10", "--master-port", "29501"]
+    for args, rank in ((head, "0"), (worker, "1")):
+        start = args.index("--tensor-parallel-size")
+        assert args[start : start + 12] == [*common, "--node-rank", rank, *place]
+    assert "--headless" in worker and "--headless" not in head
+    with pytest.raises(ValueError, match="a cluster lane on executor mp needs its rank"):
+        big.vllm_args()

@@ -275,7 +275,7 @@ def test_a_cluster_lane_over_a_ring_is_refused_before_contact() -> None:
     problems = refusal(hosts)
 
     assert any(
-        p.startswith("spark-1: lanes: big: tensor_parallel_size: 3 makes a cluster lane, which")
+        p.startswith("spark-1: lanes: big: tensor_parallel_size: 3 makes a cluster lane, and this")
         and "ring3" in p
         for p in problems
     ), problems
