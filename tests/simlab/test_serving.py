@@ -2,7 +2,8 @@
 
 The stand-in runs with this machine's python on 127.0.0.1 and a free port; every server is
 stopped within the test. The Ray path (placement group, node death) needs a Ray cluster and is
-exercised on the lab.
+exercised on the lab; vLLM's own multi-node mode (executor mp) runs here, its head and headless
+rank both on 127.0.0.1 with a free master port.
 """
 
 from __future__ import annotations
@@ -309,15 +310,189 @@ def test_a_model_not_in_the_cache_stops_the_start(
     assert start(HF_HUB_OFFLINE="1").process.poll() is None  # test/model is cached: it serves
 
 
-def test_world_size_beyond_one_gpu_needs_ray() -> None:
+def test_world_size_beyond_one_gpu_needs_ray_or_nnodes() -> None:
     result = run_vllm(
         "serve", "test/model", "--tensor-parallel-size", "2", "--distributed-executor-backend", "mp"
     )
     assert result.returncode == 1
     assert "World size (2) is larger than the number of available GPUs (1)" in result.stdout
-    ray_free = run_vllm("serve", "test/model", "--tensor-parallel-size", "2", "--nnodes", "2")
-    assert ray_free.returncode == 1
-    assert "only through Ray, not --nnodes" in ray_free.stdout
+    assert "- multiprocessing, set '--nnodes' appropriately." in result.stdout
+
+
+def rank_args(master_port: int, rank: int, nnodes: int = 2) -> list[str]:
+    """vLLM's multi-node mode as its docs run it (parallelism_scaling.md): one GPU a box, so the
+    tensor parallel size is the number of nodes; --headless above rank 0."""
+    args = ["--tensor-parallel-size", str(nnodes), "--nnodes", str(nnodes),
+            "--node-rank", str(rank), "--master-addr", "127.0.0.1",
+            "--master-port", str(master_port)]  # fmt: skip
+    return [*args, "--headless"] if rank else args
+
+
+def listening_addresses(port: int) -> set[str]:
+    """The local addresses (hex, as the kernel lists them) with a socket listening on port."""
+    found = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        if not Path(table).exists():
+            continue
+        for line in Path(table).read_text().splitlines()[1:]:
+            local, state = line.split()[1], line.split()[3]
+            address, _, hex_port = local.rpartition(":")
+            if state == "0A" and int(hex_port, 16) == port:
+                found.add(address)
+    return found
+
+
+def chat(server: Server) -> tuple[int, str, dict[str, str]]:
+    return request(
+        f"{server.url}/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}]}
+    )
+
+
+@pytest.fixture
+def cluster(start: Callable[..., Server]) -> Callable[[], tuple[Server, Server, int]]:
+    """Two ranks in the order of eugr/spark-vllm-docker's launch-cluster.sh: the headless one
+    first (it retries until the head listens), then the head; (head, rank, master port)."""
+
+    def _cluster() -> tuple[Server, Server, int]:
+        master = free_port()
+        rank = start(*rank_args(master, 1), "--distributed-executor-backend", "mp", wait=False)
+        rank.wait_for_log(f"[c10d] The client socket has failed to connect to [127.0.0.1]:{master}")
+        head = start(*rank_args(master, 0), "--distributed-executor-backend", "mp")
+        rank.wait_for_log(f"rank 1 joined the torch.distributed group at 127.0.0.1:{master}")
+        return head, rank, master
+
+    return _cluster
+
+
+def test_mp_head_serves_once_every_rank_joined(start: Callable[..., Server]) -> None:
+    master = free_port()
+    head = start(*rank_args(master, 0), wait=False)  # the backend left out: mp, as in vLLM
+    head.wait_for_log(
+        f"Waiting for 1 headless rank(s) to join the torch.distributed group on port {master}"
+    )
+    # The rendezvous listens on every interface, before the model loads and the API listens.
+    assert listening_addresses(master) <= {"0" * 8, "0" * 32}
+    assert listening_addresses(master)
+    with pytest.raises(urllib.error.URLError) as refused:
+        request(f"{head.url}/health")
+    assert isinstance(refused.value.reason, ConnectionRefusedError)
+    assert "Starting to load model" not in head.log.read_text()
+    rank = start(*rank_args(master, 1), wait=False)
+    head.wait_healthy()
+    assert chat(head)[0] == 200
+    log = head.log.read_text()
+    assert "rank 1 joined the torch.distributed group from 127.0.0.1 (2/2 ranks)" in log
+    assert log.index("All 2 ranks joined") < log.index("Starting to load model test/model")
+    rank.wait_for_log("Model loading took")
+    assert (
+        "Launching vLLM (v0.19.0) headless multiproc executor, with head node address"
+        f" 127.0.0.1:{master} for torch.distributed process group." in rank.log.read_text()
+    )
+    # A headless rank starts no API server: its --port stays closed.
+    with pytest.raises(ConnectionRefusedError), socket.create_connection(("127.0.0.1", rank.port)):
+        pass
+    placement = json.loads(request(f"{head.url}/simlab/placement")[1])
+    assert placement["distributed_executor_backend"] == "mp"
+
+
+def test_mp_a_rank_lost_fails_completions_not_health(
+    cluster: Callable[[], tuple[Server, Server, int]], start: Callable[..., Server]
+) -> None:
+    head, rank, master = cluster()
+    rank.process.terminate()
+    assert rank.process.wait(timeout=5) == 0
+    head.wait_for_log("rank 1 (127.0.0.1) left the torch.distributed group")
+    status, body, _ = chat(head)
+    assert status == 500
+    error = json.loads(body)["error"]
+    assert error["code"] == 500 and error["message"].startswith("rank 1 of the torch.distributed")
+    assert request(f"{head.url}/health")[0] == 200
+    assert head.process.poll() is None
+    # The rank started again is not taken back: the head closes on it, completions still fail.
+    again = start(*rank_args(master, 1), wait=False)
+    head.wait_for_log(f"connection from 127.0.0.1 on port {master} refused: rank 1 already joined")
+    again.wait_for_log("Connection was likely closed. Did the remote server shutdown or crash?")
+    assert chat(head)[0] == 500
+    assert head.process.poll() is None
+
+
+def test_mp_the_head_lost_leaves_the_rank_up_and_never_rejoining(
+    cluster: Callable[[], tuple[Server, Server, int]], start: Callable[..., Server]
+) -> None:
+    head, rank, master = cluster()
+    head.process.kill()
+    head.process.wait(timeout=5)
+    rank.wait_for_log("[c10d] recvValue failed on SocketImpl(fd=")
+    rank.wait_for_log(
+        f"remote=[127.0.0.1]:{master}): Connection was likely closed. Did the remote server"
+        " shutdown or crash?"
+    )
+    assert rank.process.poll() is None
+    # A head started again on the same port waits for the rank in vain (vllm#32136).
+    again = start(*rank_args(master, 0), wait=False, SIMLAB_VLLM_DISTRIBUTED_TIMEOUT="2")
+    assert again.process.wait(timeout=START_TIMEOUT) == 1
+    assert (
+        "Timed out after 2 seconds waiting for clients. 1/2 clients joined."
+        in again.log.read_text()
+    )
+    assert rank.process.poll() is None
+    rank.process.terminate()
+    assert rank.process.wait(timeout=5) == 0
+
+
+@pytest.mark.parametrize(
+    ("args", "fragment"),
+    [
+        (["--tensor-parallel-size", "2", "--nnodes", "3"],
+         "world_size=2 must be divisible by nnodes=3."),
+        (["--tensor-parallel-size", "4", "--nnodes", "2"],
+         "World size (4) over 2 nodes puts 2 workers on each node"),
+        (["--tensor-parallel-size", "2", "--nnodes", "2", "--node-rank", "2", "--headless"],
+         "node_rank=2 must be less than nnodes=2."),
+        (["--tensor-parallel-size", "2", "--nnodes", "2", "--headless"],
+         "--headless is for the ranks above 0"),
+        (["--headless"], "--headless is for the ranks above 0"),
+        (["--tensor-parallel-size", "2", "--nnodes", "2", "--node-rank", "1"],
+         "collective_rpc should not be called on follower node"),
+        (["--tensor-parallel-size", "2", "--nnodes", "2", "--distributed-executor-backend", "ray"],
+         "nnodes > 1 can only be set when distributed executor backend is mp, uni or"),
+    ],
+)  # fmt: skip
+def test_mp_refuses_what_vllm_refuses(args: list[str], fragment: str) -> None:
+    result = run_vllm("serve", "test/model", *args)
+    assert result.returncode == 1, result.stdout
+    assert fragment in result.stdout
+
+
+def test_mp_ranks_give_up_after_the_distributed_timeout(start: Callable[..., Server]) -> None:
+    master = free_port()
+    head = start(*rank_args(master, 0), "--distributed-timeout-seconds", "1", wait=False)
+    assert head.process.wait(timeout=START_TIMEOUT) == 1
+    assert (
+        "torch.distributed.DistStoreError: Timed out after 1 seconds waiting for clients."
+        " 1/2 clients joined." in head.log.read_text()
+    )
+    rank = start(*rank_args(master, 1), wait=False, SIMLAB_VLLM_DISTRIBUTED_TIMEOUT="2")
+    assert rank.process.wait(timeout=START_TIMEOUT) == 1
+    assert (
+        "torch.distributed.DistNetworkError: The client socket has timed out after 2000ms while"
+        f" trying to connect to (127.0.0.1, {master})." in rank.log.read_text()
+    )
+
+
+def test_serve_config_multi_node_defaults() -> None:
+    values = {"--tensor-parallel-size": "2", "--nnodes": "2"}
+    config = vllm_standin.serve_config("org/m", values, {})
+    assert (config.backend, config.node_rank, config.headless) == ("mp", 0, False)
+    assert (config.master_addr, config.master_port) == ("127.0.0.1", 29501)
+    assert config.distributed_timeout == 600
+    env = {"SIMLAB_VLLM_DISTRIBUTED_TIMEOUT": "5"}
+    assert vllm_standin.serve_config("org/m", values, env).distributed_timeout == 5
+    # What vLLM reads wins over the stand-in's default; "None" is no value.
+    given = values | {"--distributed-timeout-seconds": "30"}
+    assert vllm_standin.serve_config("org/m", given, env).distributed_timeout == 30
+    unset = values | {"--distributed-timeout-seconds": "None"}
+    assert vllm_standin.serve_config("org/m", unset, env).distributed_timeout == 5
 
 
 def test_parse_serve_reads_lists_model_option_and_underscores() -> None:

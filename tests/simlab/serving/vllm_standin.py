@@ -5,12 +5,24 @@ It loads no model, uses no GPU and allocates nothing. It keeps what the deploy t
 `vllm serve` parses its options (checked against the option list and value types read from
 the own parser of the release the image's tag carries, named in the image's `release` file),
 the API key on /v1, the shapes of the OpenAI endpoints, a port that refuses connections
-while "loading", and the Ray placement of one GPU bundle per worker across the boxes, with an exit
-when a box holding a worker dies. Standard library only, plus Ray on the distributed path.
+while "loading", and the two ways a lane spans boxes (one GPU each):
+
+- Ray: the placement of one GPU bundle per worker across the boxes, with an exit when a box
+  holding a worker dies.
+- vLLM's own multi-node mode, Ray-free (executor mp: --nnodes N --node-rank R --master-addr
+  --master-port, --headless above rank 0). The head (rank 0) listens on --master-port, as
+  torch's TCPStore does, and loads and serves only once every other rank has joined; a rank's
+  connection lost after it joined makes chat completions answer 500 naming it, the head
+  staying up and /health answering 200. A headless rank binds no --port: it connects to the
+  head (retrying until the distributed timeout), "loads", stays connected and, once the head
+  is gone, stays up logging torch's c10d error without ever joining again (vllm#32136).
+
+Standard library only, plus Ray on the Ray path.
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -33,6 +45,16 @@ from typing import Any, NoReturn
 # Every release's option lists, and the one this image carries (`release`).
 SHARE = Path("/usr/local/share/vllm-standin")
 GPUS_PER_NODE = 1  # one GB10 per Spark
+# vLLM's multi-node mode without Ray (docs/serving/parallelism_scaling.md, "Running vLLM with
+# MultiProcessing"): ParallelConfig's defaults (vllm/config/parallel.py), and torch.distributed's
+# default timeout (init_process_group), which --distributed-timeout-seconds replaces.
+MASTER_ADDR = "127.0.0.1"
+MASTER_PORT = 29501
+DISTRIBUTED_TIMEOUT = 600.0
+CONNECT_RETRY_SECONDS = 1.0  # a headless rank's tries at the head's rendezvous
+C10D_REPEAT_SECONDS = 10.0  # how often an orphaned headless rank says so again
+# The stand-ins' own rendezvous protocol: a rank sends this line once connected, then nothing.
+RANK_LINE = re.compile(rb"rank (\d+)\n")
 DEFAULT_MAX_MODEL_LEN = 32768  # vLLM reads it from the model's config; there is no model here
 NODE_CHECK_SECONDS = 2.0
 USAGE = "usage: vllm serve [model_tag] [options]"
@@ -49,10 +71,14 @@ class StartupError(Exception):
     """A configuration vLLM accepts on the command line but fails on while starting (status 1)."""
 
 
+# The process a log line comes from: a headless rank runs workers only, no API server.
+PROCESS = {"name": "APIServer"}
+
+
 def log(level: str, message: str) -> None:
     """One line in vLLM's log format, on stdout as vLLM logs."""
     stamp = time.strftime("%m-%d %H:%M:%S")
-    print(f"(APIServer pid={os.getpid()}) {level} {stamp} [standin] {message}", flush=True)
+    print(f"({PROCESS['name']} pid={os.getpid()}) {level} {stamp} [standin] {message}", flush=True)
 
 
 def _is_option(token: str) -> bool:
@@ -200,6 +226,69 @@ class ServeConfig:
     gpu_memory_utilization: float
     max_model_len: int
     access_log: bool
+    nnodes: int = 1
+    node_rank: int = 0
+    headless: bool = False
+    master_addr: str = MASTER_ADDR
+    master_port: int = MASTER_PORT
+    distributed_timeout: float = DISTRIBUTED_TIMEOUT
+
+
+def more_than_gpus(world_size: int) -> StartupError:
+    """vLLM's refusal of more workers than this node's GPUs (ParallelConfig)."""
+    return StartupError(
+        f"World size ({world_size}) is larger than the number of available GPUs "
+        f"({GPUS_PER_NODE}) in this node. If this is intentional and you are using:\n"
+        "- ray, set '--distributed-executor-backend ray'.\n"
+        "- multiprocessing, set '--nnodes' appropriately."
+    )
+
+
+def multi_node_backend(
+    world_size: int, nnodes: int, node_rank: int, headless: bool, backend: str | None
+) -> str:
+    """The executor of one rank of vLLM's own multi-node mode, or StartupError as vLLM fails.
+
+    vLLM's checks, in its order: create_engine_config (vllm/engine/arg_utils.py) asserts the
+    world size divisible by --nnodes and the rank below it; ParallelConfig (vllm/config/
+    parallel.py) takes mp when no backend is named and nnodes > 1, and refuses Ray there. With
+    one GPU a box, each node holds one worker: the world size must be --nnodes. A rank above 0
+    runs only workers under --headless (vllm/entrypoints/cli/serve.py run_headless); without it,
+    it starts an engine of its own that fails (vllm-project/vllm#36875).
+    """
+    if world_size % nnodes:
+        raise StartupError(
+            f"AssertionError: world_size={world_size} must be divisible by nnodes={nnodes}."
+        )
+    if node_rank >= nnodes:
+        raise StartupError(
+            f"AssertionError: node_rank={node_rank} must be less than nnodes={nnodes}."
+        )
+    backend = backend or "mp"
+    if nnodes > 1 and backend not in ("mp", "uni", "external_launcher"):
+        raise StartupError(
+            "nnodes > 1 can only be set when distributed executor backend is mp, uni or "
+            "external_launcher."
+        )
+    if backend != "mp" and world_size > GPUS_PER_NODE:  # every worker on this node
+        raise more_than_gpus(world_size)
+    if world_size // nnodes > GPUS_PER_NODE:
+        raise StartupError(
+            f"World size ({world_size}) over {nnodes} nodes puts {world_size // nnodes} workers "
+            f"on each node, more than the number of available GPUs ({GPUS_PER_NODE}) in this "
+            f"node: with one GPU a node, --nnodes must be the world size ({world_size})."
+        )
+    if headless and node_rank == 0:
+        # run_headless at rank 0 starts an engine waiting for a front-end that never comes.
+        raise StartupError(
+            "--headless is for the ranks above 0: rank 0 is the head, which serves the API"
+        )
+    if node_rank > 0 and not headless:
+        raise StartupError(
+            f"node_rank={node_rank} without --headless: AssertionError: collective_rpc should "
+            "not be called on follower node"
+        )
+    return backend
 
 
 def serve_config(model: str | None, values: dict[str, Any], env: dict[str, str]) -> ServeConfig:
@@ -209,20 +298,24 @@ def serve_config(model: str | None, values: dict[str, Any], env: dict[str, str])
     world_size = _typed(values, "--tensor-parallel-size", int, 1) * _typed(
         values, "--pipeline-parallel-size", int, 1
     )
-    if _typed(values, "--nnodes", int, 1) > 1:
-        raise StartupError("the stand-in spans several nodes only through Ray, not --nnodes")
+    nnodes = _typed(values, "--nnodes", int, 1)
+    node_rank = _typed(values, "--node-rank", int, 0)
+    headless = "--headless" in values
     backend = values.get("--distributed-executor-backend")
-    if backend is None:
-        # vLLM turns to Ray by itself when a node has fewer GPUs than the world size.
-        backend = "ray" if world_size > GPUS_PER_NODE else "uni"
-    if backend != "ray" and world_size > GPUS_PER_NODE:
-        raise StartupError(
-            f"World size ({world_size}) is larger than the number of available GPUs "
-            f"({GPUS_PER_NODE}) in this node. If this is intentional and you are using:\n"
-            "- ray, set '--distributed-executor-backend ray'.\n"
-            "- multiprocessing, set '--nnodes' appropriately."
-        )
+    if nnodes > 1 or node_rank or headless:
+        backend = multi_node_backend(world_size, nnodes, node_rank, headless, backend)
+    else:
+        if backend is None:
+            # vLLM turns to Ray by itself when a node has fewer GPUs than the world size.
+            backend = "ray" if world_size > GPUS_PER_NODE else "uni"
+        if backend != "ray" and world_size > GPUS_PER_NODE:
+            raise more_than_gpus(world_size)
     max_model_len = _typed(values, "--max-model-len", human_readable_int_or_auto, -1)
+    # torch's default unless --distributed-timeout-seconds says (None: not set); the stand-in's
+    # own tests shorten the default with SIMLAB_VLLM_DISTRIBUTED_TIMEOUT.
+    timeout = values.get("--distributed-timeout-seconds")
+    if timeout in (None, "None", ""):
+        timeout = env.get("SIMLAB_VLLM_DISTRIBUTED_TIMEOUT") or DISTRIBUTED_TIMEOUT
     return ServeConfig(
         model=model,
         served_names=values.get("--served-model-name") or [model],
@@ -235,6 +328,12 @@ def serve_config(model: str | None, values: dict[str, Any], env: dict[str, str])
         gpu_memory_utilization=_typed(values, "--gpu-memory-utilization", float, 0.9),
         max_model_len=DEFAULT_MAX_MODEL_LEN if max_model_len == -1 else max_model_len,
         access_log="--disable-uvicorn-access-log" not in values,
+        nnodes=nnodes,
+        node_rank=node_rank,
+        headless=headless,
+        master_addr=values.get("--master-addr") or MASTER_ADDR,
+        master_port=_typed(values, "--master-port", int, MASTER_PORT),
+        distributed_timeout=float(timeout),
     )
 
 
@@ -303,6 +402,133 @@ def dead_workers(placement: Placement) -> str | None:
     return f"Ray node {', '.join(dead)} holding a worker died" if dead else None
 
 
+def _read_line(conn: socket.socket, limit: int = 64) -> bytes:
+    """Bytes up to and including the first newline, or what came before the peer stopped."""
+    line = b""
+    while not line.endswith(b"\n") and len(line) < limit:
+        byte = conn.recv(1)
+        if not byte:
+            break
+        line += byte
+    return line
+
+
+class Rendezvous:
+    """The head's end of vLLM's multi-node mode: rank 0's torch.distributed store on
+    --master-port, where every other rank connects, stays connected while the group lives, and
+    is told apart by the line RANK_LINE. A rank whose connection closes after it joined is lost
+    for good: torch's group does not take a rank back."""
+
+    def __init__(self, port: int, nnodes: int):
+        self.port = port
+        self.nnodes = nnodes
+        # Every interface, as torch's TCPStore listens; SO_REUSEADDR as its socket sets, so a
+        # restarted head binds again at once.
+        try:
+            self.listener = socket.create_server(("", port))
+        except OSError as error:
+            raise StartupError(
+                "torch.distributed.DistNetworkError: The server socket has failed to listen on "
+                f"any local network address. port: {port}, {error}"
+            ) from None
+        self.members: dict[int, tuple[socket.socket, str]] = {}  # every rank that joined
+        self.lost: dict[int, str] = {}
+        self.changed = threading.Condition()
+        self.closing = False
+        host, bound = self.listener.getsockname()[:2]
+        log("INFO", f"[c10d] The server socket has started to listen on {host}:{bound}.")
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                conn, peer = self.listener.accept()
+            except OSError:  # closed
+                return
+            threading.Thread(target=self._member, args=(conn, peer[0]), daemon=True).start()
+
+    def _member(self, conn: socket.socket, peer: str) -> None:
+        """One connection: its rank's join, then its loss once it closes."""
+        try:
+            conn.settimeout(10)
+            line = _read_line(conn)
+            conn.settimeout(None)
+        except OSError:
+            line = b""
+        match = RANK_LINE.fullmatch(line)
+        rank = int(match[1]) if match else None
+        with self.changed:
+            refused = (
+                "no rank line" if rank is None
+                else f"rank {rank} out of 1..{self.nnodes - 1}" if not 0 < rank < self.nnodes
+                else f"rank {rank} already joined" if rank in self.members
+                else None
+            )  # fmt: skip
+            if refused is None:
+                assert rank is not None
+                self.members[rank] = (conn, peer)
+                log(
+                    "INFO",
+                    f"rank {rank} joined the torch.distributed group from {peer} "
+                    f"({len(self.members) + 1}/{self.nnodes} ranks)",
+                )
+                self.changed.notify_all()
+        if refused is not None:
+            log("WARNING", f"connection from {peer} on port {self.port} refused: {refused}")
+            conn.close()
+            return
+        try:
+            while conn.recv(64):
+                pass
+        except OSError:
+            pass
+        with self.changed:
+            if self.closing:
+                return
+            self.lost[rank] = peer
+        log(
+            "ERROR",
+            f"rank {rank} ({peer}) left the torch.distributed group: its connection on port "
+            f"{self.port} closed. The engine's next collective cannot complete; vLLM does not "
+            "take a rank back.",
+        )
+
+    def wait_for_ranks(self, timeout: float) -> None:
+        """Return once every other rank joined, or fail as torch's store does after timeout."""
+        log(
+            "INFO",
+            f"Waiting for {self.nnodes - 1} headless rank(s) to join the torch.distributed "
+            f"group on port {self.port} (timeout {timeout:g} s)",
+        )
+        with self.changed:
+            if not self.changed.wait_for(lambda: len(self.members) == self.nnodes - 1, timeout):
+                raise StartupError(
+                    f"torch.distributed.DistStoreError: Timed out after {timeout:g} seconds "
+                    f"waiting for clients. {len(self.members) + 1}/{self.nnodes} clients joined."
+                )
+        log("INFO", f"All {self.nnodes} ranks joined the torch.distributed group")
+
+    def lost_rank(self) -> str | None:
+        """Why the engine cannot run (a rank lost), or None."""
+        with self.changed:
+            if not self.lost:
+                return None
+            rank, peer = min(self.lost.items())
+        return (
+            f"rank {rank} of the torch.distributed group ({peer}) is gone: its connection to "
+            f"the head on port {self.port} closed, and the engine's collectives need every rank."
+        )
+
+    def close(self) -> None:
+        with self.changed:
+            self.closing = True
+            members = [conn for conn, _ in self.members.values()]
+        for sock in [self.listener, *members]:
+            with contextlib.suppress(OSError):  # not connected
+                sock.shutdown(socket.SHUT_RDWR)  # wakes the threads blocked on it
+            sock.close()
+
+
 class StandinServer(ThreadingHTTPServer):
     daemon_threads = True
 
@@ -316,6 +542,7 @@ class StandinServer(ThreadingHTTPServer):
         self.created = int(time.time())
         self.token_hashes = [hashlib.sha256(key.encode()).digest() for key in config.api_keys]
         self.placement: Placement | None = None
+        self.rendezvous: Rendezvous | None = None
         self.exit_code = 0
         self.answer_mode = ""
 
@@ -489,6 +716,12 @@ class Handler(BaseHTTPRequestHandler):
         if model not in names:
             self._error(404, "NotFoundError", f"The model `{model}` does not exist.", "model")
             return
+        # Pessimistic about a rank lost after the start: real vLLM hangs or errors on its next
+        # collective; the stand-in answers 500 naming it, and stays up (/health still 200).
+        lost = self.server.rendezvous.lost_rank() if self.server.rendezvous else None
+        if lost:
+            self._error(500, "InternalServerError", lost)
+            return
         turns = [m for m in messages if isinstance(m, dict)]
         said = [_text(m.get("content")) for m in turns if m.get("role") == "user"]
         last = said[-1] if said else ""
@@ -626,9 +859,91 @@ def answer_mode(model: str, env: Mapping[str, str]) -> str:
     return env.get("SIMLAB_STANDIN_ANSWER") or beside_model(model, env, ANSWER_FILE) or ""
 
 
+def load(config: ServeConfig) -> None:
+    """Pretend to load the model: wait its load time, logging vLLM's lines."""
+    load_seconds = load_time(config.model, os.environ)
+    log("INFO", f"Starting to load model {config.model}...")
+    time.sleep(load_seconds)
+    log("INFO", f"Model loading took 0.0000 GiB memory and {load_seconds:.6f} seconds")
+
+
+def join_head(config: ServeConfig) -> socket.socket:
+    """A headless rank's connection to the head's rendezvous, tried every second until the
+    distributed timeout as torch's store client does (StartupError then); its rank sent."""
+    head = (config.master_addr, config.master_port)
+    deadline = time.monotonic() + config.distributed_timeout
+    tries = 0
+    while True:
+        try:
+            conn = socket.create_connection(head, timeout=CONNECT_RETRY_SECONDS)
+            break
+        except OSError as error:
+            if tries % 30 == 0:  # torch says it on each try; the stand-in now and then
+                log(
+                    "WARNING",
+                    f"[c10d] The client socket has failed to connect to [{head[0]}]:{head[1]} "
+                    f"(errno: {error.errno} - {error.strerror or error}).",
+                )
+            tries += 1
+        if time.monotonic() + CONNECT_RETRY_SECONDS > deadline:
+            raise StartupError(
+                "torch.distributed.DistNetworkError: The client socket has timed out after "
+                f"{config.distributed_timeout * 1000:.0f}ms while trying to connect to "
+                f"({head[0]}, {head[1]})."
+            )
+        time.sleep(CONNECT_RETRY_SECONDS)
+    conn.settimeout(None)
+    conn.sendall(f"rank {config.node_rank}\n".encode())
+    return conn
+
+
+def run_headless(config: ServeConfig, version: str, non_default: dict[str, Any]) -> int:
+    """A rank above 0 (vllm/entrypoints/cli/serve.py run_headless): no API server and no port,
+    only its workers, in the head's torch.distributed group. Once the head is gone it stays up,
+    saying so, and never joins again, as vLLM's does (vllm-project/vllm#32136): whatever
+    supervises the lane restarts it. Returns the exit status."""
+    PROCESS["name"] = "Worker"
+    log("INFO", f"non-default args: {non_default}")
+    try:
+        missing = model_not_cached(config.model, os.environ)
+        if missing:
+            log("ERROR", missing)
+            return 1
+        head = f"{config.master_addr}:{config.master_port}"
+        log(
+            "INFO",
+            f"Launching vLLM (v{version}) headless multiproc executor, with head node address "
+            f"{head} for torch.distributed process group.",
+        )
+        conn = join_head(config)
+        fd, (host, port) = conn.fileno(), conn.getsockname()[:2]
+        log("INFO", f"rank {config.node_rank} joined the torch.distributed group at {head}")
+        load(config)
+        while conn.recv(64):
+            pass
+        conn.close()
+        while True:
+            log(
+                "WARNING",
+                f"[c10d] recvValue failed on SocketImpl(fd={fd}, addr=[{host}]:{port}, "
+                f"remote=[{config.master_addr}]:{config.master_port}): Connection was likely "
+                "closed. Did the remote server shutdown or crash?",
+            )
+            time.sleep(C10D_REPEAT_SECONDS)
+    except StartupError as error:
+        log("ERROR", str(error))
+        return 1
+    except KeyboardInterrupt:
+        log("INFO", "Shutting down.")
+    return 0
+
+
 def serve(config: ServeConfig, version: str, non_default: dict[str, Any]) -> int:
-    """Start as vLLM does: bind, place the workers, load, then answer. Returns the exit status."""
+    """Start as vLLM does: bind, gather the workers (Ray's placement or the ranks of the
+    multi-node mode), load, then answer. Returns the exit status."""
     signal.signal(signal.SIGTERM, _interrupt)
+    if config.headless:
+        return run_headless(config, version, non_default)
     log("INFO", f"vLLM API server version {version}")
     # Like the vLLM releases that do not redact it, this prints an --api-key in clear.
     log("INFO", f"non-default args: {non_default}")
@@ -652,11 +967,12 @@ def serve(config: ServeConfig, version: str, non_default: dict[str, Any]) -> int
             # ray.init puts in its own SIGTERM handler (a stack dump, status 15): take it back.
             signal.signal(signal.SIGTERM, _interrupt)
             log("INFO", f"Ray workers placed on {', '.join(server.placement.node_ips)}")
-        load_seconds = load_time(config.model, os.environ)
+        elif config.nnodes > 1:
+            # Rank 0's worker makes the group's store and waits for every rank before loading.
+            server.rendezvous = Rendezvous(config.master_port, config.nnodes)
+            server.rendezvous.wait_for_ranks(config.distributed_timeout)
         server.answer_mode = answer_mode(config.model, os.environ)
-        log("INFO", f"Starting to load model {config.model}...")
-        time.sleep(load_seconds)
-        log("INFO", f"Model loading took 0.0000 GiB memory and {load_seconds:.6f} seconds")
+        load(config)
         log(
             "INFO",
             f"gpu_memory_utilization={config.gpu_memory_utilization}, "
@@ -679,6 +995,8 @@ def serve(config: ServeConfig, version: str, non_default: dict[str, Any]) -> int
         log("INFO", "Shutting down FastAPI HTTP server.")
     finally:
         server.server_close()
+        if server.rendezvous is not None:
+            server.rendezvous.close()
     return server.exit_code
 
 
