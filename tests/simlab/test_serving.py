@@ -8,6 +8,7 @@ rank both on 127.0.0.1 with a free master port.
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import os
 import socket
@@ -328,18 +329,27 @@ def rank_args(master_port: int, rank: int, nnodes: int = 2) -> list[str]:
     return [*args, "--headless"] if rank else args
 
 
-def listening_addresses(port: int) -> set[str]:
-    """The local addresses (hex, as the kernel lists them) with a socket listening on port."""
+Address = ipaddress.IPv4Address | ipaddress.IPv6Address
+
+
+def sockets_on(port: int, state: str) -> set[tuple[Address, Address]]:
+    """(local, remote) addresses of this machine's TCP sockets whose local port is port, in the
+    kernel's state (0A listening, 01 established), as ss reads them from /proc/net/tcp{,6}."""
     found = set()
     for table in ("/proc/net/tcp", "/proc/net/tcp6"):
         if not Path(table).exists():
             continue
         for line in Path(table).read_text().splitlines()[1:]:
-            local, state = line.split()[1], line.split()[3]
-            address, _, hex_port = local.rpartition(":")
-            if state == "0A" and int(hex_port, 16) == port:
-                found.add(address)
+            local, remote, got = line.split()[1:4]
+            hex_local, _, hex_port = local.rpartition(":")
+            if got == state and int(hex_port, 16) == port:
+                found.add((_address(hex_local), _address(remote.rpartition(":")[0])))
     return found
+
+
+def _address(hex_address: str) -> Address:
+    raw = bytes.fromhex(hex_address)  # 32-bit words in host order (little-endian here)
+    return ipaddress.ip_address(b"".join(raw[i : i + 4][::-1] for i in range(0, len(raw), 4)))
 
 
 def chat(server: Server) -> tuple[int, str, dict[str, str]]:
@@ -371,8 +381,8 @@ def test_mp_head_serves_once_every_rank_joined(start: Callable[..., Server]) -> 
         f"Waiting for 1 headless rank(s) to join the torch.distributed group on port {master}"
     )
     # The rendezvous listens on every interface, before the model loads and the API listens.
-    assert listening_addresses(master) <= {"0" * 8, "0" * 32}
-    assert listening_addresses(master)
+    listening = sockets_on(master, "0A")
+    assert listening and all(local.is_unspecified for local, _ in listening)
     with pytest.raises(urllib.error.URLError) as refused:
         request(f"{head.url}/health")
     assert isinstance(refused.value.reason, ConnectionRefusedError)
@@ -383,6 +393,12 @@ def test_mp_head_serves_once_every_rank_joined(start: Callable[..., Server]) -> 
     log = head.log.read_text()
     assert "rank 1 joined the torch.distributed group from 127.0.0.1 (2/2 ranks)" in log
     assert log.index("All 2 ranks joined") < log.index("Starting to load model test/model")
+    # On an IPv6 listener, as torch's, the head sees a rank come over IPv4 as ::ffff:a.b.c.d.
+    ((_, peer),) = sockets_on(master, "01")  # the head's end: the local port is the master's
+    v4 = ipaddress.IPv4Address("127.0.0.1")
+    assert peer == v4 or (isinstance(peer, ipaddress.IPv6Address) and peer.ipv4_mapped == v4)
+    if any(local.version == 6 for local, _ in listening):
+        assert peer.version == 6
     rank.wait_for_log("Model loading took")
     assert (
         "Launching vLLM (v0.19.0) headless multiproc executor, with head node address"

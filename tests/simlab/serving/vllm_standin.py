@@ -11,11 +11,12 @@ while "loading", and the two ways a lane spans boxes (one GPU each):
   holding a worker dies.
 - vLLM's own multi-node mode, Ray-free (executor mp: --nnodes N --node-rank R --master-addr
   --master-port, --headless above rank 0). The head (rank 0) listens on --master-port, as
-  torch's TCPStore does, and loads and serves only once every other rank has joined; a rank's
-  connection lost after it joined makes chat completions answer 500 naming it, the head
-  staying up and /health answering 200. A headless rank binds no --port: it connects to the
-  head (retrying until the distributed timeout), "loads", stays connected and, once the head
-  is gone, stays up logging torch's c10d error without ever joining again (vllm#32136).
+  torch's TCPStore does (IPv6 and IPv4 on one socket), and loads and serves only once every
+  other rank has joined; a rank's connection lost after it joined makes chat completions
+  answer 500 naming it, the head staying up and /health answering 200. A headless rank binds
+  no --port: it connects to the head (retrying until the distributed timeout), "loads", stays
+  connected and, once the head is gone, stays up logging torch's c10d error without ever
+  joining again (vllm#32136).
 
 Standard library only, plus Ray on the Ray path.
 """
@@ -422,22 +423,33 @@ class Rendezvous:
     def __init__(self, port: int, nnodes: int):
         self.port = port
         self.nnodes = nnodes
-        # Every interface, as torch's TCPStore listens; SO_REUSEADDR as its socket sets, so a
-        # restarted head binds again at once.
-        try:
-            self.listener = socket.create_server(("", port))
-        except OSError as error:
-            raise StartupError(
-                "torch.distributed.DistNetworkError: The server socket has failed to listen on "
-                f"any local network address. port: {port}, {error}"
-            ) from None
+        self.listener = self._listen(port)
         self.members: dict[int, tuple[socket.socket, str]] = {}  # every rank that joined
         self.lost: dict[int, str] = {}
         self.changed = threading.Condition()
         self.closing = False
         host, bound = self.listener.getsockname()[:2]
-        log("INFO", f"[c10d] The server socket has started to listen on {host}:{bound}.")
+        shown = f"[{host}]" if ":" in host else host
+        log("INFO", f"[c10d] The server socket has started to listen on {shown}:{bound}.")
         threading.Thread(target=self._accept, daemon=True).start()
+
+    @staticmethod
+    def _listen(port: int) -> socket.socket:
+        """Every interface, as torch's TCPStore listens (TCPStoreLibUvBackend.cpp: IPv6 "::",
+        which takes IPv4 too, else IPv4 "0.0.0.0"), with SO_REUSEADDR as its socket sets, so a
+        restarted head binds again at once. A rank reaching an IPv6 listener over IPv4 is seen
+        on the head (by ss, by accept) as ::ffff:a.b.c.d."""
+        try:
+            return socket.create_server(("", port), family=socket.AF_INET6, dualstack_ipv6=True)
+        except (OSError, ValueError):  # no IPv6 here
+            pass
+        try:
+            return socket.create_server(("", port))
+        except OSError as error:
+            raise StartupError(
+                "torch.distributed.DistNetworkError: The server socket has failed to listen on "
+                f"any local network address. port: {port}, {error}"
+            ) from None
 
     def _accept(self) -> None:
         while True:
@@ -445,7 +457,8 @@ class Rendezvous:
                 conn, peer = self.listener.accept()
             except OSError:  # closed
                 return
-            threading.Thread(target=self._member, args=(conn, peer[0]), daemon=True).start()
+            address = peer[0].removeprefix("::ffff:")  # IPv4 through the IPv6 listener
+            threading.Thread(target=self._member, args=(conn, address), daemon=True).start()
 
     def _member(self, conn: socket.socket, peer: str) -> None:
         """One connection: its rank's join, then its loss once it closes."""
