@@ -130,7 +130,12 @@ def _mp_ranks_joined(box: Box, found: Callable[[object], None]) -> None:
     listing = box.run(
         f"ss -Htn state established '( sport = :{MASTER_PORT} or dport = :{MASTER_PORT} )'"
     ).stdout
-    peers = {line.split()[3].rpartition(":")[0] for line in listing.splitlines() if line.split()}
+    # The head's store listens on [::] (torch's TCPStore): IPv4 ranks show as [::ffff:a.b.c.d].
+    peers = {
+        line.split()[3].rpartition(":")[0].strip("[]").removeprefix("::ffff:")
+        for line in listing.splitlines()
+        if line.split()
+    }
     others = box.ranks[1:] if box.config.role == "head" else box.ranks[:1]
     want = {str(other.fabric[0].address.ip) for other in others}
     joined = ", ".join(sorted(peers)) or "none"

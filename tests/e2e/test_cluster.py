@@ -403,3 +403,95 @@ def test_second_deploy_changes_nothing(cluster: simlab.Lab) -> None:
     before = run_on(head, "sudo docker inspect -f '{{.Id}}' spark-lane-big").strip()
     assert changes(pyinfra(INVENTORY, "deploy.py")) == 0
     assert run_on(head, "sudo docker inspect -f '{{.Id}}' spark-lane-big").strip() == before
+
+
+# --- the same lane on vLLM's own multi-node mode (executor mp), last: it leaves Ray removed ------
+
+MP_INVENTORY = "tests/e2e/cluster_mp_inventory.py"
+
+
+def journal(host: simlab.Host, since: str) -> str:
+    return run_on(host, f"sudo journalctl -u {LANE_UNIT} --since '{since}' --no-pager", check=False)
+
+
+def answers(head: simlab.Host) -> int:
+    """The HTTP status of a chat request through the head's front, from the management network,
+    with the lane's key (a head that lost a rank still answers /health, not this)."""
+    key = run_on(head, f"sudo cat {lanes.key_path(CLUSTER_LANE['name'])}").strip()
+    body = json.dumps(
+        {"model": CLUSTER_LANE["served_name"], "messages": [{"role": "user", "content": "hi"}]}
+    )
+    status = subprocess.run(
+        ["curl", "-sS", "--noproxy", "*", "-o", "/dev/null", "-w", "%{http_code}",
+         "-H", f"Authorization: Bearer {key}", "-H", "Content-Type: application/json",
+         "-d", body, f"http://{head.mgmt_ip}:{PORT}/v1/chat/completions"],
+        capture_output=True, text=True, timeout=20,
+    )  # fmt: skip
+    return int(status.stdout or 0)
+
+
+def test_the_lane_on_an_image_without_ray_runs_on_vllms_own_multinode_mode(
+    cluster: simlab.Lab,
+) -> None:
+    head, worker = cluster.hosts
+    for host in cluster.hosts:
+        simlab.load_serving_image(host, "nvcr.io/nvidia/vllm:26.10-py3")  # as if pulled
+    started = run_on(head, "date '+%Y-%m-%d %H:%M:%S'").strip()
+    deploy = pyinfra(MP_INVENTORY, "deploy.py")
+    print(f"cluster lane moved to executor mp on 26.10: {changes(deploy)} changes")
+    # No Ray on either box; a unit of the lane on each: the head serving, the worker's rank
+    # headless, joined to the head's rendezvous (port 29501) over the fabric.
+    for host in cluster.hosts:
+        assert run_on(host, f"systemctl is-active {LANE_UNIT}").strip() == "active"
+        assert run_on(host, f"systemctl cat {ray.UNIT} 2>&1", check=False).startswith("No files")
+    assert healthy(head)
+    head_log, worker_log = journal(head, started), journal(worker, started)
+    assert "every rank joined the rendezvous on port 29501: 192.168.100.11" in head_log
+    assert "every rank joined the rendezvous on port 29501: 192.168.100.10" in worker_log
+    assert "lane big: canary passed" in head_log, head_log[-2000:]
+    started_args = run_on(worker, "sudo docker inspect -f '{{.Args}}' spark-lane-big")
+    assert "--node-rank 1 --master-addr 192.168.100.10 --master-port 29501 --headless" in (
+        started_args
+    ), started_args
+    # The rendezvous port is the fabric's only, like the cluster's other ports.
+    assert connects(head.mgmt_ip, 29501) == "refused"
+    assert connects(HEAD_IP, 29501, worker) == "open"
+    code, table, output = compliance("--inventory", MP_INVENTORY)
+    assert code == 0, output
+    assert table["cluster lane active, all nodes in"] == {head.name: "PASS", worker.name: "PASS"}
+    assert table["Ray unit enabled and running"][worker.name].startswith("SKIP"), output
+    assert changes(pyinfra(MP_INVENTORY, "deploy.py")) == 0
+
+
+def test_an_mp_rank_lost_or_a_head_restarted_brings_the_lane_back_on_every_box(
+    cluster: simlab.Lab,
+) -> None:
+    head, worker = cluster.hosts
+    # The worker's rank dies (its box's container killed): the head's watch sees the rank leave
+    # and restarts the head, which serves again once the worker's unit has started it again.
+    assert answers(head) == 200
+    since = run_on(head, "date '+%Y-%m-%d %H:%M:%S'").strip()
+    run_on(worker, "sudo docker kill spark-lane-big")
+    until(lambda: "left the rendezvous" in journal(head, since), 60, "the head seeing it")
+    # Back means answering again (the head restarted: its canary passed anew), not /health
+    # alone: a head that lost its rank keeps /health (the stand-in, like vLLM, until a
+    # collective fails) and answers every request 500.
+    until(lambda: "canary passed" in journal(head, since), 240, "the head started again")
+    until(lambda: answers(head) == 200, 60, "the lane answering")
+    assert "the rank at 192.168.100.11 left the rendezvous on port 29501" in journal(head, since)
+    # The head restarted: vLLM's headless rank would stay in the old group for good
+    # (vllm#32136); the worker's watch restarts it, and it joins the head's new start.
+    since = run_on(worker, "date '+%Y-%m-%d %H:%M:%S'").strip()
+    run_on(head, f"sudo systemctl restart {LANE_UNIT}")
+    assert healthy(head) and answers(head) == 200
+    worker_log = journal(worker, since)
+    assert "the rank at 192.168.100.10 left the rendezvous on port 29501" in worker_log
+    assert run_on(worker, f"systemctl is-active {LANE_UNIT}").strip() == "active"
+    # A rank stopped by hand (or by the worker's memory guard) is what compliance names.
+    run_on(worker, f"sudo systemctl stop {LANE_UNIT}")
+    code, table, output = compliance("--inventory", MP_INVENTORY, "-k", "cluster_lane")
+    assert code != 0, output
+    cell = table["cluster lane active, all nodes in"][worker.name]
+    assert cell.startswith("FAIL") and "big inactive, rendezvous 29501 with none" in cell, output
+    run_on(worker, f"sudo systemctl start {LANE_UNIT}")
+    until(lambda: lane_state(head) == "active" and healthy(head), 240, "the lane back")

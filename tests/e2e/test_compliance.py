@@ -34,7 +34,7 @@ Table = dict[str, dict[str, str]]  # {check: {box: cell}}
 
 def read_table(output: str) -> Table:
     """The suite's summary table, read back by the columns of its header line."""
-    section = re.search(rf"^=+ compliance: {re.escape(INVENTORY)} =+$", output, re.M)
+    section = re.search(r"^=+ compliance: \S+ =+$", output, re.M)  # whichever inventory
     assert section, f"no compliance table in the output:\n{output}"
     lines = [line for line in output[section.end() :].splitlines() if line.strip()]
     header, rows = lines[0], lines[1:]

@@ -87,7 +87,8 @@ def test_bare_box_gets_nftables_the_ruleset_and_its_unit() -> None:
     rules = host.uploads[RULES]
     assert "elements = { 192.168.100.0/24, 192.168.101.0/24 }" in rules
     # Ray's pinned ports, the back-end's, the kernel's ephemeral range: joined where adjacent.
-    assert "elements = { 6379-6385, 8265, 10001, 14579, 20000-20999, 29500-29501, 32768-60999 }" in rules
+    ports = "6379-6385, 8265, 10001, 14579, 20000-20999, 29500-29501, 32768-60999"
+    assert f"elements = {{ {ports} }}" in rules
     assert 'iifname { "enP2p1s0f1np1", "enp1s0f1np1" } ip saddr @fabric_subnets accept' in rules
     assert "\t\ttcp dport @cluster_ports reject with tcp reset\n" in rules
     assert "udp" not in rules.split("chain input")[1]  # WireGuard, Tailscale, mosh: left open

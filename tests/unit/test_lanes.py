@@ -843,8 +843,13 @@ def ranks(tmp_path: Path) -> Iterator[Callable[..., subprocess.Popen[str]]]:
 
 
 def connections(tmp_path: Path, *peers: str) -> None:
-    """ss -Htn state established's lines: this box's end, then the peer's."""
-    lines = [f"0 0 192.168.100.10:29501 {peer}:4{n}123\n" for n, peer in enumerate(peers)]
+    """ss -Htn state established's lines as the head shows them: its store listens on [::] (as
+    torch's TCPStore does), so its end and an IPv4 peer's show as IPv4-mapped IPv6 (written by
+    hand in the form `ss` showed for the lab's stand-in)."""
+    lines = [
+        f"0 0 [::ffff:192.168.100.10]:29501 [::ffff:{peer}]:4{n}123\n"
+        for n, peer in enumerate(peers)
+    ]
     (tmp_path / "connections").write_text("".join(lines))
 
 
@@ -874,6 +879,18 @@ def test_the_watch_waits_for_peers_not_yet_joined_and_passes_the_ranks_exit_on(
     assert watch.returncode == 7 and "left" not in output and "joined" not in output
 
 
+def test_the_watch_reads_a_worker_sides_plain_ipv4_connection(
+    ranks: Callable[..., subprocess.Popen[str]], tmp_path: Path
+) -> None:
+    # A headless rank's end: IPv4 to the head's port (written by hand in ss's columns).
+    (tmp_path / "connections").write_text("0 0 192.168.100.11:41234 192.168.100.10:29501\n")
+    watch = ranks("192.168.100.10")
+    time.sleep(3)
+    (tmp_path / "connections").write_text("")
+    output, _ = watch.communicate(timeout=20)
+    assert watch.returncode == 1 and "the rank at 192.168.100.10 left" in output, output
+
+
 def test_the_watch_passes_systemds_stop_on_to_the_rank(
     ranks: Callable[..., subprocess.Popen[str]], tmp_path: Path
 ) -> None:
@@ -882,7 +899,9 @@ def test_the_watch_passes_systemds_stop_on_to_the_rank(
     time.sleep(1)
     watch.terminate()
     watch.communicate(timeout=20)
-    assert watch.returncode == 143
+    assert watch.returncode == 0  # a stop asked for: the unit ends inactive, not failed
+    sleeping = subprocess.run(["pgrep", "-f", "^sleep 300$"], capture_output=True, text=True)
+    assert sleeping.stdout.strip() == ""  # the rank stopped with it
 
 
 def test_the_watch_refuses_a_command_line_without_its_command(
