@@ -23,6 +23,7 @@ import pytest
 
 from operations import lanes, preflight, ray
 from tests.conftest import pyinfra, reimage_all, run_on
+from tests.e2e import test_fabric_down as fabric_down
 from tests.e2e.cluster_lane import CLUSTER_LANE
 from tests.e2e.runs import output_of
 from tests.e2e.test_compliance import compliance
@@ -487,6 +488,21 @@ def test_an_mp_rank_lost_or_a_head_restarted_brings_the_lane_back_on_every_box(
     worker_log = journal(worker, since)
     assert "the rank at 192.168.100.10 left the rendezvous on port 29501" in worker_log
     assert run_on(worker, f"systemctl is-active {LANE_UNIT}").strip() == "active"
+    # The fabric cut between the boxes (a box lost, or its cable): nothing closes the ranks'
+    # connections, and the watches take the fabric's silence for the loss; mended, they meet.
+    since = run_on(head, "date '+%Y-%m-%d %H:%M:%S'").strip()
+    drop = f"{{ type filter hook ingress device {fabric_down.A} priority -500; policy drop; }}"
+    for host in cluster.hosts:
+        fabric_down.nft(host, "add", "table", "netdev", fabric_down.CUT_TABLE)
+        fabric_down.nft(host, "add", "chain", "netdev", fabric_down.CUT_TABLE, "cut", drop)
+    try:
+        silence = "the rank at 192.168.100.11 answers no ping on the fabric (its box lost?)"
+        until(lambda: silence in journal(head, since), 90, "the head's watch taking it")
+    finally:
+        for host in cluster.hosts:
+            fabric_down.nft(host, "delete", "table", "netdev", fabric_down.CUT_TABLE)
+    until(lambda: "canary passed" in journal(head, since), 300, "the head serving again")
+    until(lambda: answers(head) == 200, 60, "the lane answering")
     # A rank stopped by hand (or by the worker's memory guard) is what compliance names.
     run_on(worker, f"sudo systemctl stop {LANE_UNIT}")
     code, table, output = compliance("--inventory", MP_INVENTORY, "-k", "cluster_lane")

@@ -818,11 +818,16 @@ def test_an_mp_rank_in_place_yields_nothing() -> None:
 @pytest.fixture
 def ranks(tmp_path: Path) -> Iterator[Callable[..., subprocess.Popen[str]]]:
     """Start the watch script for port 29501 and these peers over `sleep 300` (the rank), with
-    an `ss` that prints tmp_path/connections (ss's columns under a state filter)."""
+    an `ss` that prints tmp_path/connections (ss's columns under a state filter) and a `ping`
+    that fails for the addresses listed in tmp_path/silent (no packet leaves this machine)."""
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     (bin_dir / "ss").write_text(f"#!/bin/sh\ncat {tmp_path}/connections 2>/dev/null\n")
-    (bin_dir / "ss").chmod(0o755)
+    (bin_dir / "ping").write_text(
+        f'#!/bin/sh\nfor last; do :; done\n! grep -qxF "$last" {tmp_path}/silent 2>/dev/null\n'
+    )
+    for tool in ("ss", "ping"):
+        (bin_dir / tool).chmod(0o755)
     script = tmp_path / "spark-lane-ranks"
     script.write_text((util.TEMPLATES / "spark-lane-ranks.j2").read_text())
     started: list[subprocess.Popen[str]] = []
@@ -868,6 +873,19 @@ def test_the_watch_stops_the_rank_and_fails_once_a_joined_peer_leaves(
     # Its rank was stopped with it: no sleep 300 of this test left.
     sleeping = subprocess.run(["pgrep", "-f", "^sleep 300$"], capture_output=True, text=True)
     assert sleeping.stdout.strip() == ""
+
+
+def test_the_watch_takes_a_peer_answering_no_ping_for_a_lost_box(
+    ranks: Callable[..., subprocess.Popen[str]], tmp_path: Path
+) -> None:
+    # A box lost leaves its connection open on this side: only the fabric's silence tells.
+    connections(tmp_path, "192.168.100.11")
+    watch = ranks("192.168.100.11")
+    time.sleep(3)
+    (tmp_path / "silent").write_text("192.168.100.11\n")
+    output, _ = watch.communicate(timeout=40)
+    assert watch.returncode == 1, output
+    assert "the rank at 192.168.100.11 answers no ping on the fabric (its box lost?)" in output
 
 
 def test_the_watch_waits_for_peers_not_yet_joined_and_passes_the_ranks_exit_on(
