@@ -816,7 +816,7 @@ SM121_RULES = (
         " cudagraph_mode NONE, no capture sizes, or a mode other than 3) is refused: without"
         " CUDA graphs SM121 loses ~55% of its throughput",
         "leave them on; size them with --max-cudagraph-capture-size",
-        "seed 004",
+        "seed 001",
         "0.19.0",
         _turns_cuda_graphs_off,
     ),
