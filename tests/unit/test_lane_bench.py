@@ -1,6 +1,6 @@
 """The throughput probe (templates/spark-lane-bench.j2, issue 16) run with the real interpreter
-against a server on loopback that streams OpenAI chat-completion chunks at a known pace; the
-field's figures in the model catalog."""
+against a server on loopback that streams OpenAI chat-completion chunks at a known pace, and the
+deploy writing it; the field's figures in the model catalog."""
 
 from __future__ import annotations
 
@@ -18,7 +18,10 @@ from typing import Any, ClassVar
 import jinja2
 import pytest
 
+from operations import lanes
 from operations.recipes import CATALOG, catalog
+from tests.unit.harness import run_op
+from tests.unit.test_lanes import lane_host, lane_unit, paths
 
 TEMPLATES = Path(__file__).resolve().parents[2] / "templates"
 KEY = "k3y-of-the-bench-lane"
@@ -279,6 +282,23 @@ def test_nothing_listening_is_named(bench: Path) -> None:
 def test_figures_that_are_not_json_are_a_usage_error(bench: Path) -> None:
     result = run(bench, "coder", 1, "--figures", "[17.0]")
     assert result.returncode == 2 and "--figures" in result.stderr
+
+
+# --- the deploy writes it ----------------------------------------------------------------------
+
+
+def test_the_deploy_writes_the_probe_on_a_bare_box_and_leaves_it_in_place() -> None:
+    bare = lane_host("lab-lanehost-bare.txt", dict.fromkeys(paths()), turn_script=False)
+    commands = run_op(lanes.serving, host=bare, unit=lane_unit())
+    script = bare.uploads[lanes.BENCH_COMMAND]
+    assert script.startswith("#!/usr/bin/python3\n")
+    assert f'SECRETS_DIR = "{lanes.SECRETS_DIR}"' in script
+    assert f"chmod 755 {lanes.BENCH_COMMAND}" in commands
+    assert f"chown root:root {lanes.BENCH_COMMAND}" in commands
+    placed = lane_host("lab-lanehost-serving.txt", dict.fromkeys(paths()))
+    commands = run_op(lanes.serving, host=placed, unit=lane_unit())
+    assert lanes.BENCH_COMMAND not in placed.uploads
+    assert not [command for command in commands if lanes.BENCH_COMMAND in command]
 
 
 # --- the field's figures -------------------------------------------------------------------------
