@@ -5,6 +5,7 @@ deploy writing it; the field's figures in the model catalog."""
 from __future__ import annotations
 
 import json
+import shlex
 import socket
 import subprocess
 import sys
@@ -21,6 +22,7 @@ import pytest
 from operations import lanes
 from operations.recipes import CATALOG, catalog
 from tests.unit.harness import run_op
+from tests.unit.test_config import REPO, TWO_SPARKS, run_pyinfra
 from tests.unit.test_lanes import lane_host, lane_unit, paths
 
 TEMPLATES = Path(__file__).resolve().parents[2] / "templates"
@@ -299,6 +301,28 @@ def test_the_deploy_writes_the_probe_on_a_bare_box_and_leaves_it_in_place() -> N
     commands = run_op(lanes.serving, host=placed, unit=lane_unit())
     assert lanes.BENCH_COMMAND not in placed.uploads
     assert not [command for command in commands if lanes.BENCH_COMMAND in command]
+    # Written, never run by the deploy: the lane's unit does not start it.
+    assert "spark-lane-bench" not in bare.uploads[paths()[0]]
+
+
+def test_make_lane_bench_runs_the_probe_for_every_lane_of_every_box(tmp_path: Path) -> None:
+    run = run_pyinfra(tmp_path, TWO_SPARKS, REPO, "-vv", "lane_bench.py")
+    assert run.returncode == 0, run.stdout + run.stderr
+    ran = [line for line in run.stderr.splitlines() if " >>> " in line]  # pyinfra logs there
+    # group_data's two lanes on each box: vLLM's loopback ports, each model's figures.
+    for box in ("spark-1", "spark-2"):
+        for lane, port, model in (
+            ("coder", 11101, "bullpoint/Qwen3-Coder-Next-AWQ-4bit"),
+            ("fast", 11102, "inference-optimization/Qwen3.6-35B-A3B-NVFP4"),
+        ):
+            (line,) = [
+                line for line in ran if line.startswith(f"[@fake/{box}]") and f" {lane} " in line
+            ]
+            figures = CATALOG[model].throughput
+            assert figures is not None
+            expected = shlex.join([lanes.BENCH_COMMAND, lane, str(port), "--figures"])
+            assert f"{expected} {shlex.quote(figures.for_probe())}" in line
+    assert len(ran) == 4
 
 
 # --- the field's figures -------------------------------------------------------------------------
