@@ -152,6 +152,7 @@ def run(bench: Path, lane: str, port: int, *args: str, **pace: Any) -> subproces
     """The probe run by the real interpreter, with no site-packages (the standard library only,
     as on a box), against the server answering at this pace."""
     defaults = {"rate": RATE, "usage": True, "ignore_eos": True, "max_context": 100_000}
+    defaults |= {"eos_after": 100}
     for name, value in (defaults | {"echo_key": False} | pace).items():
         setattr(Pace, name, value)
     Pace.requests, Pace.unauthorized = [], 0
@@ -257,6 +258,19 @@ def test_a_server_without_usage_or_ignore_eos_is_counted_by_chunks_and_says_so(
     assert measured["figures"][0]["percent"] > 100
     assert "2 (concurrent)" in result.stdout and "at or above it" in result.stdout
     assert measured["causes"] == [] and "below 50%" not in result.stdout
+
+
+def test_a_server_ending_at_once_is_not_timed_nor_compared(bench: Path, server: int) -> None:
+    # As the lab's vLLM stand-in answers: a token or so, then the end of text.
+    figures = {"1": {"tok_s": 54.0, "kind": "reported", "source": "seed 003: a figure"}}
+    result = run(bench, "coder", server, "--figures", json.dumps(figures), ignore_eos=False,
+                 eos_after=1, rate=400.0)  # fmt: skip
+    assert result.returncode == 0, result.stdout + result.stderr
+    measured = last_json(result.stdout)
+    for row in measured["rows"]:
+        assert row["per_request_tok_s"] is None and row["aggregate_tok_s"] is None
+    assert "decoding not timed (-) where a request gave fewer than 16 tokens" in result.stdout
+    assert measured["figures"] == [] and "against the field's figures" not in result.stdout
 
 
 @pytest.mark.parametrize("lane", ["wrong", "nokey"])
