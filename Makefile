@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed-$(shell sha256sum requirements.txt | cut -c1-12)
 
 INVENTORY ?= inventories/lab.py
 
-.PHONY: demo test unit compliance lab-up lab-down bench
+.PHONY: demo test unit compliance lane-bench lab-up lab-down bench
 
 $(STAMP): requirements.txt
 	@command -v python3 >/dev/null && python3 -c 'import venv, ensurepip' 2>/dev/null \
@@ -34,6 +34,12 @@ unit: $(STAMP)
 # Is every box still what the inventory says? Read-only; INVENTORY=inventories/sim.py for the lab.
 compliance: $(STAMP)
 	$(PY) -m pytest -p no:cacheprovider tests/compliance --inventory $(INVENTORY) -n 4 --dist loadgroup
+
+# Every lane of every box measured against the field's figures (README: Lanes). It loads each
+# lane for about a minute, one lane of one box at a time: run it deliberately (deploy.py never
+# does); INVENTORY=inventories/sim.py for the lab, whose stand-ins give only their own numbers.
+lane-bench: $(STAMP)
+	$(VENV)/bin/pyinfra -y --serial $(INVENTORY) lane_bench.py
 
 # What a deploy costs against the cost of only asking its questions (README: Performance). Boots
 # its own lab: SIMLAB_ID=<n> keeps it apart from another one; writes bench-results.json.

@@ -36,6 +36,9 @@ TURN_COMMAND = "/usr/local/sbin/spark-lane-turn"
 LOADING_DIR = "/run/spark/loading"
 # After /health, a fixed question whose answer is checked (templates/spark-lane-canary.j2).
 CANARY_COMMAND = "/usr/local/sbin/spark-lane-canary"
+# Measures a lane against the field's figures, run only by hand or `make lane-bench`
+# (templates/spark-lane-bench.j2, lane_bench.py).
+BENCH_COMMAND = "/usr/local/sbin/spark-lane-bench"
 # A cluster lane's rank on executor mp, its rendezvous watched (templates/spark-lane-ranks.j2).
 RANKS_COMMAND = "/usr/local/sbin/spark-lane-ranks"
 # Where the container reads its secrets: mounted read-only, never passed as values.
@@ -473,6 +476,7 @@ def serving(unit: LaneUnit):
         "spark-lane-turn.j2", TURN_COMMAND, "755", loading_dir=LOADING_DIR, prefix=PREFIX
     )
     yield from util.template("spark-lane-canary.j2", CANARY_COMMAND, "755", secrets_dir=SECRETS_DIR)
+    yield from util.template("spark-lane-bench.j2", BENCH_COMMAND, "755", secrets_dir=SECRETS_DIR)
     if unit.rank is not None:
         yield from util.template("spark-lane-ranks.j2", RANKS_COMMAND, "755")
     name = unit_name(lane.name)

@@ -65,6 +65,8 @@ LANE = {
         weights_gib=1.5, attention_layers=28, kv_heads=8, head_dim=128, quantization="bf16"
     ),
 }
+# The scripts lanes.serving writes beside the units.
+SCRIPTS = (lanes.TURN_COMMAND, lanes.CANARY_COMMAND, lanes.BENCH_COMMAND, lanes.RANKS_COMMAND)
 # The lines of a LaneHost capture that each fact's own command prints.
 KINDS = {
     lanes.LaneUnits: ("unit",),
@@ -95,7 +97,7 @@ def lane_host(fact: str, files: dict[str, str | None], turn_script: bool = True)
     """A box as the capture shows it, with these files, and the lanes' turn script in place as
     the deploy writes it (absent with turn_script=False)."""
     scripts = scripts_text() if turn_script else {}
-    known = dict.fromkeys((lanes.TURN_COMMAND, lanes.CANARY_COMMAND, lanes.RANKS_COMMAND)) | scripts
+    known = dict.fromkeys(SCRIPTS) | scripts
     host = FakeHost(file_facts(files | known) | lane_facts(captured(fact)))
     for path in scripts:  # a root:root 0755 file's stat line
         stat = captured("lab-stat-memguard-script-0755.txt")
@@ -105,12 +107,11 @@ def lane_host(fact: str, files: dict[str, str | None], turn_script: bool = True)
 
 @cache
 def scripts_text() -> dict[str, str]:
-    """The turn, canary and rendezvous watch scripts as the deploy renders them (it writes them
-    where absent; the watch for a cluster lane on executor mp only)."""
+    """The turn, canary, bench and rendezvous watch scripts as the deploy renders them (it
+    writes them where absent; the watch for a cluster lane on executor mp only)."""
     host = lane_host("lab-lanehost-bare.txt", dict.fromkeys(paths()), turn_script=False)
     run_op(lanes.serving, host=host, unit=lane_unit(MP, **MP_HEAD))
-    scripts = (lanes.TURN_COMMAND, lanes.CANARY_COMMAND, lanes.RANKS_COMMAND)
-    return {path: host.uploads[path] for path in scripts}
+    return {path: host.uploads[path] for path in SCRIPTS}
 
 
 def turn_script_text() -> str:
