@@ -24,6 +24,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import selectors
 import subprocess
 import threading
 import time
@@ -818,9 +819,10 @@ def test_an_mp_rank_in_place_yields_nothing() -> None:
 
 @pytest.fixture
 def ranks(tmp_path: Path) -> Iterator[Callable[..., subprocess.Popen[str]]]:
-    """Start the watch script for port 29501 and these peers over `sleep 300` (the rank), with
-    an `ss` that prints tmp_path/connections (ss's columns under a state filter) and a `ping`
-    that fails for the addresses listed in tmp_path/silent (no packet leaves this machine)."""
+    """Start the watch script for port 29501 and these peers over the rank (by default a
+    `sleep 300` that writes its pid to tmp_path/rank.pid), with an `ss` that prints
+    tmp_path/connections (ss's columns under a state filter) and a `ping` that fails for the
+    addresses listed in tmp_path/silent (no packet leaves this machine)."""
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     (bin_dir / "ss").write_text(f"#!/bin/sh\ncat {tmp_path}/connections 2>/dev/null\n")
@@ -831,9 +833,10 @@ def ranks(tmp_path: Path) -> Iterator[Callable[..., subprocess.Popen[str]]]:
         (bin_dir / tool).chmod(0o755)
     script = tmp_path / "spark-lane-ranks"
     script.write_text((util.TEMPLATES / "spark-lane-ranks.j2").read_text())
+    rank = ("sh", "-c", f"echo $$ > {tmp_path}/rank.pid; exec sleep 300")
     started: list[subprocess.Popen[str]] = []
 
-    def start(*peers: str, command: tuple[str, ...] = ("sleep", "300")) -> subprocess.Popen[str]:
+    def start(*peers: str, command: tuple[str, ...] = rank) -> subprocess.Popen[str]:
         env = {"PATH": f"{bin_dir}:/usr/bin:/bin"}
         process = subprocess.Popen(
             ["sh", str(script), "29501", *peers, "--", *command],
@@ -846,6 +849,31 @@ def ranks(tmp_path: Path) -> Iterator[Callable[..., subprocess.Popen[str]]]:
     for watch in started:
         watch.kill()
         watch.wait()
+    if (tmp_path / "rank.pid").exists():  # a rank a failed test left behind
+        subprocess.run(["kill", (tmp_path / "rank.pid").read_text().strip()], check=False)
+
+
+def joined(watch: subprocess.Popen[str], seconds: float = 30) -> str:
+    """The watch's output up to its "every rank joined" line, read as it comes (no fixed wait);
+    AssertionError if it has not said so within `seconds`."""
+    assert watch.stdout is not None
+    said = ""
+    with selectors.DefaultSelector() as selector:
+        selector.register(watch.stdout, selectors.EVENT_READ)
+        deadline = time.monotonic() + seconds
+        while "every rank joined" not in said:
+            left = deadline - time.monotonic()
+            assert left > 0 and selector.select(left), f"not joined in {seconds:g} s: {said!r}"
+            line = watch.stdout.readline()
+            assert line, f"the watch ended before joining: {said!r}"
+            said += line
+    return said
+
+
+def rank_stopped(tmp_path: Path) -> bool:
+    """Whether the rank the fixture started (its pid in rank.pid) is gone."""
+    pid = int((tmp_path / "rank.pid").read_text())
+    return subprocess.run(["kill", "-0", str(pid)], capture_output=True).returncode != 0
 
 
 def connections(tmp_path: Path, *peers: str) -> None:
@@ -864,16 +892,13 @@ def test_the_watch_stops_the_rank_and_fails_once_a_joined_peer_leaves(
 ) -> None:
     connections(tmp_path, "192.168.100.11", "192.168.100.12")
     watch = ranks("192.168.100.11", "192.168.100.12")
-    time.sleep(3)  # two rounds of the watch: joined, still running
-    assert watch.poll() is None
+    said = joined(watch)
+    assert "every rank joined the rendezvous on port 29501: 192.168.100.11 192.168.100.12" in said
     connections(tmp_path, "192.168.100.12")
     output, _ = watch.communicate(timeout=20)
     assert watch.returncode == 1
-    assert "every rank joined the rendezvous on port 29501: 192.168.100.11 192.168.100.12" in output
     assert "the rank at 192.168.100.11 left the rendezvous on port 29501" in output
-    # Its rank was stopped with it: no sleep 300 of this test left.
-    sleeping = subprocess.run(["pgrep", "-f", "^sleep 300$"], capture_output=True, text=True)
-    assert sleeping.stdout.strip() == ""
+    assert rank_stopped(tmp_path)  # its rank was stopped with it
 
 
 def test_the_watch_takes_a_peer_answering_no_ping_for_a_lost_box(
@@ -882,11 +907,12 @@ def test_the_watch_takes_a_peer_answering_no_ping_for_a_lost_box(
     # A box lost leaves its connection open on this side: only the fabric's silence tells.
     connections(tmp_path, "192.168.100.11")
     watch = ranks("192.168.100.11")
-    time.sleep(3)
+    joined(watch)
     (tmp_path / "silent").write_text("192.168.100.11\n")
     output, _ = watch.communicate(timeout=40)
     assert watch.returncode == 1, output
     assert "the rank at 192.168.100.11 answers no ping on the fabric (its box lost?)" in output
+    assert rank_stopped(tmp_path)
 
 
 def test_the_watch_waits_for_peers_not_yet_joined_and_passes_the_ranks_exit_on(
@@ -904,7 +930,7 @@ def test_the_watch_reads_a_worker_sides_plain_ipv4_connection(
     # A headless rank's end: IPv4 to the head's port (written by hand in ss's columns).
     (tmp_path / "connections").write_text("0 0 192.168.100.11:41234 192.168.100.10:29501\n")
     watch = ranks("192.168.100.10")
-    time.sleep(3)
+    joined(watch)
     (tmp_path / "connections").write_text("")
     output, _ = watch.communicate(timeout=20)
     assert watch.returncode == 1 and "the rank at 192.168.100.10 left" in output, output
@@ -915,12 +941,11 @@ def test_the_watch_passes_systemds_stop_on_to_the_rank(
 ) -> None:
     connections(tmp_path, "192.168.100.11")
     watch = ranks("192.168.100.11")
-    time.sleep(1)
+    joined(watch)  # its trap is set by then
     watch.terminate()
     watch.communicate(timeout=20)
     assert watch.returncode == 0  # a stop asked for: the unit ends inactive, not failed
-    sleeping = subprocess.run(["pgrep", "-f", "^sleep 300$"], capture_output=True, text=True)
-    assert sleeping.stdout.strip() == ""  # the rank stopped with it
+    assert rank_stopped(tmp_path)  # the rank stopped with it
 
 
 def test_the_watch_refuses_a_command_line_without_its_command(
