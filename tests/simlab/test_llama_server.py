@@ -8,12 +8,8 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
-import time
-import urllib.error
-import urllib.request
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -21,13 +17,12 @@ from typing import Any
 import pytest
 
 from operations.llamacpp_release import DATA
+from tests.simlab.loopback import Server, free_port, request, stop_all
 from tests.simlab.serving import llama_server_standin as standin
 from tests.simlab.serving.standin_model import ANSWER_FILE
 
 STANDIN = Path(standin.__file__)
 COMMIT, TABLE = standin.read_options(DATA)
-START_TIMEOUT = 15.0
-HTTP = urllib.request.build_opener(urllib.request.ProxyHandler({}))
 CANARY_QUESTION = "What is 2 + 40? Answer with the number and then the word harbor."
 
 
@@ -43,26 +38,8 @@ def run_server(*args: str, **env: str) -> subprocess.CompletedProcess[str]:
     )  # fmt: skip
 
 
-def request(
-    url: str, body: Any = None, headers: dict[str, str] | None = None
-) -> tuple[int, str, dict[str, str]]:
-    data = None if body is None else json.dumps(body).encode()
-    req = urllib.request.Request(url, data=data, headers=headers or {})
-    try:
-        with HTTP.open(req, timeout=5) as response:
-            return response.status, response.read().decode(), dict(response.headers)
-    except urllib.error.HTTPError as error:
-        return error.code, error.read().decode(), dict(error.headers)
-
-
 def bearer(key: str) -> dict[str, str]:
     return {"Authorization": f"Bearer {key}"}
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
 
 
 @pytest.fixture
@@ -74,31 +51,6 @@ def model(tmp_path: Path) -> Path:
         out.write(b"GGUF")
         out.truncate(2**20)
     return path
-
-
-class Server:
-    def __init__(self, process: subprocess.Popen[str], port: int, log: Path):
-        self.process, self.port, self.log = process, port, log
-        self.url = f"http://127.0.0.1:{port}"
-
-    def wait_listening(self) -> None:
-        deadline = time.monotonic() + START_TIMEOUT
-        while "listening on" not in self.log.read_text():
-            assert self.process.poll() is None, self.log.read_text()
-            assert time.monotonic() < deadline, self.log.read_text()
-            time.sleep(0.02)
-
-    def wait_healthy(self) -> None:
-        deadline = time.monotonic() + START_TIMEOUT
-        while True:
-            assert self.process.poll() is None, self.log.read_text()
-            try:
-                if request(f"{self.url}/health")[0] == 200:
-                    return
-            except OSError:
-                pass
-            assert time.monotonic() < deadline, self.log.read_text()
-            time.sleep(0.05)
 
 
 @pytest.fixture
@@ -122,13 +74,7 @@ def start(tmp_path: Path, model: Path) -> Iterator[Callable[..., Server]]:
         return server
 
     yield _start
-    for process in started:
-        process.terminate()
-        try:
-            process.wait(timeout=5)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
+    stop_all(started)
 
 
 # --- the command line -----------------------------------------------------------------------------
@@ -222,7 +168,7 @@ def test_no_model_is_router_mode_which_the_standin_does_not_run() -> None:
 
 def test_health_answers_503_while_loading_then_ok(start: Callable[..., Server]) -> None:
     server = start(wait=False, SIMLAB_LLAMA_LOAD_SECONDS="1.5")
-    server.wait_listening()
+    server.wait_for_log("listening on")
     status, body, _ = request(f"{server.url}/health")
     assert status == 503
     assert json.loads(body) == {
@@ -253,7 +199,7 @@ def test_a_key_guards_every_path_but_the_public_ones(
     # Authorization with or without "Bearer ", or X-Api-Key (server-http.cpp), any of the keys.
     for headers in (bearer("s3cret"), {"Authorization": "s3cret"}, {"X-Api-Key": "from-file"}):
         assert request(f"{server.url}/v1/models", headers=headers)[0] == 200
-    assert request(f"{server.url}/v1/chat/completions", chat, bearer("s3cret"))[0] == 200
+    assert request(f"{server.url}/v1/chat/completions", chat, key="s3cret")[0] == 200
     status, body, _ = request(f"{server.url}/nowhere", headers=bearer("s3cret"))
     assert (status, json.loads(body)["error"]["type"]) == (404, "not_found_error")
 

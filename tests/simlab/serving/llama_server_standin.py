@@ -52,7 +52,7 @@ import time
 import uuid
 import zlib
 from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import ThreadingHTTPServer
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -61,6 +61,7 @@ try:  # in the image: a module on python3's path beside this command
         ANSWER_FILE,
         ANSWER_VARIABLE,
         LOAD_SECONDS_FILE,
+        Replies,
         chat_turns,
         count_tokens,
         reply,
@@ -70,6 +71,7 @@ except ImportError:  # imported by the lab's own tests
         ANSWER_FILE,
         ANSWER_VARIABLE,
         LOAD_SECONDS_FILE,
+        Replies,
         chat_turns,
         count_tokens,
         reply,
@@ -170,23 +172,26 @@ class Params:
     version: bool = False
 
 
+# Options whose handler only sets one field of common_params (arg.cpp), by a name of each.
+SETS = {
+    "--model": "model", "--hf-repo": "hf_repo", "--port": "port", "--kv-unified": "kv_unified",
+    "--kv-unified-per-slot": "kv_unified_per_slot", "--n-predict": "n_predict",
+    "--metrics": "metrics", "--props": "props", "--webui": "ui", "--api-prefix": "api_prefix",
+    "--help": "usage", "--version": "version",
+}  # fmt: skip
+
+
 def apply(params: Params, option: Option, value: Any) -> None:
     """The handler of `option` (arg.cpp) for the options the stand-in acts on; the others are
     accepted and read no further."""
     names = set(option.names)
-    if "--model" in names:
-        params.model = value
-    elif "--hf-repo" in names:
-        params.hf_repo = value
-    elif "--alias" in names:  # inserted into a set: the environment's stay
+    if "--alias" in names:  # inserted into a set: the environment's stay
         params.aliases |= {a.strip() for a in value.split(",") if a.strip()}
     elif "--host" in names:
         hosts = [h.strip() for h in csv_row(value) if h.strip()]
         if not hosts:
             raise ValueError("--host requires at least one address")
         params.hosts = hosts
-    elif "--port" in names:
-        params.port = value
     elif "--api-key" in names:  # appended: the environment's stay
         params.api_keys += [key for key in csv_row(value) if key]
     elif "--api-key-file" in names:
@@ -202,24 +207,9 @@ def apply(params: Params, option: Option, value: Any) -> None:
         if value == 0:
             raise ValueError("error: invalid value for n_parallel\n")
         params.n_parallel = value
-    elif "--kv-unified" in names:
-        params.kv_unified = value
-    elif "--kv-unified-per-slot" in names:
-        params.kv_unified_per_slot = value
-    elif "--n-predict" in names:
-        params.n_predict = value
-    elif "--metrics" in names:
-        params.metrics = True
-    elif "--props" in names:
-        params.props = True
-    elif "--webui" in names:
-        params.ui = value
-    elif "--api-prefix" in names:
-        params.api_prefix = value
-    elif "--help" in names:
-        params.usage = True
-    elif "--version" in names:
-        params.version = True
+    else:
+        for name in names & SETS.keys():
+            setattr(params, SETS[name], value)
 
 
 def parse(argv: list[str], env: dict[str, str], table: dict[str, Option]) -> Params:
@@ -350,9 +340,10 @@ class HTTPServer(ThreadingHTTPServer):
         self.server_name, self.server_port = str(self.server_address[0]), self.server_address[1]
 
 
-class Handler(BaseHTTPRequestHandler):
+class Handler(Replies):
     server: HTTPServer
     protocol_version = "HTTP/1.1"
+    json_type = "application/json; charset=utf-8"  # server-http.cpp's set_content
 
     def version_string(self) -> str:
         return "llama.cpp"  # server-http.cpp: set_default_headers({{"Server", "llama.cpp"}})
@@ -394,16 +385,6 @@ class Handler(BaseHTTPRequestHandler):
         key = self.headers.get("Authorization") or self.headers.get("X-Api-Key") or ""
         key = key.removeprefix("Bearer ")
         return key in self.server.state.params.api_keys
-
-    def _send(self, status: int, body: bytes, content_type: str) -> None:
-        self.send_response(status)
-        self.send_header("Content-Type", content_type)
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-
-    def _json(self, status: int, payload: Any) -> None:
-        self._send(status, json.dumps(payload).encode(), "application/json; charset=utf-8")
 
     def _request(self, body: bytes) -> dict[str, Any] | None:
         """The JSON body, or None once answered as ex_wrapper answers what json::parse throws."""

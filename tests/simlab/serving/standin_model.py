@@ -1,5 +1,5 @@
 """The model the lab's serving stand-ins (vllm_standin.py, llama_server_standin.py) pretend to
-run: what it answers, and how a lab test makes it answer badly.
+run: what it answers, and how a lab test makes it answer badly; and how they send a reply.
 
 It answers "What is A + B?" (and "the word W") with "A+B W", as the answer canary
 (templates/spark-lane-canary.j2) expects of a healthy lane, and otherwise lets the stand-in say
@@ -14,7 +14,9 @@ both stand-ins import it by its own name. Standard library only.
 
 from __future__ import annotations
 
+import json
 import re
+from http.server import BaseHTTPRequestHandler
 from typing import Any
 
 # The file beside a model that sets how it answers, and the stand-ins' own variable for their
@@ -26,6 +28,22 @@ LOAD_SECONDS_FILE = "simlab-load-seconds"
 MODES = ("", "gibberish", "empty-reasoning")
 GIBBERISH = "Theorem quantum banana ledger " + "the " * 12
 ADDITION = re.compile(r"\bWhat is (-?\d+) \+ (-?\d+)\?(?:.*?\bthe word (\w+))?", re.S)
+
+
+class Replies(BaseHTTPRequestHandler):
+    """Both stand-ins' request handlers: how they send an answer."""
+
+    json_type = "application/json"
+
+    def _send(self, status: int, body: bytes, content_type: str) -> None:
+        self.send_response(status)
+        self.send_header("Content-Type", content_type)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def _json(self, status: int, payload: Any) -> None:
+        self._send(status, json.dumps(payload).encode(), self.json_type)
 
 
 def standin_answer(question: str) -> str | None:

@@ -39,18 +39,19 @@ import uuid
 import zlib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import ThreadingHTTPServer
 from pathlib import Path
 from typing import Any, NoReturn
 
 try:  # in the image: a module on python3's path beside this command
-    from standin_model import ANSWER_FILE, ANSWER_VARIABLE, LOAD_SECONDS_FILE, chat_turns
+    from standin_model import ANSWER_FILE, ANSWER_VARIABLE, LOAD_SECONDS_FILE, Replies, chat_turns
     from standin_model import reply as model_reply
 except ImportError:  # imported by the lab's own tests
     from tests.simlab.serving.standin_model import (
         ANSWER_FILE,
         ANSWER_VARIABLE,
         LOAD_SECONDS_FILE,
+        Replies,
         chat_turns,
     )
     from tests.simlab.serving.standin_model import reply as model_reply
@@ -596,7 +597,7 @@ class StandinServer(ThreadingHTTPServer):
         self.shutdown()
 
 
-class Handler(BaseHTTPRequestHandler):
+class Handler(Replies):
     server: StandinServer
     protocol_version = "HTTP/1.1"
 
@@ -629,16 +630,6 @@ class Handler(BaseHTTPRequestHandler):
             self._json(405, {"detail": "Method Not Allowed"})
         else:
             methods[method](self, body)
-
-    def _send(self, status: int, body: bytes, content_type: str) -> None:
-        self.send_response(status)
-        self.send_header("Content-Type", content_type)
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-
-    def _json(self, status: int, payload: Any) -> None:
-        self._send(status, json.dumps(payload).encode(), "application/json")
 
     def _error(self, status: int, kind: str, message: str, param: str | None = None) -> None:
         error = {"message": message, "type": kind, "param": param, "code": status}
