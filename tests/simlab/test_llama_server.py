@@ -322,3 +322,47 @@ def test_completions_answer_too(start: Callable[..., Server]) -> None:
     assert json.loads(text)["choices"][0]["text"] == "42 harbor"
     status, text, _ = request(f"{server.url}/completion", {"prompt": CANARY_QUESTION})
     assert (status, json.loads(text)["content"]) == (200, "42 harbor")
+
+
+# --- the image ------------------------------------------------------------------------------------
+
+
+def test_the_llama_image_is_the_serving_tree_with_llama_server(tmp_path: Path) -> None:
+    """The llama.cpp image's tar, from a serving image's tree written here: no Ray, vllm or hf,
+    /app/llama-server runnable with the tree's own standin_model and option list."""
+    from tests.simlab import rootfs, serving
+
+    tree = tmp_path / "tree"
+    vllm_lists = serving.SHARE.relative_to("/") / "release"
+    owned = [*serving.NOT_IN_LLAMA_IMAGE[1:-1], vllm_lists, serving.RAY_SITE / "ray/__init__.py"]
+    for path in owned:
+        (tree / path).parent.mkdir(parents=True, exist_ok=True)
+        (tree / path).write_text("x\n")
+    (tree / serving.MODEL_MODULE).write_text((STANDIN.parent / "standin_model.py").read_text())
+    base = tmp_path / "serving-image-0123456789ab.tar"
+    subprocess.run(["tar", "-C", str(tree), "-cf", str(base), "."], check=True)
+
+    image = rootfs.llama_image(base)
+
+    assert image.name == "serving-image-0123456789ab-llama.tar"
+    unpacked = tmp_path / "image"
+    unpacked.mkdir()
+    subprocess.run(["tar", "-C", str(unpacked), "-xf", str(image)], check=True)
+    for gone in serving.NOT_IN_LLAMA_IMAGE:
+        assert not (unpacked / gone).exists(), gone
+    server = unpacked / "app/llama-server"
+    assert os.access(server, os.X_OK)
+    share = unpacked / serving.LLAMA_SHARE.relative_to("/")
+    assert (share / serving.LLAMA_DATA.name).read_bytes() == serving.LLAMA_DATA.read_bytes()
+    # Outside this checkout, with the tree's python path only: the image's own imports work.
+    env = {"PATH": os.environ["PATH"], "SIMLAB_LLAMA_SHARE": str(share),
+           "PYTHONPATH": str(unpacked / serving.MODEL_MODULE.parent)}  # fmt: skip
+    result = subprocess.run([sys.executable, "-S", str(server), "--version"], cwd=tmp_path,
+                            capture_output=True, text=True, env=env, check=False)  # fmt: skip
+    assert (result.returncode, result.stderr.splitlines()[0]) == (0, f"version: 0 ({COMMIT})")
+    assert serving.image_changes(serving.LLAMA_IMAGE_TAG) == (
+        "ENV LLAMA_ARG_HOST=0.0.0.0",
+        "WORKDIR /app",
+        'ENTRYPOINT ["/app/llama-server"]',
+    )
+    assert serving.image_changes(serving.SERVING_IMAGE_TAG) == ()

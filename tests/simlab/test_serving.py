@@ -495,8 +495,11 @@ def test_assemble_serving_rootfs(tmp_path: Path) -> None:
     assert vllm.read_text() == STANDIN.read_text()
     for command in (vllm, rootfs / "usr/local/bin/ray"):
         assert os.access(command, os.X_OK), command
+    # The stand-ins' model, on the image's python3 path.
+    model_module = rootfs / serving.MODEL_MODULE
+    assert model_module.read_text() == (STANDIN.parent / "standin_model.py").read_text()
     # This machine's python is the image's (3.11): both commands run from the tree.
-    env = {**os.environ, "PYTHONPATH": str(site)}
+    env = {**os.environ, "PYTHONPATH": f"{site}:{model_module.parent}"}
     ray = subprocess.run(
         [sys.executable, str(rootfs / "usr/local/bin/ray"), "--version"],
         capture_output=True, text=True, timeout=60, env=env, check=False,
