@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import shutil
 import signal
 import socket
@@ -374,14 +375,15 @@ def stop(host: Host) -> None:
 
 
 def load_serving_image(host: Host, tag: str | None = None) -> str:
-    """A stand-in NGC vLLM image (the default one unless `tag` names another) in the host's
-    docker, as if pulled from NGC; its tag."""
-    from tests.simlab.serving import SERVING_IMAGE_TAG
+    """A stand-in serving image (NGC's default vLLM one unless `tag` names another of the
+    deploy's table, or the llama.cpp image) in the host's docker, as if pulled; its tag."""
+    from tests.simlab.serving import SERVING_IMAGE_TAG, image_changes
 
     tag = tag or SERVING_IMAGE_TAG
     tar = serving_image_tar(tag)
+    changes = "".join(f" --change {shlex.quote(change)}" for change in image_changes(tag))
     present = f"sudo docker image inspect {tag} >/dev/null 2>&1"
-    load = f"sudo docker import {IMAGES_MOUNT}/{tar.name} {tag} >/dev/null"
+    load = f"sudo docker import{changes} {IMAGES_MOUNT}/{tar.name} {tag} >/dev/null"
     ssh(host, f"{present} || {load}")
     return tag
 

@@ -16,7 +16,7 @@ import shutil
 import subprocess
 import tempfile
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -215,13 +215,15 @@ def stand_in_repositories() -> Path:
 
 def serving_image_tar(tag: str | None = None) -> Path:
     """A stand-in NGC vLLM image (the default one unless `tag` names another of the deploy's
-    table) as a tarball for `docker import`, built on first use."""
+    table, or the llama.cpp image serving.LLAMA_IMAGE_TAG) as a tarball for `docker import`,
+    built on first use."""
     from tests.simlab import serving
 
     source = Path(serving.__file__).parent
     parts = [" ".join(SERVING_PACKAGES).encode()]
     parts += [path.read_bytes() for path in sorted(source.rglob("*.py"))]
     parts += [path.read_bytes() for path in serving.RELEASE_DATA]  # the data the image holds
+    parts += [serving.LLAMA_DATA.read_bytes()]  # the llama.cpp image's
     tar = IMAGES / f"serving-image-{_key(*parts)}.tar"
     if not _cached(tar):
         with _building(tar) as needed:
@@ -229,6 +231,8 @@ def serving_image_tar(tag: str | None = None) -> Path:
                 _build_serving_image(tar)
     if tag is None or tag == serving.SERVING_IMAGE_TAG:
         return tar
+    if tag == serving.LLAMA_IMAGE_TAG:
+        return llama_image(tar)
     return _derived_image(tar, serving.release_of(tag), ray=serving.IMAGES[tag].ray)
 
 
@@ -251,26 +255,48 @@ def _build_serving_image(tar: Path) -> None:
     shutil.rmtree(root, ignore_errors=True)
 
 
-def _derived_image(base: Path, release: str, ray: bool) -> Path:
-    """The default image's tree as another image of the table: its `release` file names the
-    vLLM it carries, and without Ray where that image has none (NGC's from 26.05)."""
-    from tests.simlab import serving
-
-    tar = base.with_name(f"{base.stem}-{release}{'' if ray else '-noray'}.tar")
+def _variant(
+    base: Path, name: str, gone: Iterable[Path], add: Callable[[Path], list[Path]]
+) -> Path:
+    """The base image's tar less the paths `gone`, plus what `add` writes into an empty tree
+    (the relative paths it returns), named `name`; built once."""
+    tar = base.with_name(name)
     if _cached(tar):
         return tar
     with _building(tar) as needed:
         if needed:
             partial = tar.with_suffix(".partial")
             shutil.copyfile(base, partial)
-            release_file = serving.RELEASE_FILE.relative_to("/")
-            gone = [release_file, *(() if ray else serving.RAY_PATHS)]
             subprocess.run(["tar", "--delete", "-f", str(partial), *(f"./{p}" for p in gone)],
                            check=True)  # fmt: skip
             with tempfile.TemporaryDirectory() as staging:
-                (Path(staging) / release_file).parent.mkdir(parents=True)
-                (Path(staging) / release_file).write_text(release + "\n")
+                added = add(Path(staging))
                 subprocess.run(["tar", "-C", staging, "--owner=0", "--group=0", "-rf",
-                                str(partial), f"./{release_file}"], check=True)  # fmt: skip
+                                str(partial), *(f"./{p}" for p in added)], check=True)  # fmt: skip
             partial.rename(tar)
     return tar
+
+
+def _derived_image(base: Path, release: str, ray: bool) -> Path:
+    """The default image's tree as another image of the table: its `release` file names the
+    vLLM it carries, and without Ray where that image has none (NGC's from 26.05)."""
+    from tests.simlab import serving
+
+    release_file = serving.RELEASE_FILE.relative_to("/")
+
+    def add(staging: Path) -> list[Path]:
+        (staging / release_file).parent.mkdir(parents=True)
+        (staging / release_file).write_text(release + "\n")
+        return [release_file]
+
+    gone = [release_file, *(() if ray else serving.RAY_PATHS)]
+    return _variant(base, f"{base.stem}-{release}{'' if ray else '-noray'}.tar", gone, add)
+
+
+def llama_image(base: Path) -> Path:
+    """The default image's tree as the llama.cpp image: without Ray, `vllm`, `hf` and the vLLM
+    lists, with the llama-server stand-in and its option list (serving.add_llama_server)."""
+    from tests.simlab import serving
+
+    name = f"{base.stem}-llama.tar"
+    return _variant(base, name, serving.NOT_IN_LLAMA_IMAGE, serving.add_llama_server)

@@ -14,7 +14,6 @@ import os
 import socket
 import subprocess
 import sys
-import time
 import urllib.error
 import urllib.request
 from collections.abc import Callable, Iterator
@@ -24,15 +23,13 @@ from typing import Any
 import pytest
 
 from tests.simlab import serving
+from tests.simlab.loopback import START_TIMEOUT, Server, free_port, request, stop_all
 from tests.simlab.serving import vllm_standin
 
 STANDIN = Path(vllm_standin.__file__)
 DATA = serving.DATA
 RELEASE = vllm_standin.Release.read(DATA, "0.19.0")  # the default image's
 OPTIONS = RELEASE.options
-START_TIMEOUT = 15.0
-# Ignore any proxy of the environment: every request here goes to loopback.
-HTTP = urllib.request.build_opener(urllib.request.ProxyHandler({}))
 
 
 @pytest.fixture(autouse=True)
@@ -64,52 +61,6 @@ def run_vllm(*args: str, release: str = "0.19.0") -> subprocess.CompletedProcess
     )
 
 
-def request(url: str, body: Any = None, key: str | None = None) -> tuple[int, str, dict[str, str]]:
-    """(status, body text, headers) of one GET, or POST when there is a JSON body."""
-    data = None if body is None else json.dumps(body).encode()
-    req = urllib.request.Request(url, data=data)
-    if key is not None:
-        req.add_header("Authorization", f"Bearer {key}")
-    try:
-        with HTTP.open(req, timeout=5) as response:
-            return response.status, response.read().decode(), dict(response.headers)
-    except urllib.error.HTTPError as error:
-        return error.code, error.read().decode(), dict(error.headers)
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
-
-
-class Server:
-    def __init__(self, process: subprocess.Popen[str], port: int, log: Path):
-        self.process = process
-        self.url = f"http://127.0.0.1:{port}"
-        self.port = port
-        self.log = log
-
-    def wait_for_log(self, text: str) -> None:
-        deadline = time.monotonic() + START_TIMEOUT
-        while text not in self.log.read_text():
-            assert self.process.poll() is None, self.log.read_text()
-            assert time.monotonic() < deadline, f"no {text!r} in:\n{self.log.read_text()}"
-            time.sleep(0.05)
-
-    def wait_healthy(self) -> None:
-        deadline = time.monotonic() + START_TIMEOUT
-        while True:
-            assert self.process.poll() is None, self.log.read_text()
-            try:
-                if request(f"{self.url}/health")[0] == 200:
-                    return
-            except OSError:
-                pass
-            assert time.monotonic() < deadline, self.log.read_text()
-            time.sleep(0.05)
-
-
 @pytest.fixture
 def start(tmp_path: Path) -> Iterator[Callable[..., Server]]:
     """Start `vllm serve test/model ARGS` on loopback; every server is stopped afterwards."""
@@ -131,13 +82,7 @@ def start(tmp_path: Path) -> Iterator[Callable[..., Server]]:
         return server
 
     yield _start
-    for process in started:
-        process.terminate()
-        try:
-            process.wait(timeout=5)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
+    stop_all(started)
 
 
 def test_version() -> None:
@@ -550,8 +495,11 @@ def test_assemble_serving_rootfs(tmp_path: Path) -> None:
     assert vllm.read_text() == STANDIN.read_text()
     for command in (vllm, rootfs / "usr/local/bin/ray"):
         assert os.access(command, os.X_OK), command
+    # The stand-ins' model, on the image's python3 path.
+    model_module = rootfs / serving.MODEL_MODULE
+    assert model_module.read_text() == (STANDIN.parent / "standin_model.py").read_text()
     # This machine's python is the image's (3.11): both commands run from the tree.
-    env = {**os.environ, "PYTHONPATH": str(site)}
+    env = {**os.environ, "PYTHONPATH": f"{site}:{model_module.parent}"}
     ray = subprocess.run(
         [sys.executable, str(rootfs / "usr/local/bin/ray"), "--version"],
         capture_output=True, text=True, timeout=60, env=env, check=False,

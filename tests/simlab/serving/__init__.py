@@ -1,10 +1,16 @@
-"""The stand-ins for NGC's vLLM images: Debian 12 with Ray and a `vllm` that serves no model.
+"""The stand-ins for NGC's vLLM images (Debian 12 with Ray and a `vllm` that serves no model),
+and for the llama.cpp image of seed 002 (the same tree with a `llama-server` instead).
 
 Real Sparks run nvcr.io/nvidia/vllm:26.04-py3 (vLLM 0.19.0) by default. The lab imports this tree
 into each host's docker under the same tag, so the deploy's containers, `ray start` and `vllm
 serve` command lines run unchanged; only the engine behind them is simulated (see
 vllm_standin.py). The other images of the deploy's table (operations/vllm_release.py) are the
 same tree as their release and their lack of Ray make it (rootfs.serving_image_tar).
+
+The llama.cpp image, LLAMA_IMAGE_TAG, is the same tree without Ray, `vllm`, `hf` and the vLLM
+lists, with the llama-server stand-in at /app/llama-server and its option list; `docker import`
+gives it the settings of the server stage of its Dockerfile (LLAMA_IMAGE_CHANGES) but for its
+HEALTHCHECK, which `docker import --change` cannot set (nor does the tree hold curl).
 """
 
 from __future__ import annotations
@@ -15,8 +21,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+from operations import llamacpp_release
 from operations.vllm_release import DATA, DEFAULT_IMAGE, IMAGES, KINDS, known_versions
 from tests.simlab.paths import CACHE
+from tests.simlab.serving import llama_server_standin
 from tests.simlab.serving.vllm_standin import SHARE
 
 SERVING_IMAGE_TAG = DEFAULT_IMAGE
@@ -37,6 +45,44 @@ RELEASE_DATA = [
     if kind != "env-vars"
 ]
 RELEASE_FILE = SHARE / "release"
+# What both stand-ins import (standin_model.py), on the image's python3 path.
+MODEL_MODULE = Path("usr/lib/python3/dist-packages/standin_model.py")
+
+# Seed 002's llama.cpp image, and the server stage of its Dockerfile (ardge-labs/
+# llama-cpp-dgx-spark, Dockerfile: ENV LLAMA_ARG_HOST=0.0.0.0, WORKDIR /app, the binary at
+# /app/llama-server, ENTRYPOINT ["/app/llama-server"]) as `docker import --change` sets it.
+LLAMA_IMAGE_TAG = "ghcr.io/ardge-labs/llama-cpp-dgx-spark:server"
+LLAMA_IMAGE_CHANGES = (
+    "ENV LLAMA_ARG_HOST=0.0.0.0",
+    "WORKDIR /app",
+    'ENTRYPOINT ["/app/llama-server"]',
+)
+LLAMA_SERVER = Path("app/llama-server")
+LLAMA_DATA = llamacpp_release.data_path(llamacpp_release.DEFAULT_COMMIT)
+LLAMA_SHARE = llama_server_standin.SHARE
+# What of the vLLM image's tree the llama.cpp image lacks.
+NOT_IN_LLAMA_IMAGE = (
+    *RAY_PATHS,
+    Path("usr/local/bin/vllm"),
+    Path("usr/local/bin/hf"),
+    SHARE.relative_to("/"),
+)
+
+
+def image_changes(tag: str) -> tuple[str, ...]:
+    """The Dockerfile settings `docker import --change` gives the image `tag` (none for NGC's
+    vLLM images, whose stand-ins run commands the deploy names)."""
+    return LLAMA_IMAGE_CHANGES if tag == LLAMA_IMAGE_TAG else ()
+
+
+def add_llama_server(root: Path) -> list[Path]:
+    """Put the llama-server stand-in and its option list into the tree at `root`; the paths
+    added (relative), for the image's tar."""
+    _executable(root / LLAMA_SERVER, Path(llama_server_standin.__file__).read_text())
+    share = root / LLAMA_SHARE.relative_to("/")
+    share.mkdir(parents=True, exist_ok=True)
+    shutil.copyfile(LLAMA_DATA, share / LLAMA_DATA.name)
+    return [LLAMA_SERVER.parent, LLAMA_SHARE.relative_to("/")]
 
 
 def release_of(tag: str) -> str:
@@ -83,8 +129,8 @@ def assemble_serving_rootfs(rootfs: Path) -> None:
     """Make a debootstrapped Debian 12 tree with python3 the serving image.
 
     Adds Ray (core only: `ray start` runs without the dashboard extras), a `ray` command, the
-    `vllm` stand-in and the option list it checks command lines against, and the `hf download`
-    stand-in.
+    `vllm` stand-in and the option list it checks command lines against, the `hf download`
+    stand-in, and the stand-ins' model (standin_model.py) on python3's path.
     """
     if not (rootfs / f"usr/bin/python{IMAGE_PYTHON}").exists():
         raise RuntimeError(f"{rootfs} has no python{IMAGE_PYTHON}, which Ray's wheels are for")
@@ -102,6 +148,7 @@ def assemble_serving_rootfs(rootfs: Path) -> None:
         rootfs / "usr/local/bin/vllm", (Path(__file__).parent / "vllm_standin.py").read_text()
     )
     _executable(rootfs / "usr/local/bin/hf", (Path(__file__).parent / "hf_standin.py").read_text())
+    (rootfs / MODEL_MODULE).write_text((Path(__file__).parent / "standin_model.py").read_text())
     share = rootfs / SHARE.relative_to("/")
     share.mkdir(parents=True, exist_ok=True)
     for data in RELEASE_DATA:

@@ -1,25 +1,47 @@
 #!/usr/bin/python3
 """Stand-in for huggingface_hub's `hf download` in the simulated lab's serving image.
 
-It reaches no network: it writes the layout `hf download <org/name>` leaves in the cache, as
+It reaches no network: it writes the layout `hf download` leaves in the cache, as
 huggingface_hub's file_download does: each file a blob named by its hash (the SHA-256 of a file
 kept in Git LFS, the Git blob id of any other) under blobs/, linked from
-snapshots/<revision>/<name>, and refs/main naming the revision. Its files: a config.json and
-weights (model.safetensors, WEIGHTS_BYTES of zeros, written sparse: no disk is used until
-another box copies them). It says whether a token file was given through HF_TOKEN_PATH, never
-what it holds. Standard library only.
+snapshots/<revision>/<name>, and refs/main naming the revision. It says whether a token file was
+given through HF_TOKEN_PATH, never what it holds. Standard library only.
+
+The command line is huggingface_hub's (cli/download.py in huggingface_hub 2.4.0):
+`hf download REPO_ID [FILENAMES...] [--include PATTERN]... [--exclude PATTERN]...`, each
+pattern one value of a repeatable option (`--include A --include B`, or `--include=A`).
+
+- No file named: snapshot_download, limited to the files matching an --include pattern and no
+  --exclude one (fnmatchcase; a pattern ending in "/" takes the folder's files), or every file
+  of the repository; it prints the snapshot's path.
+- One file named: hf_hub_download; it prints that file's path in the snapshot.
+- Several files named: snapshot_download of those; it prints the snapshot's path. Patterns
+  given beside named files are ignored, with huggingface_hub's warning.
+
+The stand-in cannot list a real repository. Its repository holds config.json and weights
+(model.safetensors, WEIGHTS_BYTES of zeros, written sparse: no disk is used until another box
+copies them); a repository named *-GGUF holds GGUF files instead (gguf_files). A file named on
+the command line is in every repository: a name ending in .gguf is a GGUF file, any other a small
+text file.
 """
 
 from __future__ import annotations
 
+import fnmatch
 import hashlib
 import json
 import os
+import struct
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
-USAGE = "usage: hf download REPO_ID"
+USAGE = "usage: hf download REPO_ID [FILENAMES]... [--include PATTERN]... [--exclude PATTERN]..."
 WEIGHTS_BYTES = 256 * 2**20
+GGUF_BYTES = 16 * 2**20
+# What a GGUF file starts with (ggml's gguf.cpp: the magic, version 3, no tensors, no metadata).
+GGUF_HEADER = b"GGUF" + struct.pack("<IQQ", 3, 0, 0)
+GGUF_QUANTS = ("Q4_K_M", "Q8_0", "UD-Q4_K_XL")
 CHUNK = 2**20
 
 
@@ -31,7 +53,83 @@ def cache_dir() -> Path:
     return Path(home) / "hub"
 
 
-def download(repo_id: str) -> Path:
+def gguf_files(repo_id: str) -> list[str]:
+    """The GGUF files of the stand-in's *-GGUF repository: one a quantization, named after it."""
+    base = repo_id.split("/")[-1]
+    base = base[: -len("-GGUF")] if base.upper().endswith("-GGUF") else base
+    return [f"{base}-{quant}.gguf" for quant in GGUF_QUANTS]
+
+
+def repository_files(repo_id: str) -> list[str]:
+    if repo_id.upper().endswith("-GGUF"):
+        return gguf_files(repo_id)
+    return ["config.json", "model.safetensors"]
+
+
+def _zeros_after(head: bytes, size: int) -> Callable[[Path], None]:
+    """A writer of `head` then zeros up to `size` bytes, the zeros left as a hole."""
+
+    def write(path: Path) -> None:
+        with path.open("wb") as out:
+            out.write(head)
+            out.truncate(size)
+
+    return write
+
+
+def _sha256_of_zeros_after(head: bytes, size: int) -> str:
+    digest = hashlib.sha256(head)
+    left = size - len(head)
+    while left:
+        digest.update(bytes(min(CHUNK, left)))
+        left -= min(CHUNK, left)
+    return digest.hexdigest()
+
+
+def _file(repo_id: str, name: str) -> tuple[str, Callable[[Path], None]]:
+    """The blob name (its hash) of the repository's file `name`, and its writer."""
+    if name.endswith(".gguf"):
+        return _sha256_of_zeros_after(GGUF_HEADER, GGUF_BYTES), _zeros_after(
+            GGUF_HEADER, GGUF_BYTES
+        )
+    if name.endswith(".safetensors"):
+        return _sha256_of_zeros_after(b"", WEIGHTS_BYTES), _zeros_after(b"", WEIGHTS_BYTES)
+    if name == "config.json":
+        config = {"_name_or_path": repo_id, "simlab": "fetched by the hf stand-in"}
+        text = (json.dumps(config) + "\n").encode()
+    else:
+        text = f"{name} of {repo_id}, written by the hf stand-in\n".encode()
+    git_id = hashlib.sha1(b"blob %d\0" % len(text) + text).hexdigest()
+    return git_id, lambda path: path.write_bytes(text)
+
+
+def _pattern(pattern: str) -> str:
+    """huggingface_hub's filter_repo_objects: a folder pattern ("art/") takes its files."""
+    return pattern + "*" if pattern.endswith("/") else pattern
+
+
+def selected(repo_id: str, files: list[str], include: list[str], exclude: list[str]) -> list[str]:
+    """The files `hf download` fetches: those named, else the repository's that the patterns
+    let through."""
+    if files:
+        return files
+    return [
+        name
+        for name in repository_files(repo_id)
+        if (not include or any(fnmatch.fnmatchcase(name, _pattern(p)) for p in include))
+        and not any(fnmatch.fnmatchcase(name, _pattern(p)) for p in exclude)
+    ]
+
+
+def download(
+    repo_id: str,
+    files: list[str] | None = None,
+    include: list[str] | None = None,
+    exclude: list[str] | None = None,
+) -> Path:
+    """Write the repository's selected files into the cache; the snapshot's path, or the one
+    file's path where one file was named."""
+    files, include, exclude = files or [], include or [], exclude or []
     org, _, name = repo_id.partition("/")
     if not org or not name or "/" in name:
         raise SystemExit(f"{USAGE}\nhf download: {repo_id!r} is no org/name repository id")
@@ -44,38 +142,62 @@ def download(repo_id: str) -> Path:
     snapshot.mkdir(parents=True, exist_ok=True)
     (repo / "refs").mkdir(exist_ok=True)
     (repo / "refs" / "main").write_text(revision)
-    config = {"_name_or_path": repo_id, "simlab": "fetched by the hf stand-in"}
-    text = (json.dumps(config) + "\n").encode()
-    git_id = hashlib.sha1(b"blob %d\0" % len(text) + text).hexdigest()
-    _blob(repo, snapshot / "config.json", git_id, lambda path: path.write_bytes(text))
-    zeros = hashlib.sha256()
-    for _ in range(WEIGHTS_BYTES // CHUNK):
-        zeros.update(bytes(CHUNK))
-
-    def sparse(path: Path) -> None:
-        with path.open("wb") as out:
-            out.truncate(WEIGHTS_BYTES)
-
-    _blob(repo, snapshot / "model.safetensors", zeros.hexdigest(), sparse)
-    return snapshot
+    for file in selected(repo_id, files, include, exclude):
+        blob, write = _file(repo_id, file)
+        _blob(repo, snapshot / file, blob, write)
+    return snapshot / files[0] if len(files) == 1 else snapshot
 
 
-def _blob(repo: Path, link: Path, name: str, write) -> None:
+def _blob(repo: Path, link: Path, name: str, write: Callable[[Path], None]) -> None:
     """The blob `name` (written by `write` when absent) and the snapshot's link to it."""
     blob = repo / "blobs" / name
     blob.parent.mkdir(exist_ok=True)
     if not blob.exists():
         write(blob)
+    link.parent.mkdir(parents=True, exist_ok=True)
     if link.is_symlink() or link.exists():
         link.unlink()
     link.symlink_to(os.path.relpath(blob, link.parent))
 
 
+def parse(argv: list[str]) -> tuple[str, list[str], list[str], list[str]]:
+    """`download REPO_ID [FILENAMES]... [--include P]... [--exclude P]...` as click reads it:
+    (repo id, files, include, exclude); SystemExit(2) with click's message otherwise."""
+    if not argv or argv[0] != "download":
+        raise SystemExit(2)
+    words: list[str] = []
+    patterns: dict[str, list[str]] = {"--include": [], "--exclude": []}
+    rest = iter(argv[1:])
+    for word in rest:
+        option, has_value, value = word.partition("=")
+        if option in patterns:
+            if not has_value:
+                value = next(rest, None)
+                if value is None:
+                    raise SystemExit(f"Error: Option '{option}' requires an argument.")
+            patterns[option].append(value)
+        elif word.startswith("-") and word != "-":
+            raise SystemExit(f"Error: No such option: {option}")
+        else:
+            words.append(word)
+    if not words:
+        raise SystemExit("Error: Missing argument 'REPO_ID'.")
+    return words[0], words[1:], patterns["--include"], patterns["--exclude"]
+
+
 def main(argv: list[str]) -> int:
-    if len(argv) != 2 or argv[0] != "download":
+    try:
+        repo_id, files, include, exclude = parse(argv)
+    except SystemExit as error:
         print(USAGE, file=sys.stderr)
+        if isinstance(error.code, str):
+            print(error.code, file=sys.stderr)
         return 2
-    print(download(argv[1]))  # the real command ends with the snapshot's path
+    for option, given in (("include", include), ("exclude", exclude)):
+        if files and given:
+            print(f"UserWarning: Ignoring `--{option}` since filenames have been explicitly set.",
+                  file=sys.stderr)  # fmt: skip
+    print(download(repo_id, files, include, exclude))  # the real command ends with the path
     return 0
 
 

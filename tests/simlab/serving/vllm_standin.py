@@ -39,9 +39,22 @@ import uuid
 import zlib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import ThreadingHTTPServer
 from pathlib import Path
 from typing import Any, NoReturn
+
+try:  # in the image: a module on python3's path beside this command
+    from standin_model import ANSWER_FILE, ANSWER_VARIABLE, LOAD_SECONDS_FILE, Replies, chat_turns
+    from standin_model import reply as model_reply
+except ImportError:  # imported by the lab's own tests
+    from tests.simlab.serving.standin_model import (
+        ANSWER_FILE,
+        ANSWER_VARIABLE,
+        LOAD_SECONDS_FILE,
+        Replies,
+        chat_turns,
+    )
+    from tests.simlab.serving.standin_model import reply as model_reply
 
 # Every release's option lists, and the one this image carries (`release`).
 SHARE = Path("/usr/local/share/vllm-standin")
@@ -584,30 +597,7 @@ class StandinServer(ThreadingHTTPServer):
         self.shutdown()
 
 
-ADDITION = re.compile(r"\bWhat is (-?\d+) \+ (-?\d+)\?(?:.*?\bthe word (\w+))?", re.S)
-
-
-def standin_answer(question: str) -> str | None:
-    """The stand-in's model: "What is A + B?" (and "the word W") is answered "A+B W", as the
-    answer canary (templates/spark-lane-canary.j2) expects of a healthy lane; None otherwise
-    (the stand-in then echoes). "gibberish" or "empty-reasoning" in ANSWER_FILE beside the
-    model's config.json makes it answer garbage, or only in the reasoning, instead."""
-    match = ADDITION.search(question)
-    if not match:
-        return None
-    return " ".join(filter(None, [str(int(match[1]) + int(match[2])), match[3]]))
-
-
-def _text(content: Any) -> str:
-    """The text of a message's content: a string, or OpenAI's list of typed parts."""
-    if isinstance(content, str):
-        return content
-    if isinstance(content, list):
-        return " ".join(p.get("text", "") for p in content if isinstance(p, dict))
-    return ""
-
-
-class Handler(BaseHTTPRequestHandler):
+class Handler(Replies):
     server: StandinServer
     protocol_version = "HTTP/1.1"
 
@@ -640,16 +630,6 @@ class Handler(BaseHTTPRequestHandler):
             self._json(405, {"detail": "Method Not Allowed"})
         else:
             methods[method](self, body)
-
-    def _send(self, status: int, body: bytes, content_type: str) -> None:
-        self.send_response(status)
-        self.send_header("Content-Type", content_type)
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-
-    def _json(self, status: int, payload: Any) -> None:
-        self._send(status, json.dumps(payload).encode(), "application/json")
 
     def _error(self, status: int, kind: str, message: str, param: str | None = None) -> None:
         error = {"message": message, "type": kind, "param": param, "code": status}
@@ -735,19 +715,9 @@ class Handler(BaseHTTPRequestHandler):
         if lost:
             self._error(500, "InternalServerError", lost)
             return
-        turns = [m for m in messages if isinstance(m, dict)]
-        said = [_text(m.get("content")) for m in turns if m.get("role") == "user"]
-        last = said[-1] if said else ""
-        reply = standin_answer(last) or (
-            f"[vLLM {self.server.version} stand-in, no model loaded] {model} got: {last}"
-        )
-        answer = self.server.answer_mode
-        reasoning = None
-        if answer == "gibberish":  # what a ModelOpt NVFP4 checkpoint does on SM121 (seed 003)
-            reply = "Theorem quantum banana ledger " + "the " * 12
-        elif answer == "empty-reasoning":  # a thinking template hiding the answer
-            reply, reasoning = "", f"Thinking it over: {reply}"
-        prompt_tokens = sum(len(_text(m.get("content")).split()) for m in turns)
+        last, prompt_tokens = chat_turns(messages)
+        echo = f"[vLLM {self.server.version} stand-in, no model loaded] {model} got: {last}"
+        reply, reasoning = model_reply(last, self.server.answer_mode, echo)
         usage = {
             "prompt_tokens": prompt_tokens,
             "completion_tokens": len(reply.split()),
@@ -837,15 +807,13 @@ def model_not_cached(model: str, env: Mapping[str, str]) -> str | None:
     )
 
 
-# Where a lab test gives a model its load time: a file beside its config.json, as if its weights
-# took that long to read (the deploy refuses variables vLLM does not read, so a lane cannot carry
-# the stand-in's own SIMLAB_VLLM_LOAD_SECONDS).
-LOAD_SECONDS_FILE = "simlab-load-seconds"
+# Where a lab test gives a model its load time: LOAD_SECONDS_FILE beside its config.json, as if
+# its weights took that long to read (the deploy refuses variables vLLM does not read, so a lane
+# cannot carry the stand-in's own SIMLAB_VLLM_LOAD_SECONDS).
 
 
-# Where a lab test makes the model answer badly (gibberish, empty-reasoning), as a broken
-# checkpoint would: beside its config.json, like its load time.
-ANSWER_FILE = "simlab-answer"
+# Where a lab test makes the model answer badly (standin_model.py): beside its config.json, like
+# its load time.
 
 
 def beside_model(model: str, env: Mapping[str, str], name: str) -> str | None:
@@ -869,7 +837,7 @@ def load_time(model: str, env: Mapping[str, str]) -> float:
 def answer_mode(model: str, env: Mapping[str, str]) -> str:
     """How the model answers: SIMLAB_STANDIN_ANSWER (the stand-in's own tests), else ANSWER_FILE
     beside its config.json, else "" (right)."""
-    return env.get("SIMLAB_STANDIN_ANSWER") or beside_model(model, env, ANSWER_FILE) or ""
+    return env.get(ANSWER_VARIABLE) or beside_model(model, env, ANSWER_FILE) or ""
 
 
 def load(config: ServeConfig) -> None:

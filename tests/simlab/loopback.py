@@ -1,0 +1,79 @@
+"""What the tests of the serving stand-ins share: servers started as local processes on
+127.0.0.1 (no lab), requests to them that ignore any proxy, and their stop."""
+
+from __future__ import annotations
+
+import json
+import socket
+import subprocess
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+START_TIMEOUT = 15.0
+# Ignore any proxy of the environment: every request here goes to loopback.
+HTTP = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+
+
+def request(
+    url: str, body: Any = None, key: str | None = None, headers: dict[str, str] | None = None
+) -> tuple[int, str, dict[str, str]]:
+    """(status, body text, headers) of one GET, or POST when there is a JSON body; `key` is
+    sent as `Authorization: Bearer <key>`."""
+    data = None if body is None else json.dumps(body).encode()
+    req = urllib.request.Request(url, data=data, headers=headers or {})
+    if key is not None:
+        req.add_header("Authorization", f"Bearer {key}")
+    try:
+        with HTTP.open(req, timeout=5) as response:
+            return response.status, response.read().decode(), dict(response.headers)
+    except urllib.error.HTTPError as error:
+        return error.code, error.read().decode(), dict(error.headers)
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+class Server:
+    """A stand-in started on 127.0.0.1:port, its output in `log`."""
+
+    def __init__(self, process: subprocess.Popen[str], port: int, log: Path):
+        self.process = process
+        self.url = f"http://127.0.0.1:{port}"
+        self.port = port
+        self.log = log
+
+    def wait_for_log(self, text: str) -> None:
+        deadline = time.monotonic() + START_TIMEOUT
+        while text not in self.log.read_text():
+            assert self.process.poll() is None, self.log.read_text()
+            assert time.monotonic() < deadline, f"no {text!r} in:\n{self.log.read_text()}"
+            time.sleep(0.05)
+
+    def wait_healthy(self) -> None:
+        deadline = time.monotonic() + START_TIMEOUT
+        while True:
+            assert self.process.poll() is None, self.log.read_text()
+            try:
+                if request(f"{self.url}/health")[0] == 200:
+                    return
+            except OSError:
+                pass
+            assert time.monotonic() < deadline, self.log.read_text()
+            time.sleep(0.05)
+
+
+def stop_all(processes: list[subprocess.Popen[str]]) -> None:
+    """Terminate each process, killing one that has not ended within 5 s."""
+    for process in processes:
+        process.terminate()
+        try:
+            process.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
