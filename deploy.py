@@ -128,7 +128,11 @@ if me.hf_token_file:
 lanes.lanes_removed(
     name="Lanes no longer configured: removed", keep=[lane.name for lane in spark.units(me.name)]
 )
-for image in dict.fromkeys(lane.image for lane in me.lanes):
+# huggingface_hub's `hf` fetches a lane's weights in the lane's image; a llama.cpp image has
+# none, so a GGUF is fetched in a vLLM image of this box's lanes, else Ray's (group_data's NGC).
+hf_image = next((lane.image for lane in me.lanes if lane.engine == "vllm"), me.ray.image)
+needs_hf_image = me.fetch_weights and any(lane.engine == "llama.cpp" for lane in me.lanes)
+for image in dict.fromkeys([*(lane.image for lane in me.lanes), *[hf_image] * needs_hf_image]):
     lanes.image_present(name=f"Serving image {image}", image=image)
 
 
@@ -160,10 +164,11 @@ def model_on_box(lane: Lane, what: str) -> None:
     preflight.model_present(
         name=f"{what}: {lane.model} on this box",
         model=lane.model,
-        image=lane.image,
+        image=hf_image if lane.engine == "llama.cpp" else lane.image,
         models_dir=lanes.MODELS_DIR,
         token_path=lanes.HF_TOKEN if me.hf_token_file else None,
         fetch=me.fetch_weights,
+        files=lane.weight_files,
     )
 
 

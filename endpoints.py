@@ -24,6 +24,7 @@ class Endpoint(NamedTuple):
     """One lane as its clients see it."""
 
     lane: str
+    engine: str  # vllm or llama.cpp
     served_name: str
     url: str  # the OpenAI base URL, ending in /v1
     memory_fraction: float
@@ -38,6 +39,7 @@ def endpoints_of(box: HostConfig, address: str) -> list[Endpoint]:
     return [
         Endpoint(
             lane=lane.name,
+            engine=lane.engine,
             served_name=lane.served_name,
             url=f"{scheme}://{address}:{lane.port}/v1",
             memory_fraction=lane.memory_fraction,
@@ -87,11 +89,12 @@ def opencode_config(box: str, endpoints: Sequence[Endpoint]) -> dict:
 
 def endpoints_table(endpoints: dict[str, Sequence[Endpoint]]) -> str:
     """The lanes of every box, one line each, and where their keys are."""
-    rows = [("box", "lane", "served name", "URL", "memory", "API key")]
+    rows = [("box", "lane", "engine", "served name", "URL", "memory", "API key")]
     rows += [
         (
             box,
             e.lane,
+            e.engine,
             e.served_name,
             e.url,
             f"{e.memory_fraction:.2f}",
@@ -129,12 +132,17 @@ class EndpointsReport(BaseStateCallback):
         for box, endpoints in served.items():
             text = json.dumps(opencode_config(box, endpoints), indent=2) + "\n"
             (clients / f"{box}.json").write_text(text)
-        click.echo("--> vLLM lanes serving:", err=True)
+        click.echo("--> Lanes serving:", err=True)
         click.echo(endpoints_table(served), err=True)
         click.echo(
             f"    OpenCode configuration: clients/<box>.json. Keys stay on the boxes; copy one"
             f" without showing it: ssh <box> sudo cat {SECRETS_DIR}/<lane>.key >"
             " ~/.config/opencode/<box>-<lane>.key",
+            err=True,
+        )
+        click.echo(
+            "    Any OpenAI-style client, vLLM and llama.cpp lanes alike: base URL = the URL,"
+            " model = the served name, API key = the lane's key (Authorization: Bearer).",
             err=True,
         )
         for box, endpoints in served.items():

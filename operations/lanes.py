@@ -1,4 +1,4 @@
-"""vLLM lanes: one systemd unit per model server."""
+"""Lanes: one systemd unit per model server (vLLM, or llama.cpp for a GGUF)."""
 
 from __future__ import annotations
 
@@ -14,7 +14,8 @@ from pyinfra.api import FactBase, operation
 from pyinfra.api.exceptions import OperationError
 from pyinfra.facts.files import Sha1File
 
-from operations import ray, util
+from operations import llamacpp, ray, util
+from operations.preflight import HF_CACHE_IN_CONTAINER, hf_cache_dir
 from operations.recipes import (
     SLUG,
     Lane,
@@ -103,6 +104,23 @@ class LaneUnits(FactBase):
                 elif current is not None:
                     current[field] = value
         return units
+
+
+class LaneAnswer(FactBase):
+    """What the answer canary (templates/spark-lane-canary.j2) says of a serving lane asked
+    again: None when it answers right, else the canary's lines (its judgement, the answer quoted,
+    the usual causes). Reads the lane's key on the box; never prints it.
+
+    .. code:: python
+
+        None
+    """
+
+    def command(self, lane: str, port: int) -> str:
+        return f'{CANARY_COMMAND} {shlex.quote(lane)} {port}; echo "exit $?"'
+
+    def process(self, output: list[str]) -> str | None:
+        return None if output[-1:] == ["exit 0"] else "\n".join(output[:-1])
 
 
 class LocalImages(FactBase):
@@ -229,6 +247,8 @@ def systemd_word(arg: str) -> str:
 def canary_causes(lane: Lane) -> list[str]:
     """The usual causes of a wrong answer for this lane's model and quantization, named by the
     canary when it fails (no secrets: they are in the unit)."""
+    if lane.engine == "llama.cpp":
+        return llamacpp.CANARY_CAUSES
     causes = []
     nvfp4 = _quantization(lane) in ("nvfp4", "nvfp4-modelopt")
     if nvfp4 or _is_modelopt_nvfp4(lane):  # known ones are refused (recipes.py); others are not
@@ -254,14 +274,25 @@ def canary_causes(lane: Lane) -> list[str]:
     return causes
 
 
-def serve_script(serve_args: Sequence[str], api_key: bool) -> str:
-    """The shell command the container runs: `vllm serve` with the lane's arguments, the API key
-    read from its mounted file into VLLM_API_KEY (vLLM's own variable) just before exec, so it is
-    in neither argv nor the container's configuration."""
-    serve = "exec vllm serve " + " ".join(shlex.quote(arg) for arg in serve_args)
+def serve_script(
+    serve_args: Sequence[str], api_key: bool, gguf: tuple[str, str] | None = None
+) -> str:
+    """The shell command the container runs: `vllm serve`, or with ``gguf`` (a repository's
+    directory in the cache and a GGUF file in it, the revision read from refs/main as the
+    container starts) llama.cpp's server, with the lane's arguments. The API key is read from its
+    mounted file into the server's own variable (VLLM_API_KEY, LLAMA_API_KEY) just before exec,
+    so it is in neither argv nor the container's configuration."""
+    server, variable, prelude = "vllm serve", "VLLM_API_KEY", ""
+    if gguf is not None:
+        repo, name = gguf
+        refs = shlex.quote(f"{repo}/refs/main")
+        model = f"{shlex.quote(repo)}/snapshots/$(cat {refs})/{shlex.quote(name)}"
+        server, variable = llamacpp.SERVER, llamacpp.KEY_VARIABLE
+        prelude = f"{llamacpp.MODEL_VARIABLE}={model} || exit 1; export {llamacpp.MODEL_VARIABLE}; "
+    serve = f"{prelude}exec {server} " + " ".join(shlex.quote(arg) for arg in serve_args)
     if not api_key:
         return serve
-    return f"VLLM_API_KEY=$(cat {KEY_IN_CONTAINER}) || exit 1; export VLLM_API_KEY; {serve}"
+    return f"{variable}=$(cat {KEY_IN_CONTAINER}) || exit 1; export {variable}; {serve}"
 
 
 @dataclass(frozen=True)
@@ -341,7 +372,7 @@ class LaneUnit:
         options = ["--oom-score-adj", str(OOM_SCORE_ADJ)]
         args = util.docker_run(PREFIX + self.name, options, rdma, unlimited_memlock)
         args += ["--env-file", f"{LANE_DIR}/{self.name}.env"]
-        args += ["-v", f"{self.models_dir}:/root/.cache/huggingface"]
+        args += ["-v", f"{self.models_dir}:{HF_CACHE_IN_CONTAINER}"]
         api_key = self.lane.api_key and not self.headless
         if api_key:
             args += ["-v", f"{key_path(self.name)}:{KEY_IN_CONTAINER}:ro"]
@@ -351,6 +382,11 @@ class LaneUnit:
             args += ["--pid", f"container:{ray.CONTAINER}", "-v", f"{ray.SESSION_DIR}:/tmp/ray"]
             if self.ray_token:
                 args += ["-v", f"{ray.TOKEN_PATH}:{ray.TOKEN_IN_CONTAINER}:ro"]
+        if self.lane.engine == "llama.cpp":  # its image's entrypoint is the server itself
+            repo = hf_cache_dir(HF_CACHE_IN_CONTAINER, self.lane.model)
+            gguf = (repo, self.lane.gguf_file or "")
+            script = serve_script(self.lane.llama_args(), api_key, gguf)
+            return [*args, "--entrypoint", "/bin/sh", self.lane.image, "-c", script]
         script = serve_script(self.lane.vllm_args(self.rank), api_key)
         return [*args, self.lane.image, "/bin/sh", "-c", script]
 
@@ -503,12 +539,15 @@ def serving(unit: LaneUnit):
         start=f"{start.format('start')} || {show_log}",
         restart=f"{start.format('restart')} || {show_log}",
     )
-    if running and not changed:
-        host.noop(
-            f"lane {lane.name}: rank {unit.rank.node_rank} running"
-            if unit.rank and unit.headless
-            else f"lane {lane.name} is serving on port {lane.port}"
-        )
+    if running and not changed and unit.headless:
+        host.noop(f"lane {lane.name}: rank {unit.rank.node_rank if unit.rank else '?'} running")
+    elif running and not changed:
+        # Left running, it was not asked at a start: the deploy asks it again (it may answer
+        # garbage since, its weights replaced under it, say).
+        wrong = host.get_fact(LaneAnswer, lane=lane.name, port=lane.backend_port)
+        if wrong:
+            raise OperationError(f"{host.name}: lane {lane.name} serves wrong answers:\n{wrong}")
+        host.noop(f"lane {lane.name} is serving on port {lane.port}, answering right")
 
 
 @operation()

@@ -337,14 +337,21 @@ def hf_cache_dir(models_dir: str, model: str) -> str:
 
 class ModelWeights(FactBase):
     """Whether the box holds a model: a Hugging Face id as a snapshot with its config.json in
-    the cache the lanes mount, an absolute path as a directory with its config.json.
+    the cache the lanes mount (a llama.cpp lane's: every part of its GGUF file in the snapshot
+    refs/main names, the one the lane loads), an absolute path as a directory with its
+    config.json.
 
     .. code:: python
 
         True
     """
 
-    def command(self, model: str, models_dir: str) -> str:
+    def command(self, model: str, models_dir: str, files: tuple[str, ...] = ()) -> str:
+        if files:
+            repo = shlex.quote(hf_cache_dir(models_dir, model))
+            tests = " && ".join(f'[ -s "$d"/{shlex.quote(name)} ]' for name in files)
+            snapshot = f'd={repo}/snapshots/"$(cat {repo}/refs/main 2>/dev/null)"'
+            return f"{snapshot}; {tests} && echo present; true"
         if model.startswith("/"):
             pattern = f"{shlex.quote(model)}/config.json"
         else:
@@ -355,10 +362,12 @@ class ModelWeights(FactBase):
         return "present" in output
 
 
-def fetch_command(model: str, image: str, models_dir: str, token_path: str | None) -> str:
-    """The command that fetches a model into a box's cache inside the serving image, its token
-    (if any) mounted as a file and named by HF_TOKEN_PATH (never in an argv or an environment
-    value)."""
+def fetch_command(
+    model: str, image: str, models_dir: str, token_path: str | None, files: tuple[str, ...] = ()
+) -> str:
+    """The command that fetches a model (only ``files`` of it, if given: a GGUF's parts) into a
+    box's cache inside a vLLM serving image (huggingface_hub's `hf`), its token (if any) mounted
+    as a file and named by HF_TOKEN_PATH (never in an argv or an environment value)."""
     token = "/run/secrets/hf-token"
     # Without a token file nothing is mounted: docker would make a directory of a missing path.
     mount = (
@@ -367,12 +376,18 @@ def fetch_command(model: str, image: str, models_dir: str, token_path: str | Non
     return (
         f"sudo docker run --rm -v {shlex.quote(models_dir)}:{HF_CACHE_IN_CONTAINER}{mount}"
         f" {shlex.quote(image)} hf download {shlex.quote(model)}"
+        + "".join(f" {shlex.quote(name)}" for name in files)
     )
 
 
 @operation()
 def model_present(
-    model: str, image: str, models_dir: str, token_path: str | None, fetch: bool = False
+    model: str,
+    image: str,
+    models_dir: str,
+    token_path: str | None,
+    fetch: bool = False,
+    files: tuple[str, ...] = (),
 ):
     """
     Check that this box holds a lane's model before the lane starts, or fetch it first: a
@@ -381,20 +396,21 @@ def model_present(
     starts it: every rank loads its share of the weights from its own box.
 
     + model: a Hugging Face id or an absolute path
-    + image: the serving image (it has the `hf` client)
+    + image: a vLLM serving image (it has huggingface_hub's `hf` client)
     + models_dir: the Hugging Face cache on the box the lanes mount
     + token_path: the box's Hugging Face token file (root 0600), for gated models; None: none
     + fetch: download a missing Hugging Face model here (hundreds of GB can take hours) instead
       of stopping the box with the command that does it
+    + files: only these files of the repository (a llama.cpp lane's GGUF, every part of it)
 
     An absolute path is never fetched: without its config.json the box stops, to copy it there.
     """
-    if host.get_fact(ModelWeights, model=model, models_dir=models_dir):
+    if host.get_fact(ModelWeights, model=model, models_dir=models_dir, files=files):
         host.noop(f"{model} is on this box")
         return
     if model.startswith("/"):
         raise OperationError(f"{host.name}: {model} has no config.json; copy the model there")
-    command = fetch_command(model, image, models_dir, token_path)
+    command = fetch_command(model, image, models_dir, token_path, files)
     if fetch:
         yield command
         return

@@ -1,10 +1,11 @@
-"""What a vLLM lane may run on SM121: the lane model, the model catalog, the rules.
+"""What a lane may run on SM121: the lane model, the model catalog, the rules.
 
-A lane is one `vllm serve` in a container, on its own port, with its own share of the box's
-unified memory. Everything here is checked before any host is contacted: the options against
-the own option list of the vLLM release the lane's image carries (operations/vllm_release.py),
-the settings known to break the GB10 (SM121) against the rules table, each in that release's
-terms, and the memory each lane needs against its share.
+A lane is one model server in a container (`vllm serve`, or llama.cpp's `llama-server` for a
+GGUF: operations/llamacpp.py), on its own port, with its own share of the box's unified memory.
+Everything here is checked before any host is contacted: the options against the own option list
+of the release the lane's image carries (vLLM's: operations/vllm_release.py; llama.cpp's:
+operations/llamacpp_release.py), the settings known to break the GB10 (SM121) against the rules
+table, each in that release's terms, and the memory each lane needs against its share.
 """
 
 from __future__ import annotations
@@ -27,8 +28,9 @@ from pydantic import (
     model_validator,
 )
 
-from operations import ray
+from operations import llamacpp, ray
 from operations.firewall import BACKEND_PORTS, MASTER_PORT
+from operations.llamacpp_release import DEFAULT_COMMIT
 from operations.util import ENV_NAME
 from operations.vllm_release import (
     DATA,
@@ -243,9 +245,12 @@ class ModelSpec(BaseModel):
     )
     kv_heads: int = Field(ge=1, le=1024, description="num_key_value_heads of config.json")
     head_dim: int = Field(ge=1, le=4096, description="head_dim of config.json")
-    quantization: Literal["bf16", "fp8", "awq", "gptq", "mxfp4", "nvfp4", "nvfp4-modelopt"] = Field(
+    quantization: Literal[
+        "bf16", "fp8", "awq", "gptq", "mxfp4", "nvfp4", "nvfp4-modelopt", "gguf"
+    ] = Field(
         description="the checkpoint's format: bf16, fp8, awq, gptq, mxfp4, nvfp4"
-        " (compressed-tensors, from llm-compressor) or nvfp4-modelopt (NVIDIA ModelOpt)"
+        " (compressed-tensors, from llm-compressor), nvfp4-modelopt (NVIDIA ModelOpt) or gguf"
+        " (llama.cpp's file, any of its quantizations: weights_gib is the file's size)"
     )
     max_context: int | None = Field(
         None, ge=1, description="max_position_embeddings of config.json (None: not checked)"
@@ -257,10 +262,12 @@ class ModelSpec(BaseModel):
         " known; the probe then only measures)",
     )
 
-    def kv_bytes_per_token(self, kv_cache_dtype: str | None) -> int:
+    def kv_bytes_per_token(self, kv_cache_dtype: str | None) -> float:
         """Keys and values of one token in every attention layer; "auto" keeps the model's
-        bf16 activations (2 bytes), the fp8 kinds take 1."""
-        size = 1 if (kv_cache_dtype or "auto").startswith("fp8") else 2
+        bf16 activations (2 bytes), the fp8 kinds take 1, llama.cpp's cache types their own
+        (llamacpp.KV_CACHE_BYTES: q8_0 34 bytes per 32 values)."""
+        dtype = kv_cache_dtype or "auto"
+        size = llamacpp.KV_CACHE_BYTES.get(dtype) or (1 if dtype.startswith("fp8") else 2)
         return 2 * self.attention_layers * self.kv_heads * self.head_dim * size
 
 
@@ -309,9 +316,15 @@ class MemoryEstimate(BaseModel):
 
 
 class Lane(BaseModel):
-    """One vLLM server: a container of `image` serving `model` on `port`."""
+    """One model server: a container of `image` serving `model` on `port`, with vLLM or, for a
+    GGUF file, llama.cpp."""
 
     model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
+
+    engine: Literal["vllm", "llama.cpp"] = Field(
+        "vllm",
+        description="vllm (the default) or llama.cpp (a GGUF file: gguf_file; seed 002)",
+    )
 
     name: Annotated[
         str, matching(SLUG, "{!r} is not a slug; use 1..32 of a-z 0-9 - (e.g. coder)")
@@ -324,7 +337,27 @@ class Lane(BaseModel):
         description="the vLLM release the image carries, for an image the table of"
         " operations/vllm_release.py does not list (e.g. 0.20.1); None: the table's",
     )
-    model: str = Field(description='a Hugging Face id "org/name" or an absolute path')
+    model: str = Field(
+        description='a Hugging Face id "org/name" or an absolute path (llama.cpp: the GGUF'
+        " file's Hugging Face repository)"
+    )
+    gguf_file: str | None = Field(
+        None,
+        description="llama.cpp: the GGUF file's path in the repository, e.g."
+        " Qwen3-Coder-Next-UD-Q4_K_XL.gguf (a split one's first part, NAME-00001-of-0000N.gguf)",
+    )
+    llama_cpp_commit: str | None = Field(
+        None,
+        description="llama.cpp: the commit the image was built from, whose option list is"
+        f" checked (None: {DEFAULT_COMMIT}, the list the deploy holds)",
+    )
+    slots: int | None = Field(
+        None,
+        ge=1,
+        le=64,
+        description="llama.cpp: server slots, each with max_model_len / slots of context"
+        f" (None: {llamacpp.DEFAULT_SLOTS}: agent prompts pass 32K, seed 002)",
+    )
     served_name: Annotated[
         str,
         matching(
@@ -354,7 +387,9 @@ class Lane(BaseModel):
         description="the longest request in tokens (1024..10M); clients need >= 65536",
     )
     kv_cache_dtype: str | None = Field(
-        None, description="one of vLLM's --kv-cache-dtype choices, or None for the model's"
+        None,
+        description="one of vLLM's --kv-cache-dtype choices, or None for the model's; on"
+        f" llama.cpp one of its cache types (None: {llamacpp.DEFAULT_KV_CACHE}, seed 003)",
     )
     tool_call_parser: str | None = Field(
         None, description="one of vLLM's --tool-call-parser choices, or None: no tool calls"
@@ -417,23 +452,12 @@ class Lane(BaseModel):
 
     @model_validator(mode="after")
     def _release_rules_and_model(self) -> Lane:
-        try:
-            vllm = self.release
-        except ValueError as error:
-            raise ValueError(str(error)) from None
-        problems = _release_problems(self, vllm)
-        problems += [rule.problem(vllm) for rule in SM121_RULES if rule.breaks(self)]
-        if self.executor and not self.is_cluster:
-            problems.append(
-                f"executor: {self.executor} is for a cluster lane; set tensor_parallel_size to"
-                " the number of boxes, or leave executor out"
-            )
-        elif self.cluster_executor == "ray":
-            problems += [f"executor: ray: {problem}" for problem in _without_ray(self.image)]
+        llama_cpp = self.engine == "llama.cpp"
+        problems = _llama_cpp_problems(self) if llama_cpp else _vllm_problems(self)
         spec = self.spec
         if spec is None:
             problems.append(
-                f"{self.model} is not in the model catalog; give its model_spec ="
+                f"{self.catalog_key} is not in the model catalog; give its model_spec ="
                 " {weights_gib, attention_layers, kv_heads, head_dim, quantization}"
                 " from its config.json and the size of its weights"
             )
@@ -449,6 +473,17 @@ class Lane(BaseModel):
         return refused(self, problems)
 
     @property
+    def catalog_key(self) -> str:
+        """The model's name in the catalog: a GGUF file's repository and path."""
+        gguf = self.engine == "llama.cpp" and self.gguf_file
+        return f"{self.model}/{self.gguf_file}" if gguf else self.model
+
+    @property
+    def weight_files(self) -> tuple[str, ...]:
+        """The files of its repository the lane loads, when not all of them: a GGUF's parts."""
+        return tuple(llamacpp.split_parts(self.gguf_file)) if self.gguf_file else ()
+
+    @property
     def release(self) -> Release:
         """The vLLM release of the lane's image (ValueError naming what to set if unknown)."""
         return image_release(self.image, self.vllm_version)
@@ -456,7 +491,7 @@ class Lane(BaseModel):
     @property
     def spec(self) -> ModelSpec | None:
         """The lane's model_spec, else the catalog's entry for its model."""
-        return self.model_spec or CATALOG.get(self.model)
+        return self.model_spec or CATALOG.get(self.catalog_key)
 
     def option(self, name: str) -> str | bool | None:
         """The value extra_args give an option (True for a flag), the last one winning."""
@@ -505,9 +540,22 @@ class Lane(BaseModel):
             args += addition.args(self)
         return [*args, *self.extra_args]
 
+    def llama_args(self) -> list[str]:
+        """Everything after llama-server (operations/llamacpp.py), on 127.0.0.1 behind the
+        box's front as a vLLM lane."""
+        return llamacpp.server_args(
+            served_name=self.served_name,
+            port=self.backend_port,
+            context=self.max_model_len,
+            slots=self.slots or llamacpp.DEFAULT_SLOTS,
+            kv_cache=self.kv_cache_dtype,
+            extra_args=self.extra_args,
+            commit=self.llama_cpp_commit or DEFAULT_COMMIT,
+        )
+
     @property
     def backend_port(self) -> int:
-        """Where vLLM listens, on 127.0.0.1; the front forwards `port` there."""
+        """Where the server listens, on 127.0.0.1; the front forwards `port` there."""
         return self.loopback_port or self.port + 1000
 
     @property
@@ -516,8 +564,10 @@ class Lane(BaseModel):
         return self.tensor_parallel_size > 1
 
     def container_env(self) -> dict[str, str]:
-        """The lane's environment plus what SM121 needs."""
+        """The lane's environment plus what SM121 needs of vLLM."""
         environment = dict(self.environment)
+        if self.engine == "llama.cpp":
+            return environment
         for addition in SM121_ADDITIONS:
             environment |= addition.env(self)
         return environment
@@ -530,7 +580,8 @@ class Lane(BaseModel):
         heads than ranks)."""
         spec = self.spec
         assert spec is not None  # a validated lane has one
-        per_token = spec.kv_bytes_per_token(self.kv_cache_dtype)
+        default = llamacpp.DEFAULT_KV_CACHE if self.engine == "llama.cpp" else None
+        per_token = spec.kv_bytes_per_token(self.kv_cache_dtype or default)
         ranks = self.tensor_parallel_size
         return MemoryEstimate(
             weights_gib=spec.weights_gib / ranks,
@@ -538,6 +589,70 @@ class Lane(BaseModel):
             overhead_gib=OVERHEAD_GIB,
             share_gib=self.memory_fraction * unified_memory_gib,
         )
+
+
+def _vllm_problems(lane: Lane) -> list[str]:
+    """A vLLM lane against its image's release, the SM121 rules and its executor."""
+    try:
+        vllm = lane.release
+    except ValueError as error:
+        return [str(error)]
+    problems = _release_problems(lane, vllm)
+    problems += [rule.problem(vllm) for rule in SM121_RULES if rule.breaks(lane)]
+    if lane.gguf_file or lane.llama_cpp_commit or lane.slots:
+        problems.append(
+            "gguf_file, llama_cpp_commit and slots are for engine llama.cpp; leave them out"
+            " or set engine: llama.cpp"
+        )
+    if lane.executor and not lane.is_cluster:
+        problems.append(
+            f"executor: {lane.executor} is for a cluster lane; set tensor_parallel_size to"
+            " the number of boxes, or leave executor out"
+        )
+    elif lane.cluster_executor == "ray":
+        problems += [f"executor: ray: {problem}" for problem in _without_ray(lane.image)]
+    return problems
+
+
+def _llama_cpp_problems(lane: Lane) -> list[str]:
+    """A llama.cpp lane: one GGUF of a Hugging Face repository on one box, its settings against
+    the option list of the llama.cpp its image was built from."""
+    problems = []
+    if lane.gguf_file is None:
+        problems.append(
+            "gguf_file: a llama.cpp lane serves one GGUF file of its repository; name it"
+            " (e.g. Qwen3-Coder-Next-UD-Q4_K_XL.gguf)"
+        )
+    elif not llamacpp.GGUF_FILE.fullmatch(lane.gguf_file) or ".." in lane.gguf_file.split("/"):
+        problems.append(
+            f"gguf_file: {lane.gguf_file!r} is no path of a .gguf file in the repository; use"
+            " a-z A-Z 0-9 . _ - and /, ending in .gguf"
+        )
+    if not HF_ID.fullmatch(lane.model):
+        problems.append(
+            f"model: {lane.model!r} is no Hugging Face id; a llama.cpp lane's model is the"
+            " repository holding gguf_file (org/name), fetched into the box's cache"
+        )
+    vllm_only = {
+        "vllm_version": lane.vllm_version,
+        "tool_call_parser": lane.tool_call_parser,
+        "executor": lane.executor,
+    }
+    problems += [
+        f"{key}: is vLLM's; a llama.cpp lane leaves it out"
+        + (" (--jinja gives it tool calls)" if key == "tool_call_parser" else "")
+        for key, value in vllm_only.items()
+        if value is not None
+    ]
+    if lane.is_cluster:
+        problems.append(
+            "tensor_parallel_size: a llama.cpp lane runs on its own box; a lane over several"
+            " boxes is a vLLM one"
+        )
+    commit = lane.llama_cpp_commit or DEFAULT_COMMIT
+    return problems + llamacpp.problems(
+        lane.extra_args, lane.environment, lane.kv_cache_dtype, commit
+    )
 
 
 def _guess(value: str, known: Iterable[str]) -> str:

@@ -13,9 +13,10 @@ import endpoints
 from operations.config import load_from_dicts
 from tests.unit.test_config import TWO_SPARKS, merged
 
+CODER_URL, FAST_URL = "http://spark-1:10101/v1", "http://spark-1:10102/v1"
 ENDPOINTS = [
-    endpoints.Endpoint("coder", "qwen3-coder-next", "http://spark-1:10101/v1", 0.45, 131072, True),
-    endpoints.Endpoint("fast", "qwen3.6-35b-a3b", "http://spark-1:10102/v1", 0.35, 8192, False),
+    endpoints.Endpoint("coder", "vllm", "qwen3-coder-next", CODER_URL, 0.45, 131072, True),
+    endpoints.Endpoint("fast", "llama.cpp", "qwen3.6-35b-a3b", FAST_URL, 0.35, 8192, False),
 ]
 # The 8K lane's model as the client lists it: agent clients refuse it (seed 003: Hermes Agent).
 ENDPOINTS_SHORT_NAME = (
@@ -45,7 +46,7 @@ def test_opencode_config_names_the_key_file_never_the_key() -> None:
 
 def test_a_lane_below_64k_says_in_its_client_configuration_that_agents_refuse_it() -> None:
     # Hermes Agent refuses a context below 64K (seed 003): 65535 is one token short, 65536 is not.
-    short = endpoints.Endpoint("fast", "fast-model", "http://spark-1:10102/v1", 0.35, 65535, True)
+    short = endpoints.Endpoint("fast", "vllm", "fast-model", FAST_URL, 0.35, 65535, True)
     enough = short._replace(lane="coder", served_name="coder-model", max_model_len=65536)
     models = {
         name: provider["models"]
@@ -64,10 +65,10 @@ def test_a_lane_below_64k_says_in_its_client_configuration_that_agents_refuse_it
 
 def test_endpoints_table() -> None:
     assert endpoints.endpoints_table({"spark-1": ENDPOINTS}).splitlines() == [
-        "    box      lane   served name       URL                      memory  API key",
-        "    spark-1  coder  qwen3-coder-next  http://spark-1:10101/v1  0.45"
+        "    box      lane   engine     served name       URL                      memory  API key",
+        "    spark-1  coder  vllm       qwen3-coder-next  http://spark-1:10101/v1  0.45"
         "    /etc/spark/secrets/coder.key",
-        "    spark-1  fast   qwen3.6-35b-a3b   http://spark-1:10102/v1  0.35    none",
+        "    spark-1  fast   llama.cpp  qwen3.6-35b-a3b   http://spark-1:10102/v1  0.35    none",
     ]
 
 
@@ -97,7 +98,7 @@ def test_report_after_a_run_only_for_boxes_that_succeeded(
         ENDPOINTS_SHORT_NAME
     )
     shown = capsys.readouterr().err
-    assert shown.count("--> vLLM lanes serving:") == 1
+    assert shown.count("--> Lanes serving:") == 1
     assert "spark-1  coder" in shown and "spark-2" not in shown.split("OpenCode")[0]
     assert "sudo cat /etc/spark/secrets/<lane>.key > ~/.config/opencode/<box>-<lane>.key" in shown
     assert shown.splitlines()[-1] == (
@@ -111,9 +112,9 @@ def test_endpoints_of_a_box_from_its_validated_lanes() -> None:
     # The default lanes of group_data/all.py: the field's two-lane appliance (seed 003).
     assert endpoints.endpoints_of(box, "10.0.0.5") == [
         endpoints.Endpoint(
-            "coder", "qwen3-coder-next", "http://10.0.0.5:10101/v1", 0.45, 131072, True
+            "coder", "vllm", "qwen3-coder-next", "http://10.0.0.5:10101/v1", 0.45, 131072, True
         ),
         endpoints.Endpoint(
-            "fast", "qwen3.6-35b-a3b", "http://10.0.0.5:10102/v1", 0.35, 65536, True
+            "fast", "vllm", "qwen3.6-35b-a3b", "http://10.0.0.5:10102/v1", 0.35, 65536, True
         ),
     ]

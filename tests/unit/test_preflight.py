@@ -239,6 +239,39 @@ def test_a_model_path_missing_is_refused_even_with_fetch() -> None:
         run_op(preflight.model_present, host=host, fetch=True, **args)
 
 
+def test_a_gguf_is_present_when_every_part_is_in_the_snapshot_refs_main_names(
+    tmp_path: Path,
+) -> None:
+    # The fact's command run by a shell on a cache laid out as huggingface_hub leaves it.
+    repo = tmp_path / "hub/models--unsloth--Big-GGUF"
+    parts = ("Q4/big-00001-of-00002.gguf", "Q4/big-00002-of-00002.gguf")
+    command = preflight.ModelWeights().command("unsloth/Big-GGUF", str(tmp_path), parts)
+
+    def answer() -> bool:
+        shell = subprocess.run(["sh", "-c", command], capture_output=True, text=True, check=True)
+        return process(preflight.ModelWeights, shell.stdout)
+
+    assert answer() is False  # no repository
+    (repo / "refs").mkdir(parents=True)
+    (repo / "refs/main").write_text("rev2")
+    (repo / "snapshots/rev1/Q4").mkdir(parents=True)
+    for part in parts:  # an older revision holds it: not the one the lane loads
+        (repo / "snapshots/rev1" / part).write_bytes(b"GGUF")
+    assert answer() is False
+    (repo / "snapshots/rev2/Q4").mkdir(parents=True)
+    (repo / "snapshots/rev2" / parts[0]).write_bytes(b"GGUF")
+    assert answer() is False  # a part missing
+    (repo / "snapshots/rev2" / parts[1]).write_bytes(b"GGUF")
+    assert answer() is True
+
+
+def test_with_fetch_a_missing_gguf_fetches_its_files_only() -> None:
+    host = FakeHost({preflight.ModelWeights: ""})
+    args = MODEL_ARGS | {"model": "unsloth/Big-GGUF", "files": ("a.gguf",), "token_path": None}
+    (command,) = run_op(preflight.model_present, host=host, fetch=True, **args)
+    assert command.endswith("nvcr.io/nvidia/vllm:26.04-py3 hf download unsloth/Big-GGUF a.gguf")
+
+
 def test_image_layers_fact_hashes_the_layer_list_or_says_absent() -> None:
     assert process(preflight.ImageLayers, "ab12\n") == "ab12"
     empty = "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855"
