@@ -1,6 +1,7 @@
 """The lanes: each unit enabled, serving and started after the one before; /health and /v1/models
-answer through the front; every path refuses a request without the key; vLLM on loopback only;
-the keys and the front's key maps root-only; the memory guard watching."""
+answer through the front; each answers the canary's question right; every path refuses a request
+without the key; each server (vLLM, llama.cpp) on loopback only; the keys and the front's key
+maps root-only; the memory guard watching."""
 
 from __future__ import annotations
 
@@ -10,7 +11,15 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from operations.front import KEYS_DIR
-from operations.lanes import LANE_DIR, PREFIX, SECRETS_DIR, UNIT_DIR, key_path, unit_name
+from operations.lanes import (
+    CANARY_COMMAND,
+    LANE_DIR,
+    PREFIX,
+    SECRETS_DIR,
+    UNIT_DIR,
+    key_path,
+    unit_name,
+)
 from operations.memguard import SERVICE, stop_order
 
 if TYPE_CHECKING:
@@ -85,6 +94,19 @@ def test_lanes_serve_their_names(box: Box, found: Callable[[object], None]) -> N
     _report(found, problems, "each lane's /v1/models listing its served name")
 
 
+def test_lanes_answer_the_canary(box: Box, found: Callable[[object], None]) -> None:
+    """lanes answer the canary"""
+    # The question each lane's start asks (templates/spark-lane-canary.j2), asked again: a lane
+    # can answer right at its start and garbage later (its weights replaced under it, say).
+    problems = []
+    for lane in box.config.lanes:
+        result = box.run(f"{CANARY_COMMAND} {lane.name} {lane.backend_port}")
+        if result.rc != 0:
+            said = result.stdout.strip().splitlines()
+            problems.append(said[0] if said else f"{lane.name}: exit {result.rc}")
+    _report(found, problems, "every lane answering the canary's question right")
+
+
 # vLLM's own key guards /v1 only; these answer anyone who reaches vLLM (vllm-project/vllm#18892).
 UNGUARDED_BY_VLLM = ("/invocations", "/tokenize", "/metrics")
 
@@ -106,16 +128,16 @@ def _listeners(box: Box, port: int) -> list[tuple[str, str]]:
     return [(f[3].rpartition(":")[0], f[-1]) for f in (line.split() for line in lines) if f]
 
 
-def test_vllm_listens_on_loopback_only(box: Box, found: Callable[[object], None]) -> None:
-    """vLLM on loopback, nginx on the port"""
+def test_servers_listen_on_loopback_only(box: Box, found: Callable[[object], None]) -> None:
+    """servers on loopback, nginx on the port"""
     problems = []
     for lane in box.config.lanes:
-        vllm, front = (_listeners(box, port) for port in (lane.backend_port, lane.port))
-        if sorted({address for address, _ in vllm}) != ["127.0.0.1"]:
-            problems.append(f"{lane.name}: vLLM's {lane.backend_port} on {vllm or 'nothing'}")
+        server, front = (_listeners(box, port) for port in (lane.backend_port, lane.port))
+        if sorted({address for address, _ in server}) != ["127.0.0.1"]:
+            problems.append(f"{lane.name}: {lane.backend_port} on {server or 'nothing'}")
         if not front or any('"nginx"' not in users for _, users in front):
             problems.append(f"{lane.name}: {lane.port} held by {front or 'nothing'}, not nginx")
-    _report(found, problems, "each lane's vLLM on 127.0.0.1 only, its port held by nginx")
+    _report(found, problems, "each lane's server on 127.0.0.1 only, its port held by nginx")
 
 
 def test_lane_secrets_root_only(box: Box, found: Callable[[object], None]) -> None:

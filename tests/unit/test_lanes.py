@@ -88,6 +88,17 @@ def lane_facts(capture: str) -> dict[Any, str | None]:
     return {fact: lines_of(fact, capture) or None for fact in KINDS}
 
 
+# The canary asked again of a serving lane (lanes.LaneAnswer's command), written by hand from
+# what templates/spark-lane-canary.j2 prints and the exit status the fact's command echoes.
+ANSWERED = 'lane coder: canary passed: "42 harbor"\nexit 0\n'
+GIBBERISH = (
+    "lane coder: canary failed: not the right number (17 + 25 = 42); asked 'What is 17 + 25?"
+    " Reply with the number, then the word harbor, and nothing else.', answer \"Theorem quantum"
+    ' banana"\nlane coder: not serving; usual causes for this lane:\nlane coder:  - a chat'
+    " template that does not fit the model\nexit 1\n"
+)
+
+
 def lane_unit(lane: dict[str, Any] | None = None, **changes: Any) -> lanes.LaneUnit:
     """A LaneUnit of lane coder (with ``lane``'s keys changed) and these LaneUnit fields."""
     unit = {"environment": ENVIRONMENT, "after": None, "start_timeout_s": 600} | changes
@@ -99,7 +110,9 @@ def lane_host(fact: str, files: dict[str, str | None], turn_script: bool = True)
     the deploy writes it (absent with turn_script=False)."""
     scripts = scripts_text() if turn_script else {}
     known = dict.fromkeys(SCRIPTS) | scripts
-    host = FakeHost(file_facts(files | known) | lane_facts(captured(fact)))
+    host = FakeHost(
+        file_facts(files | known) | lane_facts(captured(fact)) | {lanes.LaneAnswer: ANSWERED}
+    )
     for path in scripts:  # a root:root 0755 file's stat line
         stat = captured("lab-stat-memguard-script-0755.txt")
         host.outputs[(File, (("path", path),))] = stat
@@ -271,7 +284,25 @@ def test_fresh_box_gets_key_files_and_a_started_lane() -> None:
 def test_lane_in_place_and_serving_yields_nothing() -> None:
     host = lane_host("lab-lanehost-serving.txt", rendered())
     assert run_op(lanes.serving, host=host, unit=lane_unit()) == []
-    assert host.noops[-1] == "lane coder is serving on port 10101"
+    assert host.noops[-1] == "lane coder is serving on port 10101, answering right"
+
+
+def test_a_lane_in_place_answering_garbage_stops_the_deploy_quoting_it() -> None:
+    host = lane_host("lab-lanehost-serving.txt", rendered())
+    host.outputs[lanes.LaneAnswer] = GIBBERISH
+    with pytest.raises(OperationError) as refusal:
+        run_op(lanes.serving, host=host, unit=lane_unit())
+    message = str(refusal.value)
+    assert message.startswith("spark-test: lane coder serves wrong answers:\nlane coder: canary")
+    assert '"Theorem quantum banana"' in message and "exit 1" not in message
+
+
+def test_lane_answer_fact_asks_the_canary_and_reads_its_exit() -> None:
+    assert lanes.LaneAnswer().command("coder", 11101) == (
+        '/usr/local/sbin/spark-lane-canary coder 11101; echo "exit $?"'
+    )
+    assert process(lanes.LaneAnswer, ANSWERED) is None
+    assert process(lanes.LaneAnswer, GIBBERISH).splitlines()[-1].endswith("does not fit the model")
 
 
 def test_a_changed_model_rewrites_the_unit_and_restarts_only_this_lane() -> None:
