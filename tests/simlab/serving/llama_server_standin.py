@@ -381,7 +381,8 @@ class Handler(Replies):
         route(self, body)
 
     def _key_valid(self) -> bool:
-        """The key of Authorization (else X-Api-Key), less a "Bearer " prefix, is one of them."""
+        """The key of Authorization (else X-Api-Key), less a "Bearer " prefix, is one of them
+        (server-http.cpp middleware_validate_api_key)."""
         key = self.headers.get("Authorization") or self.headers.get("X-Api-Key") or ""
         key = key.removeprefix("Bearer ")
         return key in self.server.state.params.api_keys
@@ -413,6 +414,7 @@ class Handler(Replies):
         self._json(200, {"status": "ok"})
 
     def metrics(self, _body: bytes) -> None:
+        """server-context.cpp get_metrics; the series of server-task.cpp to_metrics."""
         state = self.server.state
         if not state.params.metrics:
             message = "This server does not support metrics endpoint. Start it with `--metrics`"
@@ -434,6 +436,7 @@ class Handler(Replies):
         self._send(200, text.encode(), "text/plain; version=0.0.4")
 
     def props(self, _body: bytes) -> None:
+        """server-context.cpp get_res_props, the fields a model without a file has."""
         state = self.server.state
         params = state.params
         self._json(
@@ -466,6 +469,7 @@ class Handler(Replies):
             self._json(200, {"success": True})
 
     def models(self, _body: bytes) -> None:
+        """server-context.cpp get_res_models and get_res_model_info."""
         state = self.server.state
         card = {
             "id": state.model_name,
@@ -489,6 +493,7 @@ class Handler(Replies):
         self._json(200, {"tokens": [zlib.crc32(w.encode()) % 151_000 for w in words]})
 
     def chat_completions(self, body: bytes) -> None:
+        """The request checks of server-common.cpp (oaicompat_chat_params_parse), then a slot."""
         request = self._request(body)
         if request is None:
             return
