@@ -9,6 +9,7 @@ import subprocess
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -77,3 +78,29 @@ def stop_all(processes: list[subprocess.Popen[str]]) -> None:
         except subprocess.TimeoutExpired:
             process.kill()
             process.wait()
+
+
+class Servers:
+    """The stand-ins a test starts, each on a free port with its log in `folder`; stop() ends
+    them all."""
+
+    def __init__(self, folder: Path, name: str):
+        self.folder, self.name = folder, name
+        self.processes: list[subprocess.Popen[str]] = []
+
+    def start(self, command: Callable[[int], list[str]], env: dict[str, str], wait: bool) -> Server:
+        """Run command(port); once it answers /health with 200 where `wait`."""
+        port = free_port()
+        log = self.folder / f"{self.name}-{port}.log"
+        with log.open("w") as out:
+            process = subprocess.Popen(
+                command(port), stdout=out, stderr=subprocess.STDOUT, text=True, env=env
+            )
+        self.processes.append(process)
+        server = Server(process, port, log)
+        if wait:
+            server.wait_healthy()
+        return server
+
+    def stop(self) -> None:
+        stop_all(self.processes)

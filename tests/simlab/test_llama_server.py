@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 from operations.llamacpp_release import DATA
-from tests.simlab.loopback import Server, free_port, request, stop_all
+from tests.simlab.loopback import Server, Servers, free_port, request
 from tests.simlab.serving import llama_server_standin as standin
 from tests.simlab.serving.standin_model import ANSWER_FILE
 
@@ -56,25 +56,17 @@ def model(tmp_path: Path) -> Path:
 @pytest.fixture
 def start(tmp_path: Path, model: Path) -> Iterator[Callable[..., Server]]:
     """Start `llama-server -m MODEL --host 127.0.0.1 --port P ARGS`; stopped afterwards."""
-    started: list[subprocess.Popen[str]] = []
+    servers = Servers(tmp_path, "llama-server")
 
     def _start(*args: str, wait: bool = True, **env: str) -> Server:
-        port = free_port()
-        log = tmp_path / f"llama-server-{port}.log"
-        with log.open("w") as out:
-            process = subprocess.Popen(
-                [sys.executable, str(STANDIN), "-m", str(model), "--host", "127.0.0.1",
-                 "--port", str(port), *args],
-                stdout=out, stderr=subprocess.STDOUT, text=True, env=standin_env(**env),
-            )  # fmt: skip
-        started.append(process)
-        server = Server(process, port, log)
-        if wait:
-            server.wait_healthy()
-        return server
+        def command(port: int) -> list[str]:
+            return [sys.executable, str(STANDIN), "-m", str(model), "--host", "127.0.0.1",
+                    "--port", str(port), *args]  # fmt: skip
+
+        return servers.start(command, standin_env(**env), wait)
 
     yield _start
-    stop_all(started)
+    servers.stop()
 
 
 # --- the command line -----------------------------------------------------------------------------

@@ -23,7 +23,7 @@ from typing import Any
 import pytest
 
 from tests.simlab import serving
-from tests.simlab.loopback import START_TIMEOUT, Server, free_port, request, stop_all
+from tests.simlab.loopback import START_TIMEOUT, Server, Servers, free_port, request
 from tests.simlab.serving import vllm_standin
 
 STANDIN = Path(vllm_standin.__file__)
@@ -64,25 +64,17 @@ def run_vllm(*args: str, release: str = "0.19.0") -> subprocess.CompletedProcess
 @pytest.fixture
 def start(tmp_path: Path) -> Iterator[Callable[..., Server]]:
     """Start `vllm serve test/model ARGS` on loopback; every server is stopped afterwards."""
-    started: list[subprocess.Popen[str]] = []
+    servers = Servers(tmp_path, "vllm")
 
     def _start(*args: str, wait: bool = True, **env: str) -> Server:
-        port = free_port()
-        log = tmp_path / f"vllm-{port}.log"
-        with log.open("w") as out:
-            process = subprocess.Popen(
-                [sys.executable, str(STANDIN), "serve", "test/model", "--host", "127.0.0.1",
-                 "--port", str(port), *args],
-                stdout=out, stderr=subprocess.STDOUT, text=True, env=standin_env(**env),
-            )  # fmt: skip
-        started.append(process)
-        server = Server(process, port, log)
-        if wait:
-            server.wait_healthy()
-        return server
+        def command(port: int) -> list[str]:
+            return [sys.executable, str(STANDIN), "serve", "test/model", "--host", "127.0.0.1",
+                    "--port", str(port), *args]  # fmt: skip
+
+        return servers.start(command, standin_env(**env), wait)
 
     yield _start
-    stop_all(started)
+    servers.stop()
 
 
 def test_version() -> None:

@@ -57,25 +57,9 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 try:  # in the image: a module on python3's path beside this command
-    from standin_model import (
-        ANSWER_FILE,
-        ANSWER_VARIABLE,
-        LOAD_SECONDS_FILE,
-        Replies,
-        chat_turns,
-        count_tokens,
-        reply,
-    )
+    import standin_model as shared
 except ImportError:  # imported by the lab's own tests
-    from tests.simlab.serving.standin_model import (
-        ANSWER_FILE,
-        ANSWER_VARIABLE,
-        LOAD_SECONDS_FILE,
-        Replies,
-        chat_turns,
-        count_tokens,
-        reply,
-    )
+    from tests.simlab.serving import standin_model as shared
 
 # The option list the image carries (the data file of operations/data/, copied in).
 SHARE = Path("/usr/local/share/llama-server-standin")
@@ -340,7 +324,7 @@ class HTTPServer(ThreadingHTTPServer):
         self.server_name, self.server_port = str(self.server_address[0]), self.server_address[1]
 
 
-class Handler(Replies):
+class Handler(shared.Replies):
     server: HTTPServer
     protocol_version = "HTTP/1.1"
     json_type = "application/json; charset=utf-8"  # server-http.cpp's set_content
@@ -381,7 +365,8 @@ class Handler(Replies):
         route(self, body)
 
     def _key_valid(self) -> bool:
-        """The key of Authorization (else X-Api-Key), less a "Bearer " prefix, is one of them."""
+        """The key of Authorization (else X-Api-Key), less a "Bearer " prefix, is one of them
+        (server-http.cpp middleware_validate_api_key)."""
         key = self.headers.get("Authorization") or self.headers.get("X-Api-Key") or ""
         key = key.removeprefix("Bearer ")
         return key in self.server.state.params.api_keys
@@ -413,6 +398,7 @@ class Handler(Replies):
         self._json(200, {"status": "ok"})
 
     def metrics(self, _body: bytes) -> None:
+        """server-context.cpp get_metrics; the series of server-task.cpp to_metrics."""
         state = self.server.state
         if not state.params.metrics:
             message = "This server does not support metrics endpoint. Start it with `--metrics`"
@@ -434,6 +420,7 @@ class Handler(Replies):
         self._send(200, text.encode(), "text/plain; version=0.0.4")
 
     def props(self, _body: bytes) -> None:
+        """server-context.cpp get_res_props, the fields a model without a file has."""
         state = self.server.state
         params = state.params
         self._json(
@@ -466,6 +453,7 @@ class Handler(Replies):
             self._json(200, {"success": True})
 
     def models(self, _body: bytes) -> None:
+        """server-context.cpp get_res_models and get_res_model_info."""
         state = self.server.state
         card = {
             "id": state.model_name,
@@ -489,6 +477,7 @@ class Handler(Replies):
         self._json(200, {"tokens": [zlib.crc32(w.encode()) % 151_000 for w in words]})
 
     def chat_completions(self, body: bytes) -> None:
+        """The request checks of server-common.cpp (oaicompat_chat_params_parse), then a slot."""
         request = self._request(body)
         if request is None:
             return
@@ -499,7 +488,7 @@ class Handler(Replies):
         if not isinstance(messages, list):
             self._invalid("Expected 'messages' to be an array")
             return
-        question, prompt_tokens = chat_turns(messages)
+        question, prompt_tokens = shared.chat_turns(messages)
         self._complete(request, question, prompt_tokens, chat=True)
 
     def completions(self, body: bytes) -> None:
@@ -516,7 +505,9 @@ class Handler(Replies):
         if not isinstance(prompt, str):
             self._invalid('"prompt" must be a string')
             return
-        self._complete(request, prompt, count_tokens(prompt), chat=False, oaicompat=oaicompat)
+        self._complete(
+            request, prompt, shared.count_tokens(prompt), chat=False, oaicompat=oaicompat
+        )
 
     def _invalid(self, message: str) -> None:
         self._json(400, error_body(message, "invalid_request_error", 400))
@@ -550,13 +541,13 @@ class Handler(Replies):
             return  # fmt: skip
         started = time.perf_counter()
         echo = f"[llama-server stand-in, no model loaded] {state.model_name} got: {question}"
-        content, reasoning = reply(question, state.answer_mode, echo)
+        content, reasoning = shared.reply(question, state.answer_mode, echo)
         limit = next((request[k] for k in ("n_predict", "max_completion_tokens", "max_tokens")
                       if isinstance(request.get(k), int)), state.params.n_predict)  # fmt: skip
         finish = "stop"
-        if 0 <= limit < count_tokens(content):
+        if 0 <= limit < shared.count_tokens(content):
             content, finish = " ".join(content.split()[:limit]), "length"
-        predicted = count_tokens(content) + count_tokens(reasoning or "")
+        predicted = shared.count_tokens(content) + shared.count_tokens(reasoning or "")
         state.prompt_tokens += prompt_tokens
         state.predicted_tokens += predicted
         ms = (time.perf_counter() - started) * 1000 or 0.001
@@ -709,7 +700,7 @@ def serve(params: Params, commit: str, env: dict[str, str]) -> int:
     if len(params.hosts) != 1 or params.hosts[0].endswith(".sock"):
         log("llama_server", "the stand-in listens on one TCP address only")
         return 1
-    answer = env.get(ANSWER_VARIABLE) or beside(params.model, ANSWER_FILE) or ""
+    answer = env.get(shared.ANSWER_VARIABLE) or beside(params.model, shared.ANSWER_FILE) or ""
     state = Server.of(params, commit, answer)
     host = params.hosts[0]
     signal.signal(signal.SIGTERM, _interrupt)
@@ -737,7 +728,9 @@ def serve(params: Params, commit: str, env: dict[str, str]) -> int:
             log("load_model", f"failed to load model, '{params.model}'")
             log("llama_server", "exiting due to model loading error")
             return 1
-        seconds = env.get("SIMLAB_LLAMA_LOAD_SECONDS") or beside(params.model, LOAD_SECONDS_FILE)
+        seconds = env.get("SIMLAB_LLAMA_LOAD_SECONDS") or beside(
+            params.model, shared.LOAD_SECONDS_FILE
+        )
         time.sleep(float(seconds) if seconds else DEFAULT_LOAD_SECONDS)
         log("load_model", f"initializing, n_slots = {state.n_parallel}, n_ctx_slot ="
             f" {state.n_ctx_slot} (the stand-in reserves no memory)")  # fmt: skip

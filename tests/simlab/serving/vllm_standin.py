@@ -44,17 +44,9 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 try:  # in the image: a module on python3's path beside this command
-    from standin_model import ANSWER_FILE, ANSWER_VARIABLE, LOAD_SECONDS_FILE, Replies, chat_turns
-    from standin_model import reply as model_reply
+    import standin_model as shared
 except ImportError:  # imported by the lab's own tests
-    from tests.simlab.serving.standin_model import (
-        ANSWER_FILE,
-        ANSWER_VARIABLE,
-        LOAD_SECONDS_FILE,
-        Replies,
-        chat_turns,
-    )
-    from tests.simlab.serving.standin_model import reply as model_reply
+    from tests.simlab.serving import standin_model as shared
 
 # Every release's option lists, and the one this image carries (`release`).
 SHARE = Path("/usr/local/share/vllm-standin")
@@ -597,7 +589,7 @@ class StandinServer(ThreadingHTTPServer):
         self.shutdown()
 
 
-class Handler(Replies):
+class Handler(shared.Replies):
     server: StandinServer
     protocol_version = "HTTP/1.1"
 
@@ -715,9 +707,9 @@ class Handler(Replies):
         if lost:
             self._error(500, "InternalServerError", lost)
             return
-        last, prompt_tokens = chat_turns(messages)
+        last, prompt_tokens = shared.chat_turns(messages)
         echo = f"[vLLM {self.server.version} stand-in, no model loaded] {model} got: {last}"
-        reply, reasoning = model_reply(last, self.server.answer_mode, echo)
+        reply, reasoning = shared.reply(last, self.server.answer_mode, echo)
         usage = {
             "prompt_tokens": prompt_tokens,
             "completion_tokens": len(reply.split()),
@@ -831,13 +823,13 @@ def load_time(model: str, env: Mapping[str, str]) -> float:
     number in LOAD_SECONDS_FILE beside the model's config.json, else 0."""
     if env.get("SIMLAB_VLLM_LOAD_SECONDS"):
         return float(env["SIMLAB_VLLM_LOAD_SECONDS"])
-    return float(beside_model(model, env, LOAD_SECONDS_FILE) or 0)
+    return float(beside_model(model, env, shared.LOAD_SECONDS_FILE) or 0)
 
 
 def answer_mode(model: str, env: Mapping[str, str]) -> str:
     """How the model answers: SIMLAB_STANDIN_ANSWER (the stand-in's own tests), else ANSWER_FILE
     beside its config.json, else "" (right)."""
-    return env.get(ANSWER_VARIABLE) or beside_model(model, env, ANSWER_FILE) or ""
+    return env.get(shared.ANSWER_VARIABLE) or beside_model(model, env, shared.ANSWER_FILE) or ""
 
 
 def load(config: ServeConfig) -> None:

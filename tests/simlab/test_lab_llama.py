@@ -1,0 +1,47 @@
+"""The llama.cpp image on a lab host: loaded into its docker as if pulled, a GGUF fetched by the
+vLLM image's `hf download` stand-in, and a container of it run the way its Dockerfile says (the
+arguments only: its entrypoint is /app/llama-server)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from tests.conftest import run_on
+from tests.simlab import lab as simlab
+from tests.simlab.serving import LLAMA_IMAGE_TAG
+
+pytestmark = pytest.mark.lab
+
+CACHE = "/root/.cache/huggingface"
+REPO, FILE = "unsloth/Qwen3-Coder-Next-GGUF", "Qwen3-Coder-Next-UD-Q4_K_XL.gguf"
+
+
+def test_a_llama_server_container_answers_health(lab: simlab.Lab) -> None:
+    host = lab.hosts[0]
+    vllm_image = simlab.load_serving_image(host)
+    assert simlab.load_serving_image(host, LLAMA_IMAGE_TAG) == LLAMA_IMAGE_TAG
+    config = json.loads(run_on(host, f"sudo docker image inspect {LLAMA_IMAGE_TAG}"))[0]["Config"]
+    assert config["Entrypoint"] == ["/app/llama-server"]
+    assert (config["WorkingDir"], "LLAMA_ARG_HOST=0.0.0.0" in config["Env"]) == ("/app", True)
+    mount = f"-v {CACHE}:{CACHE}"
+    fetched = run_on(host, f"sudo docker run --rm {mount} {vllm_image} hf download {REPO} {FILE}")
+    gguf = fetched.splitlines()[-1]
+    assert gguf.startswith(f"{CACHE}/hub/models--unsloth--Qwen3-Coder-Next-GGUF/snapshots/")
+    assert gguf.endswith(f"/{FILE}")
+    run_on(host, "sudo docker rm -f llama", check=False)
+    try:
+        run_on(host, f"sudo docker run -d --name llama --network host {mount} {LLAMA_IMAGE_TAG}"
+                     f" -m {gguf} --host 127.0.0.1 --port 18080")  # fmt: skip
+        health = "curl -s -o /dev/null -w '%{http_code}' http://127.0.0.1:18080/health"
+        seen = run_on(host, f"for i in $(seq 100); do c=$({health}); echo $c;"
+                            " [ $c = 200 ] && break; sleep 0.2; done")  # fmt: skip
+        assert seen.split()[-1] == "200", seen
+        assert "503" in seen.split()  # while "loading"
+        models = json.loads(run_on(host, "curl -s http://127.0.0.1:18080/v1/models"))
+        assert models["data"][0]["id"] == gguf
+        logs = run_on(host, "sudo docker logs llama 2>&1")
+        assert "listening on http://127.0.0.1:18080" in logs, logs
+    finally:
+        run_on(host, "sudo docker rm -f llama", check=False)
