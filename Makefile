@@ -24,7 +24,7 @@ demo: $(STAMP)
 test: $(STAMP)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
-	$(PY) -m pytest -p no:cacheprovider tests; rc=$$?; \
+	$(PY) -m pytest -p no:cacheprovider --durations=30 tests; rc=$$?; \
 	  if [ $$rc -eq 5 ]; then echo "pytest collected no tests: that is a broken suite, not a pass"; exit 1; fi; \
 	  exit $$rc
 

@@ -21,6 +21,7 @@ import pytest
 
 from operations import lanes, preflight
 from tests.conftest import Deployed, pyinfra, run_on
+from tests.e2e.test_compliance import compliance, not_passing
 from tests.e2e.test_host_layer import changes
 from tests.simlab import lab as simlab
 from tests.simlab.paths import REPO, STATE
@@ -28,6 +29,7 @@ from tests.simlab.paths import REPO, STATE
 pytestmark = pytest.mark.lab
 
 INVENTORY = "inventories/sim.py"
+LLAMA_INVENTORY = "tests/e2e/llama_inventory.py"
 LANES: list[dict[str, Any]] = runpy.run_path(str(Path(REPO) / "group_data" / "all.py"))["lanes"]
 A, B = LANES  # started in this order; B has the lower priority (the later lane)
 HTTP = urllib.request.build_opener(urllib.request.ProxyHandler({}))  # the lab is no proxy's
@@ -127,7 +129,7 @@ def test_lanes_come_up_in_order_and_serving(deployed: dict[str, Any]) -> None:
 
 def test_the_endpoints_table_and_the_client_configuration(deployed: dict[str, Any]) -> None:
     output = re.sub(r"\x1b\[[0-9;]*m", "", deployed["output"])
-    table = output.split("--> vLLM lanes serving:")[1]
+    table = output.split("--> Lanes serving:")[1]
     for host in deployed["lab"].hosts:
         for lane in (A, B):
             row = rf"{host.name}\s+{lane['name']}\s+{re.escape(lane['served_name'])}\s+"
@@ -246,6 +248,71 @@ def test_a_lane_answering_gibberish_fails_its_canary_then_serves_again(
         assert status == 200
         journal = run_on(host, f"sudo journalctl -u {unit(B)} -n 20 --no-pager")
         assert 'canary passed: "42 harbor"' in journal, journal
+
+
+def test_a_llama_cpp_lane_serves_beside_a_vllm_one_and_its_canary_catches_gibberish(
+    deployed: dict[str, Any],
+) -> None:
+    """Seed 002's llama.cpp lane (tests/e2e/llama_inventory.py) in place of lane B, on the first
+    box (--limit: what a llama.cpp lane does is one box's): its GGUF fetched, llama-server on
+    loopback behind the front asking its key, listed in the endpoints table and the OpenCode
+    file, compliance passing, a second deploy changing nothing; made to answer gibberish, its
+    restart fails naming the canary and llama.cpp's causes; then back to the inventory's lanes."""
+    host = deployed["lab"].hosts[0]
+    lane = runpy.run_path(str(Path(REPO) / LLAMA_INVENTORY))["GGUF_LANE"]
+    simlab.load_serving_image(host, lane["image"])  # as if pulled from its registry
+    only = ("--limit", host.name)
+    started = time.monotonic()
+    first = pyinfra(LLAMA_INVENTORY, "deploy.py", *only)
+    print(f"llama.cpp lane: deploy {time.monotonic() - started:.0f} s")
+    output = re.sub(r"\x1b\[[0-9;]*m", "", first.stdout + first.stderr)
+    table = output.split("--> Lanes serving:")[1]
+    assert re.search(rf"{host.name}\s+gguf\s+llama\.cpp\s+qwen3-coder-next-gguf\s", table), table
+    snapshots = "/var/lib/spark/models/hub/models--unsloth--Qwen3-Coder-Next-GGUF/snapshots"
+    fetched = run_on(host, f"sudo sh -c 'head -c 4 {snapshots}/*/{lane['gguf_file']}'")
+    assert fetched == "GGUF"  # fetched before the lane started, by the hf download of its file
+    assert show(host, lane, "ActiveState")["ActiveState"] == "active"
+    assert show(host, B, "LoadState")["LoadState"] == "not-found"  # lane B made way
+    # llama-server itself, exec'd by the lane's script, on loopback with the GGUF of the snapshot.
+    name = f"spark-lane-{lane['name']}"
+    args = run_on(host, f"sudo docker exec {name} cat /proc/1/cmdline").split("\0")
+    # (The stand-in is a script: python3 runs it, so its path comes second in cmdline.)
+    assert "/app/llama-server" in args[:2] and args[args.index("--host") + 1] == "127.0.0.1", args
+    environment = run_on(host, f"sudo docker exec {name} cat /proc/1/environ").split("\0")
+    model = next(item for item in environment if item.startswith("LLAMA_ARG_MODEL="))
+    assert re.fullmatch(
+        rf"LLAMA_ARG_MODEL=/root/.cache/huggingface/hub/models--unsloth--Qwen3-Coder-Next-GGUF"
+        rf"/snapshots/[0-9a-f]{{40}}/{re.escape(lane['gguf_file'])}",
+        model,
+    ), model
+    inspected = run_on(host, f"sudo docker inspect {name}")
+    config_env = json.loads(inspected)[0]["Config"]["Env"]
+    assert not any(item.startswith("LLAMA_API_KEY") for item in config_env), config_env
+    assert key_of(host, lane) not in inspected
+    base = f"http://{host.mgmt_ip}:{lane['port']}"
+    assert request(f"{base}/v1/models")[0] == 401
+    status, listing = request(f"{base}/v1/models", key_of(host, lane))
+    assert (status, [model["id"] for model in listing["data"]]) == (200, [lane["served_name"]])
+    journal = run_on(host, f"sudo journalctl -u {unit(lane)} -n 30 --no-pager")
+    assert 'canary passed: "42 harbor"' in journal, journal
+    client = json.loads((Path(REPO) / "clients" / f"{host.name}.json").read_text())
+    provider = client["provider"][f"{host.name}-gguf"]
+    assert provider["options"]["baseURL"] == f"{base}/v1"
+    assert provider["models"]["qwen3-coder-next-gguf"]["limit"]["context"] == 131072
+    code, checks, said = compliance("--inventory", LLAMA_INVENTORY, "--limit", host.name)
+    assert code == 0 and not_passing(checks) == {}, said
+    assert changes(pyinfra(LLAMA_INVENTORY, "deploy.py", *only)) == 0
+    # Gibberish, as a GGUF of an architecture the image's llama.cpp gets wrong answers it.
+    each = f"sudo sh -c 'for d in {snapshots}/*/; do"
+    run_on(host, f"{each} echo gibberish > $d/simlab-answer; done'")
+    failed = run_on(host, f"sudo systemctl restart {unit(lane)}", check=False)
+    journal = run_on(host, f"sudo journalctl -u {unit(lane)} -n 40 --no-pager")
+    assert show(host, lane, "ActiveState")["ActiveState"] != "active", failed
+    assert f"lane {lane['name']}: canary failed" in journal and "#19324" in journal, journal
+    run_on(host, f"{each} rm $d/simlab-answer; done'")
+    pyinfra(INVENTORY, "deploy.py", *only)  # back to the inventory's lanes
+    assert show(host, lane, "LoadState")["LoadState"] == "not-found"
+    assert show(host, B, "ActiveState")["ActiveState"] == "active"
 
 
 def test_a_lane_whose_model_is_missing_stops_each_box_before_the_lane_changes(

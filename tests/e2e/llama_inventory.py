@@ -1,0 +1,29 @@
+"""inventories/sim.py with seed 002's llama.cpp lane in place of group_data's second lane: the
+coding lane on vLLM and Qwen3-Coder-Next's UD-Q4_K_XL GGUF on llama.cpp, 131K in one slot.
+
+    pyinfra tests/e2e/llama_inventory.py deploy.py
+"""
+
+import runpy
+from pathlib import Path
+
+_repo = Path(__file__).parents[2]
+_coder = runpy.run_path(str(_repo / "group_data" / "all.py"))["lanes"][0]
+GGUF_LANE = {
+    "name": "gguf",
+    "engine": "llama.cpp",
+    "image": "ghcr.io/ardge-labs/llama-cpp-dgx-spark:server",  # seed 002
+    "model": "unsloth/Qwen3-Coder-Next-GGUF",  # seed 002
+    "gguf_file": "Qwen3-Coder-Next-UD-Q4_K_XL.gguf",
+    "served_name": "qwen3-coder-next-gguf",
+    "port": 10103,
+    # With the coder's 0.45: 0.90, the most the deploy admits; the GGUF's 46.2 GiB, its q8_0
+    # cache of 131K (1.6 GiB) and 4 GiB beside them take 51.8 of the 54.8 GiB this gives.
+    "memory_fraction": 0.45,
+    "max_model_len": 131072,  # seed 002
+}
+
+spark = [
+    (name, data | {"lanes": [_coder, GGUF_LANE]})
+    for name, data in runpy.run_path(str(_repo / "inventories" / "sim.py"))["spark"]
+]
