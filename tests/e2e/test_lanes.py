@@ -301,6 +301,19 @@ def test_a_llama_cpp_lane_serves_beside_a_vllm_one_and_its_canary_catches_gibber
     assert provider["models"]["qwen3-coder-next-gguf"]["limit"]["context"] == 131072
     code, checks, said = compliance("--inventory", LLAMA_INVENTORY, "--limit", host.name)
     assert code == 0 and not_passing(checks) == {}, said
+    # The throughput probe (make lane-bench) on both lanes: the stand-ins' numbers, not a Spark's.
+    started = time.monotonic()
+    probe = pyinfra("--serial", LLAMA_INVENTORY, "lane_bench.py", *only)
+    print(f"lane-bench, both lanes: {time.monotonic() - started:.0f} s")
+    measured = [
+        json.loads(line[line.index("{") :])
+        for line in (probe.stdout + probe.stderr).splitlines()
+        if '{"lane": ' in line
+    ]
+    assert [(m["lane"], len(m["rows"])) for m in measured] == [("coder", 3), ("gguf", 3)], probe
+    # The GGUF's catalog entry reaches the probe: seed 002's 33 tok/s at one request.
+    figures = [(f["concurrency"], f["figure_tok_s"]) for f in measured[1]["figures"]]
+    assert figures == [(1, 33.0)], probe.stdout + probe.stderr
     assert changes(pyinfra(LLAMA_INVENTORY, "deploy.py", *only)) == 0
     # Gibberish, as a GGUF of an architecture the image's llama.cpp gets wrong answers it.
     each = f"sudo sh -c 'for d in {snapshots}/*/; do"
