@@ -136,3 +136,28 @@ def test_a_long_answer_is_quoted_truncated(canary: Path, server: int) -> None:
 def test_no_server_fails(canary: Path) -> None:
     result = run(canary, 1, {})
     assert result.returncode == 1 and "no answer from 127.0.0.1:1" in result.stdout
+
+
+# Broken servers' real answers, quoted in public issues (each the part the issue quotes); none
+# holds 42 and harbor, so each fails, and the judgement names what is wrong.
+REAL_GARBAGE = {
+    # sgl-project/sglang#24321: MiMo-V2.5 NVFP4 on SM120 with a CUTLASS FP4 MoE backend, for a
+    # simple query: "Output is always ++++++++…"
+    "nvfp4-cutlass-plus-signs": ("+" * 50, "a run of repeated characters"),
+    # NVIDIA/dgx-spark-playbooks#76: Phi-4-reasoning-plus-NVFP4 on a GB10 (NGC 26.02): "long
+    # runs of fragments like 's's's't's's's's..."
+    "nvfp4-gb10-fragments": ("'s's's't's's's's", "not the right number"),
+    # guoqingbao/xinfer#361: an 80B NVFP4 model on a Spark (SM121), asked "ello"
+    "nvfp4-sm121-nonsense": (
+        'Hello, 25. 0x Let SU\n\n**Question:    The:\n//S9 wellIm/APP: "RJ25955{324.jp/://ec//97PE0pq',
+        "not the right number",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", sorted(REAL_GARBAGE))
+def test_real_garbage_from_public_issues_fails(canary: Path, server: int, case: str) -> None:
+    content, said = REAL_GARBAGE[case]
+    result = run(canary, server, {"content": content})
+    assert result.returncode == 1
+    assert f"canary failed: {said}" in result.stdout, result.stdout
