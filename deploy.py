@@ -215,20 +215,20 @@ elif len(spark.hosts) > 1:
         ports=ray.listen_ports(me.ray.port),
         open_ports=[host.data.get("ssh_port") or 22, *(lane.port for lane in me.lanes)],
     )
-if len(spark.hosts) > 1 and me.topology != "ring3" and on_mp:
-    ray.node_removed(name=f"No {ray.UNIT}: the cluster lane runs on vLLM's own multi-node mode")
-elif len(spark.hosts) > 1 and me.topology != "ring3":
-    ray.node(
-        name=f"Ray ({ray.UNIT}): head on {spark.head.fabric[0].address.ip}, workers join it",
-        role=me.role,
-        node_ip=str(me.fabric[0].address.ip),
-        head_ip=str(spark.head.fabric[0].address.ip),
-        image=me.ray.image,
-        environment=me.cluster_environment(spark.head),
-        env_file=me.env_file,
-        port=me.ray.port,
-        token=ray.controller_token() if me.ray.auth else None,
-    )
+    if on_mp:
+        ray.node_removed(name=f"No {ray.UNIT}: the cluster lane runs on vLLM's own multi-node mode")
+    else:
+        ray.node(
+            name=f"Ray ({ray.UNIT}): head on {spark.head.fabric[0].address.ip}, workers join it",
+            role=me.role,
+            node_ip=str(me.fabric[0].address.ip),
+            head_ip=str(spark.head.fabric[0].address.ip),
+            image=me.ray.image,
+            environment=me.cluster_environment(spark.head),
+            env_file=me.env_file,
+            port=me.ray.port,
+            token=ray.controller_token() if me.ray.auth else None,
+        )
 
 # A cluster lane (on the head) runs a rank on every box: each box checks what it needs before
 # the head starts it; on Ray the Ray image is its image (config.py), present on every box by now.
@@ -268,8 +268,7 @@ if cluster_lane:
     if on_mp:
         # The headless ranks first, the head's last (as eugr/spark-vllm-docker's launcher does):
         # two calls, so that pyinfra runs the ranks' operation on every box before the head's.
-        ranks = [box.name for box in spark.ranks]
-        rank = MpRank(ranks.index(me.name), str(spark.head.fabric[0].address.ip))
+        rank = MpRank(spark.node_rank(me.name), str(spark.head.fabric[0].address.ip))
         if rank.headless:
             serve(cluster_lane, after=previous, rank=rank)
         if not rank.headless:

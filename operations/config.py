@@ -737,6 +737,10 @@ class SparkConfig(Frozen):
         inventory's order."""
         return (self.head, *(host for host in self.hosts if host.role != "head"))
 
+    def node_rank(self, name: str) -> int:
+        """A box's place in ``ranks``: 0 for the head."""
+        return [host.name for host in self.ranks].index(name)
+
     def units(self, name: str) -> tuple[Lane, ...]:
         """The lanes with a unit on a box: its own and, on a box other than the head, the
         cluster lane's rank where that lane runs on vLLM's own multi-node mode (executor mp);

@@ -53,6 +53,13 @@ TWO_SPARKS = {
 }
 
 
+def test_node_ranks_put_the_head_first_whatever_the_inventorys_order() -> None:
+    worker_first = {"spark-2": TWO_SPARKS["spark-2"], "spark-1": TWO_SPARKS["spark-1"]}
+    spark = load_from_dicts(merged(worker_first))
+    assert [host.name for host in spark.ranks] == ["spark-1", "spark-2"]
+    assert (spark.node_rank("spark-1"), spark.node_rank("spark-2")) == (0, 1)
+
+
 def test_two_sparks_are_accepted_and_grouped_by_concern() -> None:
     spark = load_from_dicts(merged(TWO_SPARKS))
 
