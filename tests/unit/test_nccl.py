@@ -1,5 +1,6 @@
 """The NCCL test's deploy side (operations/nccl.py): the kept verdict read back, the script a box
-gets, and when the ranks run again.
+gets and what it does (with a stand-in docker that leaves a real one-rank NCCL log), and when
+the ranks run again.
 
 Captures (the fact's command, NcclTestState):
 - nccl-test-state-bare.sample.txt: written by hand in the fact's line format, a box before the
@@ -10,6 +11,8 @@ Captures (the fact's command, NcclTestState):
 
 from __future__ import annotations
 
+import os
+import subprocess
 from types import SimpleNamespace
 
 import pytest
@@ -19,7 +22,7 @@ from pyinfra.context import ctx_state
 from pyinfra.facts.files import File
 
 from operations import nccl
-from tests.unit.harness import FakeHost, captured, file_facts, process, run_op
+from tests.unit.harness import CAPTURED, FakeHost, captured, file_facts, process, run_op
 
 IMAGE = "nvcr.io/nvidia/vllm:26.04-py3"
 TWINS = ["rocep1s0f1", "roceP2p1s0f1"]
@@ -177,3 +180,57 @@ def test_a_box_failed_in_this_run_stops_the_test_naming_it() -> None:
     with pytest.raises(OperationError, match=r"spark-1: the NCCL test runs a rank on every box,"
                        r" and spark-2 stopped in this run"):  # fmt: skip
         both(PASSED, PASSED, failed=("spark-2",))
+
+
+FAKE_DOCKER = """#!/bin/sh
+# docker as the script uses it: `image inspect` prints an id, `rm` nothing, `run` leaves one
+# rank's real NCCL log and timings (an H100's one-rank run) in the folder mounted at /nccl.
+case $1 in
+    image) echo sha256:0f3c ;;
+    run)
+        while [ $# -gt 0 ]; do
+            case $2 in *:/nccl) run=${2%:/nccl} ;; esac
+            shift
+        done
+        cp "$CAPTURED/real-h100-nccl-check-1rank-default.log" "$run/nccl.vm.432.log"
+        cp "$CAPTURED/real-h100-nccl-check-1rank-default-timings.json" "$run/timings.json"
+        exit "${RANK_EXIT:-0}" ;;
+esac
+"""
+
+
+def test_the_script_runs_the_rank_judges_its_log_and_keeps_the_verdict(tmp_path) -> None:
+    script = deployed()[nccl.COMMAND]
+    bin_dir, out, env = tmp_path / "bin", tmp_path / "out", tmp_path / "cluster.env"
+    bin_dir.mkdir()
+    (bin_dir / "docker").write_text(FAKE_DOCKER)
+    (bin_dir / "docker").chmod(0o755)
+    env.write_text('NCCL_IB_HCA="rocep1s0f1,roceP2p1s0f1"\n')
+    command = tmp_path / "spark-nccl-test"
+    for real, here in [
+        (nccl.CHECK_PATH, nccl.CHECK_SOURCE),
+        (nccl.RESULT_DIR, out),
+        ("/etc/spark/cluster.env", env),
+        (nccl.COMMAND, command),
+        ("/usr/bin/docker", bin_dir / "docker"),
+    ]:
+        script = script.replace(real, str(here))
+    command.write_text(script)
+    command.chmod(0o755)
+    environ = dict(os.environ, PATH=f"{bin_dir}:{os.environ['PATH']}", CAPTURED=str(CAPTURED))
+    ran = subprocess.run([command], env=environ, capture_output=True, text=True, check=False)
+    # One rank on a machine without RDMA: the verdict names the socket fallback and both twins.
+    assert ran.returncode == 1, ran.stderr
+    assert "FAIL: rank 0 (vm): NCCL fell back to sockets (NET/Socket on eth0)" in ran.stderr
+    assert "FAIL: rank 0 (vm): NCCL does not use rocep1s0f1, roceP2p1s0f1" in ran.stderr
+    assert "all_gather" in ran.stdout and ran.stdout.rstrip().endswith("FAIL (3 problems)")
+    key = subprocess.run([command, "--key"], env=environ, capture_output=True, text=True)
+    verdict = (out / "verdict.json").read_text().replace("\n", "")
+    kept = process(nccl.NcclTestState, f"key {key.stdout.strip()}\nkept {verdict}")
+    assert kept["kept"]["key"] == kept["key"] and len(kept["key"]) == 64
+    assert nccl.why_due(kept["kept"], kept["key"], changed=False).startswith("it failed last time")
+    # A rank that did not finish (a box that never started its rank: timeout's 124) says so.
+    ran = subprocess.run(
+        [command], env=environ | {"RANK_EXIT": "124"}, capture_output=True, text=True, check=False
+    )
+    assert "the rank exited 124 (124: not every box started it within 300 s)" in ran.stderr
