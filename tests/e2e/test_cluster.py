@@ -18,10 +18,11 @@ import socket
 import subprocess
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from operations import lanes, preflight, ray
+from operations import lanes, nccl, preflight, ray
 from tests.conftest import pyinfra, reimage_all, run_on
 from tests.e2e import test_fabric_down as fabric_down
 from tests.e2e.cluster_lane import CLUSTER_LANE
@@ -396,6 +397,78 @@ def test_udp_on_the_management_network_passes_the_cluster_firewall(cluster: siml
             return run_on(worker, f"sudo cat {got} 2>/dev/null", check=False) == "handshake"
 
         until(arrived, 60, f"UDP {port} from the management network")
+
+
+# --- the NCCL test (issue 13): the deploy ran it before the cluster lane started --------------
+
+TWINS = ("rocep1s0f1", "roceP2p1s0f1")
+
+
+def nccl_on_every_box(lab: simlab.Lab, command: str = f"sudo {nccl.COMMAND}") -> list[str]:
+    """``command`` (a run of the NCCL test) on every box at once, as the user starts it: each
+    box's output, its stderr after it, and its exit status last ("rc=N")."""
+    with ThreadPoolExecutor(len(lab.hosts)) as pool:
+        runs = [
+            pool.submit(run_on, box, f'{command} 2>&1; echo "rc=$?"', check=False)
+            for box in lab.hosts
+        ]
+        return [run.result() for run in runs]
+
+
+def verdict(box: simlab.Host) -> dict:
+    return json.loads(run_on(box, f"sudo cat {nccl.VERDICT}"))
+
+
+def test_the_nccl_test_passed_over_both_twins_and_compliance_says_so(cluster: simlab.Lab) -> None:
+    for rank, box in enumerate(cluster.hosts):
+        kept = verdict(box)
+        assert kept["passed"], kept["problems"]
+        (me,) = kept["ranks"]  # each box judges its own rank's NCCL log
+        assert (me["rank"], me["host"], me["network"]) == (rank, box.name, "IB")
+        assert sorted(me["ib_devices"]) == sorted(TWINS)
+        assert me["channels"] == {"NET/IB/0": 2, "NET/IB/1": 2}  # send and receive per twin
+        assert [(row["op"], row["bytes"], row["wrong"]) for row in kept["rows"]] == [
+            (op, size, 0) for op in ("all_gather", "all_reduce") for size in (1 << 20, 4 << 20)
+        ]
+    report = run_on(cluster.hosts[0], f"sudo cat {nccl.RESULT_DIR}/run/report.txt")
+    print(report)  # the lab's numbers: the stand-in's TCP over veths, not a Spark's
+    assert re.search(r"^all_gather\s+4194304  RING/SIMPLE ", report, re.M), report
+    code, table, output = compliance("-k", "nccl")
+    assert code == 0 and table["NCCL test passed"] == {"spark-1": "PASS", "spark-2": "PASS"}, output
+
+
+def test_a_twin_left_out_or_no_rdma_devices_fail_the_nccl_test_naming_box_and_twin(
+    cluster: simlab.Lab,
+) -> None:
+    worker = cluster.hosts[1]
+    env = "/etc/spark/cluster.env"
+    # spark-2's environment names one twin only: its rank fails, naming the twin left out.
+    run_on(worker, f"sudo cp {env} /tmp/cluster.env.kept")
+    run_on(worker, f"sudo sed -i 's/^NCCL_IB_HCA=.*/NCCL_IB_HCA=\"{TWINS[0]}\"/' {env}")
+    try:
+        said_head, said_worker = nccl_on_every_box(cluster)
+    finally:
+        run_on(worker, f"sudo cp /tmp/cluster.env.kept {env}")
+    assert said_head.endswith("rc=0\n"), said_head
+    assert f"FAIL: rank 1 (spark-2): NCCL does not use {TWINS[1]} (NET/IB uses {TWINS[0]})" in (
+        said_worker
+    ), said_worker
+    assert said_worker.endswith("rc=1\n")
+    code, table, _ = compliance("-k", "nccl")
+    assert code != 0 and table["NCCL test passed"]["spark-2"].startswith("FAIL rank 1 (spark-2)")
+    # The container started without the RDMA devices (a `docker run` without --device
+    # /dev/infiniband): NCCL falls back to sockets on every box, and says so.
+    nodev = f"sed 's| --device /dev/infiniband||' {nccl.COMMAND} > /tmp/nccl-nodev"
+    said = nccl_on_every_box(cluster, f"{nodev} && sudo bash /tmp/nccl-nodev")
+    for rank, (box, words) in enumerate(zip(cluster.hosts, said, strict=True)):
+        assert (
+            f"FAIL: rank {rank} ({box.name}): NCCL fell back to sockets (NET/Socket on"
+            f" enp1s0f1np1): NCCL_IB_HCA={','.join(TWINS)} found no device; no usable RDMA device"
+            " in the container (--device /dev/infiniband" in words
+        ), words
+        assert words.endswith("rc=1\n")
+    # As it was: the next deploy (the test after this one) changes nothing.
+    assert all(words.endswith("rc=0\n") for words in nccl_on_every_box(cluster))
 
 
 def test_second_deploy_changes_nothing(cluster: simlab.Lab) -> None:
