@@ -154,6 +154,8 @@ def passed(boxes: list[str]):
     stderr, names what NCCL reported).
 
     + boxes: every box of the cluster, as the inventory names them
+
+    A run that leaves a box out (``--limit``) runs no rank: the others would wait for it.
     """
     if failed := preflight.failed_others(boxes):
         raise OperationError(
@@ -161,7 +163,10 @@ def passed(boxes: list[str]):
             " stopped in this run (see its error above); it runs once every box is back"
         )
     said = _due.get(state.inventory, {})
-    due = {box: reason for box in boxes if (reason := said.get(box, "it was not prepared"))}
+    if absent := [box for box in boxes if box not in said]:
+        host.noop(f"the NCCL test needs every box in the run; {', '.join(absent)} not in it")
+        return
+    due = {box: said[box] for box in boxes if said[box]}
     if not due:
         kept = host.get_fact(NcclTestState)["kept"] or {}
         host.noop(f"the NCCL test passed: {summary(kept)}")

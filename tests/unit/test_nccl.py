@@ -152,22 +152,41 @@ def test_when_a_box_in_place_is_due(fact: str, reason: str | None) -> None:
     assert host.noops[-1] == f"{nccl.COMMAND} is as written; {reason or 'its last run passed'}"
 
 
-def both(head: str, worker: str, failed: tuple[str, ...] = ()) -> list[str]:
-    """``prepared`` on both boxes (each with its fact), then ``passed`` on the head."""
+def both(
+    head: str, worker: str | None, failed: tuple[str, ...] = (), noops: list | None = None
+) -> list[str]:
+    """``prepared`` on both boxes (each with its fact; None: left out of the run), then
+    ``passed`` on the head (its noops into ``noops``)."""
     run = in_run(failed)
     files = deployed()
     with ctx_state.use(run):
         for name, fact in (("spark-1", head), ("spark-2", worker)):
-            run_op(nccl.prepared, **ARGS, host=box(fact, files, name))
+            if fact is not None:
+                run_op(nccl.prepared, **ARGS, host=box(fact, files, name))
         try:
-            return run_op(nccl.passed, ["spark-1", "spark-2"], host=box(head, files, "spark-1"))
+            on_head = box(head, files, "spark-1")
+            commands = run_op(nccl.passed, ["spark-1", "spark-2"], host=on_head)
+            (noops if noops is not None else []).extend(on_head.noops)
+            return commands
         except OperationError as error:  # raised outside: ctx_state.use restores only then
             refusal = error
     raise refusal
 
 
 def test_passed_on_every_box_runs_nothing() -> None:
-    assert both(PASSED, PASSED) == []
+    noops: list[str] = []
+    assert both(PASSED, PASSED, noops=noops) == []
+    assert noops == [
+        "the NCCL test passed: all_gather 1073741824 B at 23.76 GB/s over NET/IB"
+        " (roceP2p1s0f1, rocep1s0f1)"
+    ]
+
+
+def test_a_box_left_out_of_the_run_runs_no_rank() -> None:
+    noops: list[str] = []
+    never = captured("nccl-test-state-bare.sample.txt")
+    assert both(never, None, noops=noops) == []  # `--limit spark-1`
+    assert noops == ["the NCCL test needs every box in the run; spark-2 not in it"]
 
 
 def test_one_box_due_runs_the_test_on_every_box() -> None:
