@@ -1,17 +1,20 @@
 """Two boxes on two cables (fabric_topology "pair-dual"): the lab cables both ports, the
 inventory gives no fabric addresses, and the deploy derives, configures and checks all four
-twins of each box; compliance passes and a second run changes nothing.
+twins of each box; the NCCL test runs over all four; compliance passes and a second run changes
+nothing.
 
 It boots the session's two boxes again with both ports cabled, and after it as they were (bare).
 """
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Iterator
 
 import pytest
 
+from operations import nccl
 from tests.conftest import cabled, pyinfra, run_on
 from tests.e2e.test_compliance import compliance, not_passing
 from tests.e2e.test_host_layer import changes
@@ -50,6 +53,18 @@ def test_nccl_names_all_four_devices_merged(dual) -> None:
         assert re.search(rf'^NCCL_IB_HCA="{hcas}"$', env, re.M), env
         assert re.search(r'^NCCL_IB_MERGE_NICS="1"$', env, re.M), env
         assert "# all four twins reach the one peer" in env
+
+
+def test_the_nccl_test_ran_over_all_four_twins(dual) -> None:
+    lab, output = dual
+    assert "NCCL test: NET/IB on every twin" in output
+    hcas = ["rocep1s0f1", "roceP2p1s0f1", "rocep1s0f0", "roceP2p1s0f0"]
+    for rank, host in enumerate(lab.hosts):
+        kept = json.loads(run_on(host, f"sudo cat {nccl.VERDICT}"))
+        assert kept["passed"], kept["problems"]
+        (me,) = kept["ranks"]
+        assert (me["rank"], me["network"], sorted(me["ib_devices"])) == (rank, "IB", sorted(hcas))
+        assert me["channels"] == {f"NET/IB/{index}": 2 for index in range(4)}  # send, receive
 
 
 def test_the_link_rate_check_ran_and_warned_on_the_labs_veths(dual) -> None:
