@@ -7,6 +7,13 @@ Captures (tests/unit/captured/):
   `default` as NCCL chooses; `missing-hca` with NCCL_IB_HCA=rocep1s0f1,roceP2p1s0f1, devices that
   are not there (NCCL says so and falls back to sockets without an error); `bad-ifname` with
   NCCL_SOCKET_IFNAME=enp1s0f1np1, an interface that is not there (bootstrap fails).
+- real-h100x2-nccl-check-2rank-*: real. files/nccl_check.py (`local --ranks 2`, up to 64 MiB),
+  NCCL 2.28.9+cuda13.0 under PyTorch 2.11.0 on two NVIDIA H100 80GB HBM3 of one host (the
+  project's accelerator machine, 2026-11-25; no RDMA device, one interface eth0): `socket` with
+  NCCL_P2P_DISABLE=1 NCCL_SHM_DISABLE=1 and NCCL_IB_HCA=rocep1s0f1,roceP2p1s0f1 (the two ranks
+  talk through the network, which is NCCL's socket fallback: real `via NET/Socket/0` channel
+  lines and rank 0's TUNING lines), each rank's log and the timings; `p2p-rank1` as NCCL chose
+  (NVLink: `via P2P/CUMEM`), rank 1's log.
 - issue-*.log: real lines quoted in public issues (each file's first line names its issue):
   multi-rank channel lines, which a one-GPU machine cannot produce.
 - public-spark-rdma-plugin.log: a Spark rank's lines quoted in public notes (its first line names
@@ -68,6 +75,49 @@ def test_real_bad_socket_interface_quotes_nccls_warning():
         "no timings: the collective did not complete"
         " (NCCL warned: Bootstrap : no socket interface found)"
     ]
+
+
+def test_real_two_rank_socket_run_is_named_a_fallback_with_nccls_own_algorithm():
+    logs = [log_of(f"real-h100x2-nccl-check-2rank-socket-rank{rank}.log") for rank in (0, 1)]
+    assert [(log.rank, log.network, log.socket_ifaces) for log in logs] == [
+        (0, "Socket", ["eth0"]),
+        (1, "Socket", ["eth0"]),
+    ]
+    assert [log.channels for log in logs] == [{"NET/Socket/0": 4}] * 2  # 2 channels, each way
+    assert logs[1].algorithms == {}  # NCCL logs the algorithm on rank 0 only
+    timings = json.loads(
+        (CAPTURED / "real-h100x2-nccl-check-2rank-socket-timings.json").read_text()
+    )
+    rows = nccl_check.rows_of(timings, logs)
+    assert {row.algorithm for row in rows} == {"RING/SIMPLE"}  # from rank 0's TUNING lines
+    largest = rows[3]
+    assert (largest.op, largest.bytes) == ("all_gather", 1 << 26)
+    assert largest.busbw == pytest.approx(largest.algbw / 2)  # (n-1)/n, n = 2
+    assert 2 < largest.busbw < 3  # sockets: the field's "about 3 GB/s"
+    problems = nccl_check.verdict(
+        rows, logs, transport="NET/IB", expect_hcas=TWINS, min_busbw=21.875
+    )
+    assert problems == [
+        f"rank {rank} (vm): {problem}"
+        for rank in (0, 1)
+        for problem in (
+            "NCCL fell back to sockets (NET/Socket on eth0): NCCL_IB_HCA=rocep1s0f1,roceP2p1s0f1"
+            " found no device; no usable RDMA device in the container (--device /dev/infiniband,"
+            " NCCL_IB_HCA naming the box's devices, a RoCE v2 GID)",
+            "NCCL does not use rocep1s0f1, roceP2p1s0f1 (NET/IB uses none)",
+        )
+    ] + [
+        f"all_gather 67108864 B: bus bandwidth {largest.busbw:.2f} GB/s, under the pass mark"
+        " 21.875 GB/s"
+    ]
+
+
+def test_real_nvlink_channels_on_a_socket_network_are_no_rdma_either():
+    # NCCL's network for the communicator is still Socket: NVLink carries the channels.
+    log = log_of("real-h100x2-nccl-check-2rank-p2p-rank1.log")
+    assert (log.transports(), log.network) == ({"P2P"}, "Socket")
+    problems = nccl_check.verdict([], [log], transport="NET/IB", expect_hcas=[], min_busbw=None)
+    assert problems[1].startswith("rank 1 (vm): NCCL fell back to sockets (NET/Socket on eth0)")
 
 
 def test_quoted_socket_channels_and_shm_lines():
