@@ -217,6 +217,10 @@ elif len(spark.hosts) > 1:
         ports=ray.listen_ports(me.ray.port),
         open_ports=[host.data.get("ssh_port") or 22, *(lane.port for lane in me.lanes)],
     )
+    # Where the cluster lane's workers on this box read its weights (copied or fetched below).
+    ray_models = ((lanes.MODELS_DIR, preflight.HF_CACHE_IN_CONTAINER),)
+    if cluster_lane and cluster_lane.model.startswith("/"):
+        ray_models += ((cluster_lane.model, cluster_lane.model),)
     if on_mp:
         ray.node_removed(name=f"No {ray.UNIT}: the cluster lane runs on vLLM's own multi-node mode")
     else:
@@ -230,6 +234,7 @@ elif len(spark.hosts) > 1:
             env_file=me.env_file,
             port=me.ray.port,
             token=ray.controller_token() if me.ray.auth else None,
+            models=ray_models,
         )
 
 

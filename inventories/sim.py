@@ -18,9 +18,8 @@ if not (_state / "lab.json").exists():
 
 _lab = json.loads((_state / "lab.json").read_text())
 _lab_hosts = _lab["hosts"]
-# How the lab cabled its hosts (tests/simlab/lab.py CABLINGS): two on port 1, both ports
-# ("pair-dual"), or beyond two a switch.
-_topology = _lab.get("cabling", "pair") if len(_lab_hosts) == 2 else "switch"
+# How the lab cabled its hosts (tests/simlab/lab.py CABLINGS), named as the fabric_topology.
+_topology = _lab["cabling"]
 # A Hugging Face token for the lab's lanes, when one is put there (the end-to-end tests put a
 # sentinel, to show it never shows up where it must not); the stand-in reaches no hub.
 _hf_token = _state / "hf-token"
@@ -37,10 +36,10 @@ spark = [
             "_sudo": True,
             "spark_role": "head" if host["index"] == 1 else "worker",
             # NVIDIA's two-Spark plan: one subnet per twin, .10 for the first box, .11 next...
-            # given here; on two cables left out, so the deploy derives all four twins' (the
-            # same scheme: operations/topology.py).
+            # given here for a pair; for the other shapes left out, so the deploy derives every
+            # twin's (the same scheme: operations/topology.py).
             "fabric_addresses": {}
-            if _topology == "pair-dual"
+            if _topology != "pair"
             else {
                 "enp1s0f1np1": f"192.168.100.{9 + host['index']}/24",
                 "enP2p1s0f1np1": f"192.168.101.{9 + host['index']}/24",

@@ -126,14 +126,14 @@ def reimage_all(lab: simlab.Lab) -> simlab.Lab:
 
 
 @contextmanager
-def cabled(lab: simlab.Lab, cabling: str) -> Iterator[simlab.Lab]:
-    """The session's two boxes booted bare again, cabled as `cabling` (simlab.CABLINGS), the
-    serving image in their docker; after, bare and cabled as before, the session's `lab` (which
-    the other modules hold) naming the new hosts."""
+def cabled(lab: simlab.Lab, cabling: str, count: int | None = None) -> Iterator[simlab.Lab]:
+    """The session's boxes booted bare again (or `count` bare boxes), cabled as `cabling`
+    (simlab.CABLINGS), the serving image in their docker; after, the session's boxes bare and
+    cabled as before, the session's `lab` (which the other modules hold) naming the new hosts."""
     global _as_deployed
     _as_deployed = False
     try:
-        recabled = simlab.up(len(lab.hosts), cabling=cabling)
+        recabled = simlab.up(count or len(lab.hosts), cabling=cabling)
         for host in recabled.hosts:
             simlab.load_serving_image(host)
         yield recabled

@@ -91,7 +91,7 @@ def test_a_gid_entry_at_index_4_on_one_box_is_used_and_said(deployed: simlab.Lab
     # The field's layout (MiaAI-Lab/GLM-5.3-Flash-EXL3-2x-DGX-Sparks PR#26): an unrelated RoCE
     # v2 entry at 3, the IPv4 one at 4, on one box of two.
     spark_2 = deployed.hosts[1]
-    simlab.set_gid_index(spark_2, 4)
+    simlab.set_hardware(spark_2, ipv4_roce_v2_index=4)
     try:
         result = pyinfra(INVENTORY, "deploy.py")
         assert changes(result) == 0, output_of(result)  # nothing NCCL reads names an index
@@ -101,4 +101,4 @@ def test_a_gid_entry_at_index_4_on_one_box_is_used_and_said(deployed: simlab.Lab
             row = table[f"RoCE v2 IPv4 GID {hca}"]
             assert row == {"spark-1": "PASS", "spark-2": "PASS at 4, not 3: NCCL selects it"}, row
     finally:
-        simlab.set_gid_index(spark_2, 3)
+        simlab.set_hardware(spark_2, ipv4_roce_v2_index=3)

@@ -1,4 +1,4 @@
-"""python -m tests.simlab up|down|status|reimage HOST|reboot HOST|ssh HOST [COMMAND]"""
+"""python -m tests.simlab up|down|status|reimage HOST|reboot HOST|unplug HOST PORT|ssh HOST [CMD]"""
 
 from __future__ import annotations
 
@@ -80,7 +80,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m tests.simlab", description=__doc__)
     commands = parser.add_subparsers(dest="command", required=True)
     up = commands.add_parser("up", help="boot a fresh lab of bare Sparks")
-    up.add_argument("--hosts", type=int, default=2, help="how many (default 2; >2 adds a switch)")
+    up.add_argument("--hosts", type=int, default=2, help="how many (default 2)")
     up.add_argument(
         "--gid-index",
         action="append",
@@ -90,9 +90,10 @@ def main(argv: list[str] | None = None) -> int:
     )
     up.add_argument(
         "--cabling",
-        choices=lab.CABLINGS,
-        default="pair",
-        help="pair: one cable on port 1 (a switch beyond two hosts); pair-dual: both ports",
+        choices=list(lab.CABLINGS),
+        help="pair: one cable on port 1 (the default for 2 hosts); pair-dual: both ports; ring3:"
+        " port 0 of each of 3 hosts to port 1 of the next; switch: port 1 of 2-8 hosts to a"
+        " switch (the default for more than 2)",
     )
     commands.add_parser("down", help="stop every host and remove all the lab made")
     commands.add_parser("demo", help="boot a lab (unless one is up), deploy to it, show the result")
@@ -101,6 +102,11 @@ def main(argv: list[str] | None = None) -> int:
     reimage.add_argument("host")
     reboot = commands.add_parser("reboot", help="the host's own reboot; the lab powers it back")
     reboot.add_argument("host")
+    unplug = commands.add_parser(
+        "unplug", help="pull the cable out of a host's QSFP port (0 or 1); reboot its ends"
+    )
+    unplug.add_argument("host")
+    unplug.add_argument("port", type=int, choices=(0, 1))
     ssh = commands.add_parser("ssh", help="an SSH session (or one command) on a host")
     ssh.add_argument("host")
     ssh.add_argument("cmd", nargs=argparse.REMAINDER)
@@ -136,6 +142,10 @@ def main(argv: list[str] | None = None) -> int:
         print((host.dir / "upper/etc/ssh/ssh_host_ed25519_key.pub").read_text().strip())
     elif args.command == "reboot":
         print(f"{lab.reboot(args.host).name} rebooted and up")
+    elif args.command == "unplug":
+        ends = lab.unplug(args.host, args.port)
+        rebooted = ", ".join(host.name for host in ends)
+        print(f"no cable in port {args.port} of {args.host}; rebooted {rebooted}")
     elif args.command == "ssh":
         target = lab.Lab.load().host(args.host)
         os.execvp("ssh", ["ssh", "-F", str(STATE / "ssh_config"), target.name, *args.cmd])

@@ -3,8 +3,9 @@
 Each host is a systemd-nspawn container booting the cached bare-Spark image through a per-host
 overlay, in a network namespace of its own. This machine reaches the hosts over a management
 bridge (their `enP7s7`); the hosts reach each other over the fabric: two veth links named as a
-Spark's QSFP-DD twins, cabled directly between two hosts or through a simulated switch (two
-bridges in a namespace of their own) for more.
+Spark's QSFP-DD twins, cabled as one of the fabric shapes (CABLINGS): directly between two
+hosts on one port or both, port 0 of each host to port 1 of the next in a ring of three, or
+through a simulated switch (two bridges in a namespace of their own).
 """
 
 from __future__ import annotations
@@ -35,9 +36,17 @@ MGMT_BRIDGE = PREFIX
 MGMT_PREFIX = f"10.77.{LAB_ID}"  # this machine's side is .1; hosts are .11, .12, ...
 FABRIC_TWINS = [("enp1s0f1np1", "rocep1s0f1"), ("enP2p1s0f1np1", "roceP2p1s0f1")]  # port 1
 PORT0_TWINS = [("enp1s0f0np0", "rocep1s0f0"), ("enP2p1s0f0np0", "roceP2p1s0f0")]
-# How the lab cables its hosts: "pair" (one cable on port 1, or a switch beyond two hosts) or
-# "pair-dual" (two hosts, both ports cabled: a DAC per twin of each).
-CABLINGS = ("pair", "pair-dual")
+PORT_TWINS = {1: FABRIC_TWINS, 0: PORT0_TWINS}
+# How the lab cables its hosts, named as the fabric_topology it is (README, Fabric shapes): the
+# QSFP ports each host has a cable in, and how many hosts it takes. "pair": one cable on port 1;
+# "pair-dual": both ports (a DAC per twin of each); "ring3": port 0 of each host to port 1 of the
+# next (NVIDIA's connect-three-sparks); "switch": every host's port 1 into a switch.
+CABLINGS = {
+    "pair": ((1,), 2, 2),
+    "pair-dual": ((1, 0), 2, 2),
+    "ring3": ((1, 0), 3, 3),
+    "switch": ((1,), 2, 8),
+}
 SWITCH_NS = f"{PREFIX}-switch"
 REPOS_MOUNT = "/srv/simlab-repos"
 IMAGES_MOUNT = "/srv/simlab-images"
@@ -54,6 +63,12 @@ class Host:
     name: str
     index: int
     ipv4_roce_v2_index: int = 3
+    # What else the hardware file says (HARDWARE_FILE; set_hardware): the ports with no cable,
+    # the RDMA devices with no RoCE v2 entry of their IPv4 address, and twins whose link rate
+    # reads as given instead of the veth's 10000 Mb/s.
+    unplugged: list[int] = field(default_factory=list)
+    no_ipv4_roce_v2: list[str] = field(default_factory=list)
+    link_speeds: dict[str, int] = field(default_factory=dict)
     pid: int | None = None
 
     @property
@@ -74,10 +89,10 @@ class Lab:
     hosts: list[Host] = field(default_factory=list)
     cabling: str = "pair"
 
-    @property
-    def twins(self) -> list[tuple[str, str]]:
-        """(interface, RDMA device) of every twin cabled on each host."""
-        return FABRIC_TWINS + (PORT0_TWINS if self.cabling == "pair-dual" else [])
+    def twins(self, host: Host) -> list[tuple[str, str]]:
+        """(interface, RDMA device) of every twin cabled on the host."""
+        ports, _fewest, _most = CABLINGS[self.cabling]
+        return [twin for port in ports if port not in host.unplugged for twin in PORT_TWINS[port]]
 
     @classmethod
     def load(cls) -> Lab:
@@ -85,7 +100,7 @@ class Lab:
         if not path.exists():
             return cls()
         data = json.loads(path.read_text())
-        fields = {"name", "index", "ipv4_roce_v2_index", "pid"}
+        fields = set(Host.__dataclass_fields__)
         return cls(
             [Host(**{k: v for k, v in host.items() if k in fields}) for host in data["hosts"]],
             data.get("cabling", "pair"),
@@ -207,9 +222,16 @@ def prepare_disk(host: Host, lab: Lab, base: Path) -> None:
         "deb [signed-by=/usr/share/keyrings/dgx-os-archive-keyring.gpg] "
         f"file:{REPOS_MOUNT}/dgx /\n",
     )
+    write_hardware(host, lab)
+
+
+def write_hardware(host: Host, lab: Lab) -> None:
+    """The hardware file the host's simlab-rdma service reads (bound in at HARDWARE_FILE)."""
     _write(host.dir / "hardware.json", json.dumps({
-        "hcas": {hca: twin for twin, hca in lab.twins},
+        "hcas": {hca: twin for twin, hca in lab.twins(host)},
         "ipv4_roce_v2_index": host.ipv4_roce_v2_index,
+        "no_ipv4_roce_v2": host.no_ipv4_roce_v2,
+        "link_speeds": host.link_speeds,
     }))  # fmt: skip
 
 
@@ -256,28 +278,61 @@ def power_cycle_nics(host: Host) -> None:
     in_ns(host.netns, "nft", "flush", "ruleset", check=False)
 
 
-def wire_fabric(hosts: list[Host], twins: list[tuple[str, str]] = FABRIC_TWINS) -> None:
-    """Two hosts: a DAC per twin, end to end (each twin of each cabled port). More: each twin
-    into a switch (bridge) port."""
-    if len(hosts) == 2:
+def _cable(a: Host, a_twin: str, b: Host, b_twin: str) -> None:
+    """One DAC between two twins: a veth pair, an end in each host's namespace."""
+    run("ip", "link", "add", "sltmp", "netns", a.netns, "type", "veth",
+        "peer", "name", "sltmp", "netns", b.netns)  # fmt: skip
+    in_ns(a.netns, "ip", "link", "set", "sltmp", "name", a_twin)
+    in_ns(b.netns, "ip", "link", "set", "sltmp", "name", b_twin)
+
+
+def wire_fabric(lab: Lab) -> None:
+    """Cable the hosts as lab.cabling says: a DAC per twin end to end (a pair on one port or
+    both; a ring, port 0 of each host to port 1 of the next), or each twin into a switch
+    (bridge) port, one bridge per twin."""
+    hosts = lab.hosts
+    if lab.cabling == "ring3":
+        for host, after in zip(hosts, hosts[1:] + hosts[:1], strict=True):
+            for (port0, _), (port1, _) in zip(PORT0_TWINS, FABRIC_TWINS, strict=True):
+                _cable(host, port0, after, port1)
+    elif lab.cabling != "switch":
         a, b = hosts
-        for twin, _hca in twins:
-            run("ip", "link", "add", "sltmp", "netns", a.netns, "type", "veth",
-                "peer", "name", "sltmp", "netns", b.netns)  # fmt: skip
+        for twin, _hca in lab.twins(a):
+            _cable(a, twin, b, twin)
+    else:
+        run("ip", "netns", "add", SWITCH_NS)
+        for n, (twin, _hca) in enumerate(FABRIC_TWINS):
+            bridge = f"fabric{n}"
+            in_ns(SWITCH_NS, "ip", "link", "add", bridge, "mtu", "9000", "type", "bridge")
+            in_ns(SWITCH_NS, "ip", "link", "set", bridge, "up")
             for host in hosts:
+                port = f"p{n}h{host.index}"
+                run("ip", "link", "add", "sltmp", "netns", host.netns, "type", "veth",
+                    "peer", "name", port, "netns", SWITCH_NS)  # fmt: skip
                 in_ns(host.netns, "ip", "link", "set", "sltmp", "name", twin)
-        return
-    run("ip", "netns", "add", SWITCH_NS)
-    for n, (twin, _hca) in enumerate(FABRIC_TWINS):
-        bridge = f"fabric{n}"
-        in_ns(SWITCH_NS, "ip", "link", "add", bridge, "mtu", "9000", "type", "bridge")
-        in_ns(SWITCH_NS, "ip", "link", "set", bridge, "up")
-        for host in hosts:
-            port = f"p{n}h{host.index}"
-            run("ip", "link", "add", "sltmp", "netns", host.netns, "type", "veth",
-                "peer", "name", port, "netns", SWITCH_NS)  # fmt: skip
-            in_ns(host.netns, "ip", "link", "set", "sltmp", "name", twin)
-            in_ns(SWITCH_NS, "ip", "link", "set", port, "mtu", "9000", "master", bridge, "up")
+                in_ns(SWITCH_NS, "ip", "link", "set", port, "mtu", "9000", "master", bridge, "up")
+
+
+def unplug_port(lab: Lab, host: Host, port: int) -> list[Host]:
+    """Pull the cable out of a host's port: its twins are gone from the host, and from the host
+    at the cable's other end (a switch's port goes with it); the hosts whose twins went, each
+    with the port in `unplugged`. Their hardware files follow; their RDMA devices go at their
+    next boot, as a Spark shows no ConnectX functions for a port with no cable
+    (dgx-spark-playbooks connect-three-sparks, ibdev2netdev)."""
+    for twin, _hca in PORT_TWINS[port]:
+        in_ns(host.netns, "ip", "link", "del", twin, check=False, stderr=subprocess.DEVNULL)
+    if port not in host.unplugged:
+        host.unplugged.append(port)
+    ends = [host]
+    for other in lab.hosts:
+        for other_port in CABLINGS[lab.cabling][0]:
+            gone = not any(_link_exists(twin, other.netns) for twin, _ in PORT_TWINS[other_port])
+            if gone and other_port not in other.unplugged:
+                other.unplugged.append(other_port)
+                ends.append(other)
+    for end in ends:
+        write_hardware(end, lab)
+    return ends
 
 
 # --- booting and stopping -----------------------------------------------------------------------
@@ -388,23 +443,43 @@ def load_serving_image(host: Host, tag: str | None = None) -> str:
     return tag
 
 
-def set_gid_index(host: Host, index: int) -> None:
-    """Move the IPv4 RoCE v2 GID entry on a running host, as some units show it in the field."""
-    host.ipv4_roce_v2_index = index
-    hardware = json.loads((host.dir / "hardware.json").read_text())
-    hardware["ipv4_roce_v2_index"] = index
-    (host.dir / "hardware.json").write_text(json.dumps(hardware))
+def set_hardware(host: Host, **hardware: object) -> None:
+    """Change what a running host's RDMA and link stand-ins show (Host's hardware fields: the
+    IPv4 RoCE v2 GID entry's index, devices with none, twins' link rates), as some units show
+    them in the field; kept until changed again, a reimage included."""
+    lab = Lab.load()
+    for name, value in hardware.items():
+        setattr(host, name, value)
+        setattr(lab.host(host.name), name, value)
+    lab.save()
+    write_hardware(host, lab)
     ssh(host, "sudo systemctl restart simlab-rdma")
+
+
+def unplug(name: str, port: int) -> list[Host]:
+    """Pull the cable out of a host's port (unplug_port) and reboot the hosts it was in, which
+    come back without that port's twins and RDMA devices; those hosts."""
+    lab = Lab.load()
+    ends = unplug_port(lab, lab.host(name), port)
+    lab.save()
+    return [reboot(end.name) for end in ends]
 
 
 # --- the commands --------------------------------------------------------------------------------
 
 
-def up(count: int = 2, gid_index: dict[str, int] | None = None, cabling: str = "pair") -> Lab:
+def up(
+    count: int = 2,
+    gid_index: dict[str, int] | None = None,
+    cabling: str | None = None,
+) -> Lab:
     """Boot `count` bare hosts (tearing down any lab that is already up), cabled as `cabling`
-    says (CABLINGS)."""
-    if cabling not in CABLINGS or (cabling == "pair-dual" and count != 2):
-        raise SystemExit(f"cabling {cabling!r}: use one of {CABLINGS}; pair-dual takes 2 hosts")
+    says (CABLINGS; a pair for two hosts, a switch for more)."""
+    cabling = cabling or ("pair" if count == 2 else "switch")
+    _ports, fewest, most = CABLINGS.get(cabling, ((), 0, 0))
+    if not fewest <= count <= most:
+        shapes = ", ".join(f"{name} {low}-{high}" for name, (_, low, high) in CABLINGS.items())
+        raise SystemExit(f"cabling {cabling!r} with {count} hosts: the cablings take {shapes}")
     ensure_host_tools()
     down()
     stand_in_repositories()
@@ -420,7 +495,7 @@ def up(count: int = 2, gid_index: dict[str, int] | None = None, cabling: str = "
     for host in lab.hosts:
         prepare_disk(host, lab, base)
         wire_host(host)
-    wire_fabric(lab.hosts, lab.twins)
+    wire_fabric(lab)
     log(f"booting {count} hosts")
     for host in lab.hosts:
         boot(host, base)

@@ -1,11 +1,16 @@
 #!/usr/bin/python3
-"""Simulated ConnectX-7 RoCE devices: a GID table per HCA that follows its netdev's addresses.
+"""Simulated ConnectX-7 RoCE devices: a GID table per HCA that follows its netdev's addresses,
+and the twins' link rates.
 
 The kernel (ib_core) keeps /sys/class/infiniband/<hca>/ports/1/gids/N in step with the IP
 addresses of the HCA's netdev: link-local at 0/1 (RoCE v1/v2), the IPv4-mapped address at 2/3.
 This lab kernel has no RDMA, so this service overlays /sys/class and rewrites the table whenever
 an address changes. The layout comes from the lab's hardware file (bound in read-only), where
-`ipv4_roce_v2_index: 4` reproduces a field failure: the IPv4 RoCE v2 entry away from index 3.
+`ipv4_roce_v2_index: 4` reproduces a field failure: the IPv4 RoCE v2 entry away from index 3;
+`no_ipv4_roce_v2` lists devices that hold no RoCE v2 entry of their IPv4 address (its RoCE v1
+one only). `link_speeds` gives a rate in Mb/s for some twins: their /sys/class/net/IF/speed,
+which on the lab's veths reads the kernel's 10000, is bound over by a file that reads the rate
+while the twin has carrier and -1 without (an mlx5 link with no partner reports SPEED_UNKNOWN).
 """
 
 import ipaddress
@@ -45,7 +50,7 @@ def mount_overlay() -> None:
     IB.mkdir(exist_ok=True)
 
 
-def entries(netdev: str, v2_index: int) -> list[tuple[str, str]]:
+def entries(netdev: str, v2_index: int | None) -> list[tuple[str, str]]:
     """The (gid, type) rows the kernel would hold for this netdev, index by index."""
     link = json.loads(
         subprocess.run(
@@ -62,6 +67,8 @@ def entries(netdev: str, v2_index: int) -> list[tuple[str, str]]:
             continue
         mapped = gid_text(ipaddress.IPv6Address(f"::ffff:{info['local']}"))
         rows.append((mapped, "IB/RoCE v1"))
+        if v2_index is None:
+            continue
         # A stray RoCE v2 entry (a second, unrelated GID) pushes the IPv4 one off index 3.
         while len(rows) < v2_index:
             rows.append((gid_text(ipaddress.IPv6Address("fd00:5a17::1")), "RoCE v2"))
@@ -93,19 +100,50 @@ def make_device_nodes(hcas: list[str]) -> None:
             os.mknod(devices / name, 0o666 | stat.S_IFCHR, os.makedev(1, 3))
 
 
+def bind_speeds(netdevs: list[str], speeds: dict[str, int]) -> dict[str, Path]:
+    """Each twin of `speeds` with a file of its own bound over its speed attribute (the twins'
+    binds of an earlier start of this service undone first); those files."""
+    files = {}
+    for netdev in netdevs:
+        attribute = f"/sys/class/net/{netdev}/speed"
+        subprocess.run(["umount", attribute], stderr=subprocess.DEVNULL, check=False)
+        if netdev in speeds and Path(attribute).exists():
+            files[netdev] = STATE / "speed" / netdev
+            files[netdev].parent.mkdir(parents=True, exist_ok=True)
+            files[netdev].write_text("-1\n")
+            subprocess.run(["mount", "--bind", str(files[netdev]), attribute], check=True)
+    return files
+
+
+def speed_text(netdev: str, mbps: int) -> str:
+    """The rate while the twin has carrier; -1 without, as an mlx5 twin reads with no link."""
+    try:
+        carrier = Path(f"/sys/class/net/{netdev}/carrier").read_text().strip()
+    except OSError:  # the interface is down: the kernel refuses the read (EINVAL)
+        carrier = "0"
+    return f"{mbps if carrier == '1' else -1}\n"
+
+
 def main() -> None:
     hardware = json.loads(HARDWARE.read_text()) if HARDWARE.exists() else {}
     hcas = hardware.get("hcas", {"rocep1s0f1": "enp1s0f1np1", "roceP2p1s0f1": "enP2p1s0f1np1"})
     v2_index = int(hardware.get("ipv4_roce_v2_index", 3))
+    no_v2 = set(hardware.get("no_ipv4_roce_v2", []))
+    speeds = {netdev: int(mbps) for netdev, mbps in hardware.get("link_speeds", {}).items()}
     mount_overlay()
     make_device_nodes(list(hcas))
+    speed_files = bind_speeds(list(hcas.values()), speeds)
     last: dict[str, list] = {}
     while True:
         for hca, netdev in hcas.items():
-            rows = entries(netdev, v2_index)
+            rows = entries(netdev, None if hca in no_v2 else v2_index)
             if rows != last.get(hca):
                 write_table(hca, netdev, rows)
                 last[hca] = rows
+        for netdev, path in speed_files.items():
+            text = speed_text(netdev, speeds[netdev])
+            if path.read_text() != text:
+                path.write_text(text)
         time.sleep(0.3)
 
 

@@ -1,0 +1,121 @@
+"""Three boxes in a ring (fabric_topology "ring3"): the lab cables port 0 of each box to port 1 of
+the next (NVIDIA's connect-three-sparks), the inventory gives no lanes and no fabric addresses;
+the deploy derives one subnet per twin per cable, so each box's two ports sit on its two
+neighbours' subnets, writes the ring's NCCL environment, leaves Ray out (README, Fabric shapes)
+and converges; compliance passes and a second run changes nothing. A cable pulled out of a port
+the ring needs stops both its ends, each naming its port.
+
+Times on the 2-core CI machine (three boxes, no lanes): the converging deploy 116 s, the
+deploy that changes nothing 25 s.
+
+It boots three bare boxes cabled as a ring, and after it the session's boxes as they were.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from collections.abc import Iterator
+
+import pytest
+
+from tests.conftest import cabled, pyinfra, run_on
+from tests.e2e.runs import output_of
+from tests.e2e.test_compliance import compliance, not_passing
+from tests.e2e.test_host_layer import changes
+from tests.simlab import lab as simlab
+
+pytestmark = pytest.mark.lab
+
+INVENTORY = "tests/e2e/fabric_inventory.py"
+PORT0 = ("enp1s0f0np0", "enP2p1s0f0np0")
+PORT1 = ("enp1s0f1np1", "enP2p1s0f1np1")
+# Cable i runs from spark-(i+1)'s port 0 to the next box's port 1, its twins on 192.168.(100 +
+# 2i) and (101 + 2i); each box is .10, .11, .12 in the inventory's order (README, Fabric shapes).
+CABLES = [("spark-1", "spark-2", 100), ("spark-2", "spark-3", 102), ("spark-3", "spark-1", 104)]
+LAST_OCTET = {"spark-1": 10, "spark-2": 11, "spark-3": 12}
+
+
+def address(box: str, third_octet: int) -> str:
+    return f"192.168.{third_octet}.{LAST_OCTET[box]}"
+
+
+@pytest.fixture(scope="module")
+def ring(lab: simlab.Lab) -> Iterator[tuple[simlab.Lab, str]]:
+    with cabled(lab, "ring3", count=3) as ring_lab:
+        start = time.monotonic()
+        result = pyinfra(INVENTORY, "deploy.py")
+        print(f"ring3: the converging deploy took {time.monotonic() - start:.0f} s")
+        assert changes(result) > 0
+        yield ring_lab, output_of(result)
+
+
+def test_each_port_is_on_the_subnets_of_the_neighbour_it_is_cabled_to(ring) -> None:
+    lab, _output = ring
+    hosts = {host.name: host for host in lab.hosts}
+    for from_box, to_box, first in CABLES:
+        for twin, (port0, port1) in enumerate(zip(PORT0, PORT1, strict=True)):
+            octet = first + twin
+            mine = run_on(hosts[from_box], f"ip -4 -br address show {port0}")
+            theirs = run_on(hosts[to_box], f"ip -4 -br address show {port1}")
+            assert f"{address(from_box, octet)}/24" in mine, (from_box, port0, mine)
+            assert f"{address(to_box, octet)}/24" in theirs, (to_box, port1, theirs)
+            ping = f"ping -c 1 -W 2 -M do -s 8972 -I {port0} {address(to_box, octet)}"
+            assert "1 received" in run_on(hosts[from_box], ping), (from_box, port0, to_box)
+
+
+def test_nccl_environment_of_a_ring(ring) -> None:
+    lab, _output = ring
+    for host in lab.hosts:
+        env = run_on(host, "cat /etc/spark/cluster.env")
+        expected = {
+            "NCCL_IB_HCA": "rocep1s0f1,roceP2p1s0f1,rocep1s0f0,roceP2p1s0f0",
+            "NCCL_IB_MERGE_NICS": "0",  # each port reaches another neighbour
+            "NCCL_NET_PLUGIN": "none",
+            "NCCL_IB_SUBNET_AWARE_ROUTING": "1",
+            # No fabric subnet reaches every box: sockets on the management port.
+            "NCCL_SOCKET_IFNAME": "enP7s7",
+            "GLOO_SOCKET_IFNAME": "enP7s7",
+        }
+        for key, value in expected.items():
+            assert re.search(rf'^{key}="{value}"$', env, re.M), (host.name, key, env)
+        assert "NCCL_IB_GID_INDEX" not in env
+
+
+def test_ray_is_left_out_and_said_so(ring) -> None:
+    lab, output = ring
+    for host in lab.hosts:
+        assert f"{host.name}: fabric_topology ring3: the fabric and NCCL's environment" in output
+        state = run_on(host, "systemctl is-active spark-ray", check=False).strip()
+        assert state == "inactive", (host.name, state)
+
+
+def test_compliance_passes_and_a_second_deploy_changes_nothing(ring) -> None:
+    code, table, output = compliance("--inventory", INVENTORY)
+    left = not_passing(table)
+    # Ray's and its firewall's checks skip on a ring: the deploy leaves them out.
+    assert code == 0 and all(cell.startswith("SKIP a ring") for cell in left.values()), output
+    assert ("spark-1", "Ray nodes all joined") in left, table
+    assert {box for row in table.values() for box in row} == set(LAST_OCTET)
+    assert any("enp1s0f0np0" in check for check in table), table
+    start = time.monotonic()
+    again = pyinfra(INVENTORY, "deploy.py")
+    print(f"ring3: the deploy that changes nothing took {time.monotonic() - start:.0f} s")
+    assert changes(again) == 0, output_of(again)
+
+
+def test_a_cable_pulled_stops_both_its_ends_naming_their_ports(ring) -> None:
+    # Cable 2: spark-3's port 0 to spark-1's port 1. Both boxes come back from a reboot without
+    # that port's twins or RDMA devices, as a Spark shows no ConnectX functions without a cable.
+    spark_3, spark_1 = simlab.unplug("spark-3", 0)
+    assert "rocep1s0f1" not in run_on(spark_1, "ls /sys/class/infiniband")
+    assert "rocep1s0f0" not in run_on(spark_3, "ls /sys/class/infiniband")
+    result = pyinfra(INVENTORY, "deploy.py", check=False)
+    output = output_of(result)
+    assert result.returncode == 1, output
+    for box, port, twins in (("spark-3", 0, PORT0), ("spark-1", 1, PORT1)):
+        assert (
+            f"{box}: no cable on port {port} (or its ConnectX missing): {' and '.join(twins)} do"
+            " not exist"
+        ) in output, output
+    assert "spark-2: no cable" not in output
