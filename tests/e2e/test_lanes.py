@@ -132,7 +132,7 @@ def test_the_endpoints_table_and_the_client_configuration(deployed: dict[str, An
     table = output.split("--> Lanes serving:")[1]
     for host in deployed["lab"].hosts:
         for lane in (A, B):
-            row = rf"{host.name}\s+{lane['name']}\s+{re.escape(lane['served_name'])}\s+"
+            row = rf"{host.name}\s+{lane['name']}\s+vllm\s+{re.escape(lane['served_name'])}\s+"
             url = f"http://{host.mgmt_ip}:{lane['port']}/v1"
             assert re.search(row + re.escape(url), table), table
         client = json.loads((Path(REPO) / "clients" / f"{host.name}.json").read_text())
