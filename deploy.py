@@ -42,6 +42,7 @@ from operations import (
     hygiene,
     lanes,
     memguard,
+    nccl,
     nmcli,
     preflight,
     ray,
@@ -202,7 +203,8 @@ if len(spark.hosts) > 1 and me.topology == "ring3":
     # the firewall to close either.
     logger.warning(
         f"{host.name}: fabric_topology ring3: the fabric and NCCL's environment are set up;"
-        " Ray and its firewall are not (not done yet for rings: README, Fabric shapes)"
+        " Ray, its firewall and the NCCL test are not (not done yet for rings: README, Fabric"
+        " shapes)"
     )
 elif len(spark.hosts) > 1:
     preflight.cluster_whole(
@@ -215,6 +217,10 @@ elif len(spark.hosts) > 1:
         ports=ray.listen_ports(me.ray.port),
         open_ports=[host.data.get("ssh_port") or 22, *(lane.port for lane in me.lanes)],
     )
+    # Where the cluster lane's workers on this box read its weights (copied or fetched below).
+    ray_models = ((lanes.MODELS_DIR, preflight.HF_CACHE_IN_CONTAINER),)
+    if cluster_lane and cluster_lane.model.startswith("/"):
+        ray_models += ((cluster_lane.model, cluster_lane.model),)
     if on_mp:
         ray.node_removed(name=f"No {ray.UNIT}: the cluster lane runs on vLLM's own multi-node mode")
     else:
@@ -228,7 +234,37 @@ elif len(spark.hosts) > 1:
             env_file=me.env_file,
             port=me.ray.port,
             token=ray.controller_token() if me.ray.auth else None,
+            models=ray_models,
         )
+
+
+def nccl_test(image: str) -> None:
+    """The NCCL test (issue 13): a rank on every box at once, in ``image``, present by now."""
+    if me.nccl_test is None:
+        return
+    nccl.prepared(
+        name=f"NCCL test: {nccl.COMMAND}, rank {spark.node_rank(me.name)} of {len(spark.hosts)}",
+        rank=spark.node_rank(me.name),
+        world=len(spark.hosts),
+        image=image,
+        env_names=sorted(me.cluster_environment(spark.head)),
+        env_file=me.env_file,
+        hcas=[link.hca for link in me.fabric],
+        min_busbw_gbs=me.nccl_test.min_busbw_gbs,
+        max_bytes=me.nccl_test.max_bytes,
+    )
+    nccl.passed(
+        name=(
+            f"NCCL test: NET/IB on every twin, all_gather at {me.nccl_test.min_busbw_gbs:g} GB/s"
+            f" or more at {me.nccl_test.max_bytes} B"
+        ),
+        boxes=[box.name for box in spark.hosts],
+    )
+
+
+# Without a cluster lane, the test runs in Ray's image (pulled by ray.node on every box).
+if len(spark.hosts) > 1 and me.topology != "ring3" and not cluster_lane:
+    nccl_test(me.ray.image)
 
 # A cluster lane (on the head) runs a rank on every box: each box checks what it needs before
 # the head starts it; on Ray the Ray image is its image (config.py), present on every box by now.
@@ -265,6 +301,7 @@ if cluster_lane:
         image=cluster_lane.image,
         boxes=[box.name for box in spark.hosts],
     )
+    nccl_test(cluster_lane.image)  # before the lane starts: it proves the fabric the lane uses
     if on_mp:
         # The headless ranks first, the head's last (as eugr/spark-vllm-docker's launcher does):
         # two calls, so that pyinfra runs the ranks' operation on every box before the head's.

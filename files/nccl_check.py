@@ -7,11 +7,12 @@ is the standard library alone, so the verdict can be read anywhere.
     nccl_check.py rank   --out DIR [--max-bytes N]   # one rank: RANK, WORLD_SIZE, MASTER_ADDR,
                                                     # MASTER_PORT, LOCAL_RANK from the environment
     nccl_check.py local  --ranks N --out DIR [...]   # N ranks on this host, one per GPU
-    nccl_check.py report --out DIR [--expect-hca A,B] [--min-busbw GBPS] [--transport net-ib]
+    nccl_check.py report --out DIR [--expect-hca A,B] [--min-busbw GBPS] [--transport NET/IB]
+                                                    # [--key K]: K kept in DIR/verdict.json
 
 Each rank runs all_gather and all_reduce (float32) from 1 MiB to --max-bytes, 4x apart, times
 them as nccl-tests does (warm-up, then the mean of timed iterations, averaged over the ranks),
-checks every result (nccl-tests' "#wrong"), and rank 0 writes DIR/timings.json. NCCL writes its
+checks every result (nccl-tests' "#wrong"), and every rank writes DIR/timings.json. NCCL writes its
 INFO log to DIR/nccl.<host>.<pid>.log (NCCL_DEBUG_FILE). `report` reads both and prints, per
 size, NCCL's algorithm and the bus bandwidth; per rank, the transport of every channel; and a
 verdict, exit status 0 only on a pass.
@@ -128,17 +129,16 @@ def run_rank(out: Path, max_bytes: int) -> None:
                     "wrong": int(wrong.item()),
                 }
             )
-    if rank == 0:
-        timings = {
-            "ranks": world,
-            "hosts": _hosts(dist, world),
-            "torch": torch.__version__,
-            "nccl": ".".join(map(str, torch.cuda.nccl.version())),
-            "rows": rows,
-        }
-        (out / "timings.json").write_text(json.dumps(timings, indent=1))
-    else:
-        _hosts(dist, world)
+    # Every rank keeps the timings (all of them have the averages): each box's report judges
+    # its own NCCL log beside them.
+    timings = {
+        "ranks": world,
+        "hosts": _hosts(dist, world),
+        "torch": torch.__version__,
+        "nccl": ".".join(map(str, torch.cuda.nccl.version())),
+        "rows": rows,
+    }
+    (out / "timings.json").write_text(json.dumps(timings, indent=1))
     dist.destroy_process_group()
 
 
@@ -188,10 +188,12 @@ SOCKET_USING = re.compile(r"^NET/Socket ?: Using (?P<ifaces>.*)$")
 USING_NETWORK = re.compile(r"^Using network (?P<net>\w+)")
 IB_HCA_SET = re.compile(r"^NCCL_IB_HCA set (?:by environment )?to (?P<hcas>\S+)")
 # "Channel 00/0 : 0[0] -> 1[0] [send] via NET/IB/0", "Channel 00 : 2[1] -> 0[0] via
-# SHM/direct/direct", and older NCCL's "Ring 00 : 43 -> 44 [receive] via NET/Socket/0".
+# SHM/direct/direct", older NCCL's "Ring 00 : 43 -> 44 [receive] via NET/Socket/0", and a net
+# plugin's name with its spaces: "via NET/NCCL RDMA Plugin v10/0" (on a Spark: kreuzhofer's
+# dgx-manager notes, Qwen 3.6-27B fine-tuning, quoted in tests/unit/captured/).
 CHANNEL = re.compile(
     r"^(?:Channel|Ring) (?P<channel>\d+)(?:/\d+)? : (?P<src>\d+)(?:\[\w+\])? -> "
-    r"(?P<dst>\d+)(?:\[\w+\])?(?: \[(?P<dir>send|receive)\])? via (?P<via>\S+)"
+    r"(?P<dst>\d+)(?:\[\w+\])?(?: \[(?P<dir>send|receive)\])? via (?P<via>.+?)\s*$"
 )
 RANK_OF_COMM = re.compile(r"ncclCommInitRank\w* comm \S+ rank (?P<rank>\d+) nranks (?P<n>\d+)")
 TUNING = re.compile(
@@ -220,10 +222,12 @@ class RankLog:
 
 
 def transport_family(via: str) -> str:
-    """'NET/IB/0' and 'NET/IBext_v8/2' -> 'NET/IB'; 'P2P/CUMEM' -> 'P2P'."""
+    """'NET/IB/0', 'NET/IBext_v8/2' and an RDMA plugin's 'NET/NCCL RDMA Plugin v10/0' ->
+    'NET/IB' (verbs, RoCE included); 'NET/Socket/1' -> 'NET/Socket'; 'P2P/CUMEM' -> 'P2P'."""
     parts = via.split("/")
     if parts[0] == "NET" and len(parts) > 1:
-        return "NET/IB" if parts[1].startswith("IB") else f"NET/{parts[1]}"
+        rdma = parts[1].startswith("IB") or "RDMA" in parts[1]
+        return "NET/IB" if rdma else f"NET/{parts[1]}"
     return parts[0]
 
 
@@ -332,7 +336,11 @@ def verdict(
 
 
 def report(
-    out: Path, transport: str | None, expect_hcas: list[str], min_busbw: float | None
+    out: Path,
+    transport: str | None,
+    expect_hcas: list[str],
+    min_busbw: float | None,
+    key: str | None = None,
 ) -> int:
     logs = [parse_log(path.read_text(errors="replace")) for path in sorted(out.glob(LOG_GLOB))]
     timings_file = out / "timings.json"
@@ -354,6 +362,7 @@ def report(
         print(f"rank {log.rank} ({log.host}, NCCL {log.version}): network {log.network}; "
               f"IB devices {log.ib_devices or '-'}; channels: {channels or 'none'}")  # fmt: skip
     summary = {
+        "key": key,  # what the run depended on (the deploy's spark-nccl-test --key)
         "passed": not problems,
         "problems": problems,
         "rows": [asdict(row) for row in rows],
@@ -361,8 +370,9 @@ def report(
         "ranks": [{k: v for k, v in asdict(log).items() if k != "algorithms"} for log in logs],
     }
     (out / "verdict.json").write_text(json.dumps(summary, indent=1))
-    for problem in problems:
+    for problem in problems:  # on stderr too, where a deploy shows a failed command's words
         print(f"FAIL: {problem}")
+        print(f"FAIL: {problem}", file=sys.stderr)
     print("PASS" if not problems else f"FAIL ({len(problems)} problems)")
     return 0 if not problems else 1
 
@@ -380,6 +390,7 @@ def main(argv: list[str] | None = None) -> int:
     steps.choices["report"].add_argument("--transport", choices=["NET/IB", "any"], default="NET/IB")
     steps.choices["report"].add_argument("--expect-hca", default="")
     steps.choices["report"].add_argument("--min-busbw", type=float)
+    steps.choices["report"].add_argument("--key")
     args = parser.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
     if args.step == "rank":
@@ -389,7 +400,7 @@ def main(argv: list[str] | None = None) -> int:
         return run_local(args.ranks, args.out, args.max_bytes, args.port)
     hcas = [hca for hca in args.expect_hca.split(",") if hca]
     transport = None if args.transport == "any" else args.transport
-    return report(args.out, transport, hcas, args.min_busbw)
+    return report(args.out, transport, hcas, args.min_busbw, args.key)
 
 
 if __name__ == "__main__":

@@ -77,6 +77,17 @@ toolkit_repo_key_url = "https://nvidia.github.io/libnvidia-container/gpgkey"
 # (vllm PR#42075); off by default because it is verbose.
 nccl_debug = False
 
+# The NCCL test of a cluster (operations/nccl.py, `spark-nccl-test` on every box): all_gather
+# and all_reduce between the boxes, one rank per box in the serving image, from 1 MiB up to
+# nccl_test_max_bytes (the issue's "at least 1 GiB"). It fails the deploy on a socket fallback,
+# a twin NCCL does not use, or an all_gather bus bandwidth under the mark at the largest size:
+# nccl_test_min_busbw_gbs, or None for the topology's, NVIDIA's MIN_NCCL_TEST_BW (21.875 GB/s,
+# a ring 10: dgx-spark-playbooks multi-sparks-through-switch spark_cluster_setup.py). It runs
+# again only when what it depends on changed, or when it last failed.
+nccl_test = True
+nccl_test_min_busbw_gbs = None
+nccl_test_max_bytes = 1 << 30
+
 # Ray joins the boxes of a cluster over the fabric (operations/ray.py): the head's GCS port
 # (Ray's next six ports follow it), the image Ray runs in (the lanes' serving image: NGC's may
 # ship without Ray, dgx-spark-playbooks#109, which the deploy refuses), and Ray's token

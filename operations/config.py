@@ -59,6 +59,16 @@ SUPPORTED_BRANCH = 580
 # Jumbo frames on the fabric (seed 001); NVIDIA's guide leaves 1500, which measured 18.9-21 GB/s
 # of NCCL against 23.74 GB/s at 9000 (dgx-spark-playbooks#25).
 FABRIC_MTU = 9000
+# The NCCL test's pass mark per topology: all_gather bus bandwidth in GB/s (NVIDIA's
+# MIN_NCCL_TEST_BW = 21.875, "175 Gbps", and MIN_NCCL_TEST_BW_RING = 10, "80 Gbps":
+# dgx-spark-playbooks multi-sparks-through-switch spark_cluster_setup.py, run_nccl_test, which
+# judges all_gather_perf's average bus bandwidth at 16 GiB). The field measured 23.74 GB/s at
+# MTU 9000 and 18.9-21 at 1500 (dgx-spark-playbooks#25, PR#103).
+NCCL_PASS_MARK_GBS = {"pair": 21.875, "pair-dual": 21.875, "switch": 21.875, "ring3": 10.0}
+# Its message sizes: 1 MiB (files/nccl_check.py's first) to 16 GiB (NVIDIA's -b 16G -e 16G);
+# a mark above two twins' line rate (2 x 200 Gb/s = 50 GB/s) cannot be reached.
+NCCL_TEST_MIN_BYTES, NCCL_TEST_MAX_BYTES = 1 << 20, 16 << 30
+NCCL_TEST_MAX_GBS = 50
 # Keys whose value may be a secret: no message ever shows their value (a key pasted as api_key,
 # a token pasted into hf_token_file). Keys of pyinfra's own are never shown either.
 SECRET_KEYS = frozenset({"api_key", "hf_token_file", "front_tls_key_file"})
@@ -153,6 +163,19 @@ class HostSettings(BaseModel):
     toolkit_repo_key_url: str = Field(description="an https:// or file:/// URL of the signing key")
     env_file: str = Field(description="an absolute path, e.g. /etc/spark/cluster.env")
     nccl_debug: bool = Field(description="True or False")
+    nccl_test: bool = Field(description="True or False (the NCCL test of a cluster)")
+    nccl_test_min_busbw_gbs: float | None = Field(
+        gt=0,
+        le=NCCL_TEST_MAX_GBS,
+        description="None (the topology's pass mark: 21.875 GB/s, a ring 10), or the all_gather"
+        f" bus bandwidth in GB/s the NCCL test must reach, at most {NCCL_TEST_MAX_GBS:g}",
+    )
+    nccl_test_max_bytes: int = Field(
+        ge=NCCL_TEST_MIN_BYTES,
+        le=NCCL_TEST_MAX_BYTES,
+        description=f"bytes, {NCCL_TEST_MIN_BYTES} (1 MiB) to {NCCL_TEST_MAX_BYTES} (16 GiB):"
+        " the NCCL test's largest message (1 << 30)",
+    )
     ray_port: int = Field(
         ge=1024, le=32000, description="an integer 1024..32000, the head's GCS port (6379)"
     )
@@ -511,6 +534,13 @@ class Toolkit(Frozen):
     key_url: str
 
 
+class NcclTest(Frozen):
+    """The NCCL test of a cluster (operations/nccl.py); None on a lone box or when turned off."""
+
+    min_busbw_gbs: float  # the pass mark: all_gather bus bandwidth at the largest size
+    max_bytes: int
+
+
 class Ray(Frozen):
     """The Ray cluster the boxes form over the fabric (operations/ray.py)."""
 
@@ -536,6 +566,7 @@ class HostConfig(Frozen):
     toolkit: Toolkit
     env_file: str
     nccl_debug: bool
+    nccl_test: NcclTest | None
     ray: Ray
     unified_memory_gib: float
     lanes: tuple[Lane, ...]  # in start order, each after the one before
@@ -572,6 +603,13 @@ class HostConfig(Frozen):
             ),
             env_file=data.env_file,
             nccl_debug=data.nccl_debug,
+            nccl_test=NcclTest(
+                min_busbw_gbs=data.nccl_test_min_busbw_gbs
+                or NCCL_PASS_MARK_GBS[data.fabric_topology],
+                max_bytes=data.nccl_test_max_bytes,
+            )
+            if data.nccl_test
+            else None,
             ray=Ray(port=data.ray_port, image=data.ray_image, auth=data.ray_auth),
             unified_memory_gib=data.unified_memory_gib,
             # Without a priority, later lanes are stopped first by the memory guard.
@@ -783,9 +821,24 @@ def _cluster_problems(hosts: tuple[HostConfig, ...]) -> list[str]:
         if host.mtu != reference.mtu
     ]
 
+    # The NCCL test's ranks run one program together: the same sizes and the same mark
+    problems += [
+        f"{host.name}: nccl_test: {_shown_test(host.nccl_test)} differs from {reference.name}'s"
+        f" {_shown_test(reference.nccl_test)}; set nccl_test, nccl_test_min_busbw_gbs and"
+        " nccl_test_max_bytes in group_data for every host"
+        for host in hosts
+        # (a topology that differs, and with it the default mark, is _fabric_problems')
+        if host.nccl_test != reference.nccl_test and host.topology == reference.topology
+    ]
     if len(hosts) > 1:
         problems += _fabric_problems(hosts)
     return problems + _cluster_lane_problems(hosts)
+
+
+def _shown_test(test: NcclTest | None) -> str:
+    if test is None:
+        return "off"
+    return f"{test.min_busbw_gbs:g} GB/s up to {test.max_bytes} bytes"
 
 
 def _cluster_lane_problems(hosts: tuple[HostConfig, ...]) -> list[str]:

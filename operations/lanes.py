@@ -373,6 +373,8 @@ class LaneUnit:
         args = util.docker_run(PREFIX + self.name, options, rdma, unlimited_memlock)
         args += ["--env-file", f"{LANE_DIR}/{self.name}.env"]
         args += ["-v", f"{self.models_dir}:{HF_CACHE_IN_CONTAINER}"]
+        if self.lane.model.startswith("/"):  # the user's directory, read where vLLM is told
+            args += ["-v", f"{self.lane.model}:{self.lane.model}:ro"]
         api_key = self.lane.api_key and not self.headless
         if api_key:
             args += ["-v", f"{key_path(self.name)}:{KEY_IN_CONTAINER}:ro"]

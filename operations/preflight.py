@@ -462,6 +462,11 @@ def image_read(image: str):
     yield  # an operation is a generator
 
 
+def failed_others(boxes: list[str]) -> list[str]:
+    """The boxes of ``boxes`` other than this one that failed in this run, sorted."""
+    return sorted({failed.name for failed in state.failed_hosts} & set(boxes) - {host.name})
+
+
 @operation()
 def image_agrees(image: str, boxes: list[str]):
     """
@@ -473,8 +478,7 @@ def image_agrees(image: str, boxes: list[str]):
     + image: the serving image of the cluster lane
     + boxes: every box of the cluster
     """
-    failed = sorted({failed.name for failed in state.failed_hosts} & set(boxes) - {host.name})
-    if failed:
+    if failed := failed_others(boxes):
         raise OperationError(
             f"{host.name}: the cluster lane needs every box, and {', '.join(failed)} stopped in"
             " this run (see its error above); nothing of the cluster lane starts until it passes"

@@ -108,13 +108,20 @@ def docker_run(
     auth: bool,
     rdma: bool,
     unlimited_memlock: bool,
+    models: tuple[tuple[str, str], ...] = (),
 ) -> list[str]:
     """The container of a Ray node: host network and IPC, the GPU, the RDMA devices, the
     cluster environment passed by name (systemd reads the file: docker's --env-file would keep
-    its quotes), the token as a read-only file."""
+    its quotes), the token as a read-only file, and the models: a cluster lane's workers run in
+    this container and read the weights on their own box (vLLM's run_cluster.sh mounts the
+    Hugging Face cache into every node's container), never downloading them there."""
     args = util.docker_run(CONTAINER, ["--shm-size", "10.24g"], rdma, unlimited_memlock)
     for name in env_names:
         args += ["-e", name]
+    for on_box, in_container in models:
+        args += ["-v", f"{on_box}:{in_container}"]
+    if models:
+        args += ["-e", "HF_HUB_OFFLINE=1"]  # as the lanes: the deploy put the weights there
     if auth:
         args += ["-e", "RAY_AUTH_MODE=token", "-e", f"RAY_AUTH_TOKEN_PATH={TOKEN_IN_CONTAINER}"]
         args += ["-v", f"{TOKEN_PATH}:{TOKEN_IN_CONTAINER}:ro"]
@@ -223,6 +230,7 @@ def node(
     env_file: str = "/etc/spark/cluster.env",
     port: int = 6379,
     token: Secret | None = None,
+    models: tuple[tuple[str, str], ...] = (),
 ):
     """
     Run this box's Ray node (the head, or a worker joining it) as ``spark-ray.service``.
@@ -235,6 +243,8 @@ def node(
     + env_file: the cluster environment file the unit reads
     + port: the GCS port of the head; Ray's next six ports follow it
     + token: Ray's token authentication with this token (Ray 2.52 or later); None: without
+    + models: (directory on the box, its path in the container) the cluster lane's workers
+      read the weights from
 
     A worker started before its head keeps retrying (Restart=always, no start limit); one that
     lost its head (the head restarted) exits, and systemd starts it again: it rejoins. A change
@@ -276,6 +286,7 @@ def node(
         auth=token is not None,
         rdma=state["rdma"],
         unlimited_memlock=state["unlimited_memlock"],
+        models=models,
     )
     unit = util.template(
         "spark-ray.service.j2",

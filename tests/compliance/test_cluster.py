@@ -1,9 +1,9 @@
 """The cluster over the fabric: the firewall's table loaded as the deploy renders it; on Ray, each
 box's Ray unit running, every box joined (as each box sees it), the token root-only, and the
 cluster lane (on the head) serving with every node in; on vLLM's own multi-node mode (executor
-mp), every box's rank unit running, joined to the head's rendezvous, and the head serving. Boxes
-of a one-box inventory have no cluster, and a ring has no Ray yet (README, Fabric shapes): these
-checks skip there."""
+mp), every box's rank unit running, joined to the head's rendezvous, and the head serving; the
+NCCL test's last verdict a pass made on what the box has now. Boxes of a one-box inventory have
+no cluster, and a ring has no Ray yet (README, Fabric shapes): those checks skip there."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 
 import pytest
 
-from operations import firewall, lanes, ray
+from operations import firewall, lanes, nccl, ray
 from operations.firewall import MASTER_PORT
 
 if TYPE_CHECKING:
@@ -54,6 +54,26 @@ def test_ray_nodes(box: Box, found: Callable[[object], None]) -> None:
     said = result.stdout.strip().splitlines()[0] if result.stdout.strip() else f"rc {result.rc}"
     found(said)
     assert result.rc == 0, f"expected {len(box.cluster)} Ray nodes alive, found: {said}"
+
+
+def test_nccl_test(box: Box, found: Callable[[object], None]) -> None:
+    """NCCL test passed"""
+    if box.config.nccl_test is None or box.config.topology == "ring3":
+        pytest.skip("nccl_test is off" if box.config.nccl_test is None else "not run on rings")
+    state = nccl.NcclTestState()
+    now = state.process(box.run(state.command()).stdout.splitlines())
+    kept = now["kept"]
+    if kept is None:
+        found("never ran")
+    elif not kept["passed"]:
+        found("; ".join(kept["problems"]))
+    elif kept.get("key") != now["key"]:
+        found(f"made on another environment or image ({nccl.COMMAND} changed since)")
+    else:
+        found(nccl.summary(kept))
+    assert kept and kept["passed"] and kept.get("key") == now["key"], (
+        f"expected a passing verdict of {nccl.COMMAND} on what the box has now: {kept}"
+    )
 
 
 def test_firewall_table(box: Box, found: Callable[[object], None]) -> None:

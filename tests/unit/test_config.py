@@ -110,6 +110,50 @@ def test_nccl_debug_adds_nccl_debug_info() -> None:
     assert "NCCL_DEBUG" not in spark.host("spark-1").cluster_environment(spark.head)
 
 
+def test_the_nccl_test_passes_at_nvidias_mark_for_the_topology_unless_told() -> None:
+    spark = load_from_dicts(merged(TWO_SPARKS))
+    assert spark.head.nccl_test == config.NcclTest(min_busbw_gbs=21.875, max_bytes=1 << 30)
+    hosts = merged(TWO_SPARKS)
+    for data in hosts.values():
+        data |= {"nccl_test_min_busbw_gbs": 0.5, "nccl_test_max_bytes": 1 << 22}
+    spark = load_from_dicts(hosts)
+    assert spark.host("spark-2").nccl_test == config.NcclTest(min_busbw_gbs=0.5, max_bytes=1 << 22)
+    hosts = merged(TWO_SPARKS)
+    for data in hosts.values():
+        data["nccl_test"] = False
+    assert load_from_dicts(hosts).head.nccl_test is None
+    assert config.NCCL_PASS_MARK_GBS["ring3"] == 10.0  # MIN_NCCL_TEST_BW_RING
+
+
+def test_nccl_test_settings_that_differ_between_boxes_are_refused_naming_the_box() -> None:
+    hosts = merged(TWO_SPARKS)
+    hosts["spark-2"]["nccl_test_max_bytes"] = 1 << 24
+    with pytest.raises(ConfigError) as refused:
+        load_from_dicts(hosts)
+    assert refused.value.problems == [
+        "spark-2: nccl_test: 21.875 GB/s up to 16777216 bytes differs from spark-1's 21.875 GB/s"
+        " up to 1073741824 bytes; set nccl_test, nccl_test_min_busbw_gbs and nccl_test_max_bytes"
+        " in group_data for every host"
+    ]
+
+
+@pytest.mark.parametrize(
+    ("key", "value", "says"),
+    [
+        ("nccl_test_max_bytes", 4096, "greater than or equal to 1048576"),
+        ("nccl_test_min_busbw_gbs", 200.0, "less than or equal to 50"),
+        ("nccl_test", "yes", "True or False"),
+    ],
+)
+def test_bad_nccl_test_values_are_named(key: str, value: object, says: str) -> None:
+    hosts = merged(TWO_SPARKS)
+    hosts["spark-1"][key] = value
+    with pytest.raises(ConfigError) as refused:
+        load_from_dicts(hosts)
+    (problem,) = refused.value.problems
+    assert problem.startswith(f"spark-1: {key}: ") and says in problem, problem
+
+
 def test_a_lone_box_without_fabric_is_the_head_and_gets_only_ray_settings() -> None:
     spark = load_from_dicts(merged({"spark-1": {}}))
 

@@ -367,6 +367,12 @@ def test_a_lane_without_a_key_mounts_none_and_a_token_when_asked() -> None:
     assert not any("secrets" in command for command in commands)
 
 
+def test_a_model_directory_of_the_users_is_mounted_read_only_where_the_lane_names_it() -> None:
+    start = exec_start(rendered(lane={"model": "/srv/models/coder"})[UNIT])
+    assert "-v /srv/models/coder:/srv/models/coder:ro" in start
+    assert ":/srv/models/coder" not in exec_start(rendered()[UNIT])
+
+
 def test_a_lane_never_downloads_its_weights_unless_its_own_environment_says_so() -> None:
     # The deploy puts the weights on the box first (preflight.model_present).
     assert "HF_HUB_OFFLINE=1\n" in rendered()[ENV]

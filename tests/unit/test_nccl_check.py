@@ -9,6 +9,8 @@ Captures (tests/unit/captured/):
   NCCL_SOCKET_IFNAME=enp1s0f1np1, an interface that is not there (bootstrap fails).
 - issue-*.log: real lines quoted in public issues (each file's first line names its issue):
   multi-rank channel lines, which a one-GPU machine cannot produce.
+- public-spark-rdma-plugin.log: a Spark rank's lines quoted in public notes (its first line names
+  them): NCCL through an RDMA net plugin, its channels "via NET/NCCL RDMA Plugin v10/0".
 """
 
 from __future__ import annotations
@@ -83,11 +85,24 @@ def test_quoted_roce_devices_and_ib_plugin_channels():
     assert ibext.transports() == {"NET/IB"}
 
 
+def test_a_sparks_rdma_plugin_channel_is_net_ib_with_its_one_twin_named():
+    log = log_of("public-spark-rdma-plugin.log")
+    assert log.channels == {"NET/NCCL RDMA Plugin v10/0": 1}
+    assert log.transports() == {"NET/IB"}
+    problems = nccl_check.verdict(
+        [], [log], transport="NET/IB", expect_hcas=["rocep1s0f0", "roceP2p1s0f0"], min_busbw=None
+    )
+    assert problems[1:] == [
+        "rank None (spark-3): NCCL does not use roceP2p1s0f0 (NET/IB uses rocep1s0f0)"
+    ]
+
+
 def test_transport_families():
     assert nccl_check.transport_family("NET/IB/0") == "NET/IB"
     assert nccl_check.transport_family("NET/IBext_v8/2") == "NET/IB"
     assert nccl_check.transport_family("NET/Socket/3") == "NET/Socket"
     assert nccl_check.transport_family("P2P/IPC/read") == "P2P"
+    assert nccl_check.transport_family("NET/NCCL RDMA Plugin v10/0") == "NET/IB"
 
 
 @pytest.mark.parametrize(

@@ -177,6 +177,17 @@ def test_head_unit_binds_to_the_fabric_with_dashboard_on_loopback_and_token_by_f
     assert "rocep1s0f1" not in unit and TOKEN not in unit
 
 
+def test_the_workers_read_the_weights_on_their_own_box_never_downloading() -> None:
+    models = (("/var/lib/spark/models", "/root/.cache/huggingface"), ("/srv/m", "/srv/m"))
+    unit = deployed_files(WORKER, models=models)[ray.UNIT_PATH]
+    words = unit.replace("\\\n", " ").split()
+    for volume in ("/var/lib/spark/models:/root/.cache/huggingface", "/srv/m:/srv/m"):
+        assert words[words.index(volume) - 1] == "-v"
+    assert words[words.index("HF_HUB_OFFLINE=1") - 1] == "-e"
+    bare = deployed_files(WORKER)[ray.UNIT_PATH]
+    assert "huggingface" not in bare and "HF_HUB_OFFLINE" not in bare
+
+
 def test_worker_joins_the_head_and_has_no_head_options() -> None:
     unit = deployed_files(WORKER, port=7000)[ray.UNIT_PATH]
     words = unit.replace("\\\n", " ").split()

@@ -47,6 +47,8 @@ RELEASE_DATA = [
 RELEASE_FILE = SHARE / "release"
 # What both stand-ins import (standin_model.py), on the image's python3 path.
 MODEL_MODULE = Path("usr/lib/python3/dist-packages/standin_model.py")
+# PyTorch's stand-in (torch_standin.py): what files/nccl_check.py, the NCCL test, imports.
+TORCH_PACKAGE = Path("usr/lib/python3/dist-packages/torch")
 
 # Seed 002's llama.cpp image, and the server stage of its Dockerfile (ardge-labs/
 # llama-cpp-dgx-spark, Dockerfile: ENV LLAMA_ARG_HOST=0.0.0.0, WORKDIR /app, the binary at
@@ -66,6 +68,7 @@ NOT_IN_LLAMA_IMAGE = (
     Path("usr/local/bin/vllm"),
     Path("usr/local/bin/hf"),
     SHARE.relative_to("/"),
+    TORCH_PACKAGE,
 )
 
 
@@ -130,7 +133,8 @@ def assemble_serving_rootfs(rootfs: Path) -> None:
 
     Adds Ray (core only: `ray start` runs without the dashboard extras), a `ray` command, the
     `vllm` stand-in and the option list it checks command lines against, the `hf download`
-    stand-in, and the stand-ins' model (standin_model.py) on python3's path.
+    stand-in, the stand-ins' model (standin_model.py) and PyTorch's (torch_standin.py, the NCCL
+    test's) on python3's path.
     """
     if not (rootfs / f"usr/bin/python{IMAGE_PYTHON}").exists():
         raise RuntimeError(f"{rootfs} has no python{IMAGE_PYTHON}, which Ray's wheels are for")
@@ -149,6 +153,10 @@ def assemble_serving_rootfs(rootfs: Path) -> None:
     )
     _executable(rootfs / "usr/local/bin/hf", (Path(__file__).parent / "hf_standin.py").read_text())
     (rootfs / MODEL_MODULE).write_text((Path(__file__).parent / "standin_model.py").read_text())
+    (rootfs / TORCH_PACKAGE).mkdir(parents=True, exist_ok=True)
+    (rootfs / TORCH_PACKAGE / "__init__.py").write_text(
+        (Path(__file__).parent / "torch_standin.py").read_text()
+    )
     share = rootfs / SHARE.relative_to("/")
     share.mkdir(parents=True, exist_ok=True)
     for data in RELEASE_DATA:

@@ -392,6 +392,36 @@ def place_workers(world_size: int, timeout: float) -> Placement:
     return Placement(group, node_ids, [addresses[node_id] for node_id in node_ids])
 
 
+# What vLLM's Ray executor copies from the driver's environment to its workers (vllm/ray/
+# ray_env.py get_env_vars_to_copy: its default prefixes); the rest is the Ray node's own.
+CARRIED_PREFIXES = ("VLLM_", "LMCACHE_", "NCCL_", "UCX_", "HF_", "HUGGING_FACE_")
+
+
+def models_on_workers(placement: Placement, model: str) -> None:
+    """Each worker loads the weights on its own node: run where its bundle is, in the Ray
+    node's container, with the driver's carried variables, it must find the model there."""
+    import ray
+    from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+    carried = {k: v for k, v in os.environ.items() if k.startswith(CARRIED_PREFIXES)}
+
+    @ray.remote(num_cpus=0, num_gpus=1)
+    def missing_here(env: dict[str, str]) -> str | None:
+        return model_not_cached(model, os.environ | env)
+
+    answers = ray.get(
+        [
+            missing_here.options(
+                scheduling_strategy=PlacementGroupSchedulingStrategy(placement.group, index)
+            ).remote(carried)
+            for index in range(len(placement.node_ips))
+        ]
+    )
+    for ip, missing in zip(placement.node_ips, answers, strict=True):
+        if missing:
+            raise StartupError(f"the Ray worker on {ip}: {missing}")
+
+
 def dead_workers(placement: Placement) -> str | None:
     """Why the engine cannot go on (a node of the group is dead or Ray is gone), or None."""
     import ray
@@ -940,6 +970,7 @@ def serve(config: ServeConfig, version: str, non_default: dict[str, Any]) -> int
             # ray.init puts in its own SIGTERM handler (a stack dump, status 15): take it back.
             signal.signal(signal.SIGTERM, _interrupt)
             log("INFO", f"Ray workers placed on {', '.join(server.placement.node_ips)}")
+            models_on_workers(server.placement, config.model)
         elif config.nnodes > 1:
             # Rank 0's worker makes the group's store and waits for every rank before loading.
             server.rendezvous = Rendezvous(config.master_port, config.nnodes)

@@ -1,0 +1,170 @@
+"""The NCCL test of a cluster: one rank per box in the serving image, judged by NCCL's own log."""
+
+from __future__ import annotations
+
+import json
+import shlex
+import weakref
+from pathlib import Path
+
+from pyinfra import host, state
+from pyinfra.api import FactBase, operation
+from pyinfra.api.exceptions import OperationError
+from pyinfra.api.inventory import Inventory
+from pyinfra.operations import files
+
+from operations import preflight, util
+
+CHECK_SOURCE = Path(__file__).parents[1] / "files" / "nccl_check.py"
+CHECK_PATH = "/usr/local/lib/spark/nccl_check.py"
+# What the user runs on every box (the deploy runs it there too, on all boxes at once).
+COMMAND = "/usr/local/sbin/spark-nccl-test"
+RESULT_DIR = "/var/lib/spark/nccl-test"
+VERDICT = f"{RESULT_DIR}/verdict.json"
+CONTAINER = "spark-nccl-test"
+# torch's TCPStore default port (torch.distributed env:// rendezvous), which the cluster's
+# firewall admits from the fabric (operations/firewall.py BACKEND_PORTS); the ranks' NCCL
+# listeners take ephemeral ports, admitted there too.
+MASTER_PORT = 29500
+# Seconds a rank waits for the others and runs (a Spark pair moves the 1 GiB sizes in well
+# under a minute at 22 GB/s); then it is killed and the verdict says the run did not complete.
+TIMEOUT_S = 300
+
+
+class NcclTestState(FactBase):
+    """The last verdict kept on the box (files/nccl_check.py's verdict.json, with the digest of
+    what that run depended on), the digest of what a run would depend on now (`spark-nccl-test
+    --key`; None before the deploy wrote it), and what a container may get (util).
+
+    .. code:: python
+
+        {"key": "5b1f...", "kept": {"key": "5b1f...", "passed": True, "problems": [],
+         "rows": [...], "ranks": [...]}, "rdma": True, "unlimited_memlock": True}
+    """
+
+    def command(self) -> str:
+        return (
+            f'[ -x {COMMAND} ] && echo "key $({COMMAND} --key)";'
+            f' [ -f {VERDICT} ] && echo "kept $(tr -d "\\n" < {VERDICT})";'
+            f" {util.RIGHTS_COMMAND}; true"
+        )
+
+    def process(self, output: list[str]) -> dict:
+        fields = dict(line.partition(" ")[::2] for line in output)
+        kept = None
+        if "kept" in fields:
+            try:
+                kept = json.loads(fields["kept"])
+            except ValueError:
+                kept = {"passed": False, "problems": [f"{VERDICT} is not JSON"]}
+        return {"key": fields.get("key") or None, "kept": kept} | util.container_rights(fields)
+
+
+# Per run, what each box said in ``prepared``: why its test is due (None: passed as it is).
+_due: weakref.WeakKeyDictionary[Inventory, dict[str, str | None]] = weakref.WeakKeyDictionary()
+
+
+def why_due(kept: dict | None, key: str | None, changed: bool) -> str | None:
+    """Why this box's rank must run again; None when its last run passed on what is there now."""
+    if changed:
+        return "the test changed"
+    if kept is None:
+        return "it never ran"
+    if kept.get("key") != key:
+        return "what it depends on changed (cluster environment, image)"
+    if not kept.get("passed"):
+        return f"it failed last time ({'; '.join(kept.get('problems') or ['no verdict'])})"
+    return None
+
+
+def summary(kept: dict) -> str:
+    """The kept verdict in a line: the largest all_gather's bus bandwidth and the transport."""
+    gathers = [row for row in kept.get("rows", []) if row["op"] == "all_gather"]
+    largest = max(gathers, key=lambda row: row["bytes"]) if gathers else None
+    devices = sorted({device for rank in kept.get("ranks", []) for device in rank["ib_devices"]})
+    said = f"all_gather {largest['bytes']} B at {largest['busbw']:.2f} GB/s" if largest else "-"
+    return f"{said} over NET/IB ({', '.join(devices) or '-'})"
+
+
+@operation()
+def prepared(
+    rank: int,
+    world: int,
+    image: str,
+    env_names: list[str],
+    env_file: str,
+    hcas: list[str],
+    min_busbw_gbs: float,
+    max_bytes: int,
+):
+    """
+    Put the NCCL test on this box (``spark-nccl-test`` and the check it runs) and say whether
+    its rank must run, for ``passed``, which runs it on every box when one of them must.
+
+    + rank: this box's rank (0: the head, whose address is MASTER_ADDR)
+    + world: the number of boxes
+    + image: the serving image the rank runs in (with PyTorch and NCCL)
+    + env_names: the names in the cluster environment file, passed to the container
+    + env_file: the cluster environment file
+    + hcas: the RDMA device of every twin: NCCL must use each one
+    + min_busbw_gbs: the pass mark, all_gather bus bandwidth at the largest size
+    + max_bytes: the largest message size
+    """
+    found = host.get_fact(NcclTestState)
+    docker_run = util.docker_run(CONTAINER, [], found["rdma"], found["unlimited_memlock"])
+    commands = list(
+        files.put._inner(
+            src=str(CHECK_SOURCE), dest=CHECK_PATH, user="root", group="root", mode="644"
+        )
+    )
+    commands += util.template(
+        "spark-nccl-test.j2",
+        COMMAND,
+        "755",
+        rank=rank,
+        world=world,
+        image=shlex.quote(image),
+        check=CHECK_PATH,
+        command=COMMAND,
+        env_file=shlex.quote(env_file),
+        result_dir=RESULT_DIR,
+        container=CONTAINER,
+        timeout=TIMEOUT_S,
+        docker_run=shlex.join(docker_run),
+        env_names=" ".join(f"-e {name}" for name in env_names),  # valid names: environment.py
+        port=MASTER_PORT,
+        max_bytes=max_bytes,
+        hcas=shlex.quote(",".join(hcas)),
+        min_busbw=f"{min_busbw_gbs:g}",
+    )
+    reason = why_due(found["kept"], found["key"], changed=bool(commands))
+    _due.setdefault(state.inventory, {})[host.name] = reason
+    yield from commands
+    if not commands:
+        host.noop(f"{COMMAND} is as written; {reason or 'its last run passed'}")
+
+
+@operation()
+def passed(boxes: list[str]):
+    """
+    Run the NCCL test on every box of the cluster at once (``spark-nccl-test``, after
+    ``prepared`` ran on each) when one of them must: it never ran, it failed, or what it depends
+    on changed; else nothing. Fails this box when its rank fails: NCCL fell back to sockets, does
+    not use a twin, or the bus bandwidth is under the mark (files/nccl_check.py's verdict, on
+    stderr, names what NCCL reported).
+
+    + boxes: every box of the cluster, as the inventory names them
+    """
+    if failed := preflight.failed_others(boxes):
+        raise OperationError(
+            f"{host.name}: the NCCL test runs a rank on every box, and {', '.join(failed)}"
+            " stopped in this run (see its error above); it runs once every box is back"
+        )
+    said = _due.get(state.inventory, {})
+    due = {box: reason for box in boxes if (reason := said.get(box, "it was not prepared"))}
+    if not due:
+        kept = host.get_fact(NcclTestState)["kept"] or {}
+        host.noop(f"the NCCL test passed: {summary(kept)}")
+        return
+    host.log(", ".join(f"{box}: {reason}" for box, reason in due.items()))
+    yield COMMAND

@@ -1,0 +1,179 @@
+"""The NCCL test's deploy side (operations/nccl.py): the kept verdict read back, the script a box
+gets, and when the ranks run again.
+
+Captures (the fact's command, NcclTestState):
+- nccl-test-state-bare.sample.txt: written by hand in the fact's line format, a box before the
+  deploy wrote the test (no key, no verdict), with a root shell's full capability set.
+- nccl-test-state-passed.sample.txt: written by hand, a pair's head after a passing run; its
+  numbers are the field's (23.7 GB/s at MTU 9000: dgx-spark-playbooks#25), not a run's.
+"""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+from pyinfra.api.exceptions import OperationError
+from pyinfra.api.inventory import Inventory
+from pyinfra.context import ctx_state
+from pyinfra.facts.files import File
+
+from operations import nccl
+from tests.unit.harness import FakeHost, captured, file_facts, process, run_op
+
+IMAGE = "nvcr.io/nvidia/vllm:26.04-py3"
+TWINS = ["rocep1s0f1", "roceP2p1s0f1"]
+ARGS = {
+    "rank": 1,
+    "world": 2,
+    "image": IMAGE,
+    "env_names": ["MASTER_ADDR", "NCCL_IB_HCA", "NCCL_SOCKET_IFNAME"],
+    "env_file": "/etc/spark/cluster.env",
+    "hcas": TWINS,
+    "min_busbw_gbs": 21.875,
+    "max_bytes": 1 << 30,
+}
+FILES = (nccl.CHECK_PATH, nccl.COMMAND)
+PASSED = captured("nccl-test-state-passed.sample.txt")
+KEY = PASSED.split()[1]
+
+
+def box(fact: str, files: dict[str, str | None] | None = None, name: str = "spark-2") -> FakeHost:
+    outputs = file_facts(files or dict.fromkeys(FILES)) | {nccl.NcclTestState: fact}
+    if files and files.get(nccl.COMMAND) is not None:  # the script is root 0755
+        outputs[(File, (("path", nccl.COMMAND),))] = captured("lab-stat-spark-ray-nodes-0755.txt")
+    host = FakeHost(outputs)
+    host.name = name
+    return host
+
+
+def in_run(failed: tuple[str, ...] = ()) -> SimpleNamespace:
+    """A run's state, as ``prepared`` and ``passed`` share it between the boxes."""
+    run = SimpleNamespace(
+        inventory=Inventory(({}, {})),
+        failed_hosts=[SimpleNamespace(name=name) for name in failed],
+        cwd=None,  # what files.put reads of the state besides (harness.FAKE_STATE)
+        config=SimpleNamespace(DIFF=False),
+    )
+    nccl._due[run.inventory] = {}
+    return run
+
+
+def deployed() -> dict[str, str]:
+    """The check and the script as a first deploy leaves them on spark-2."""
+    host = box(captured("nccl-test-state-bare.sample.txt"))
+    with ctx_state.use(in_run()):
+        run_op(nccl.prepared, **ARGS, host=host)
+    return {path: host.uploads[path] for path in FILES}
+
+
+def test_fact_reads_a_bare_box() -> None:
+    assert process(nccl.NcclTestState, captured("nccl-test-state-bare.sample.txt")) == {
+        "key": None,
+        "kept": None,
+        "rdma": True,
+        "unlimited_memlock": True,
+    }
+
+
+def test_fact_reads_the_kept_verdict_and_its_key() -> None:
+    found = process(nccl.NcclTestState, PASSED)
+    assert found["key"] == KEY == found["kept"]["key"]
+    assert found["kept"]["passed"] is True
+    assert nccl.summary(found["kept"]) == (
+        "all_gather 1073741824 B at 23.76 GB/s over NET/IB (roceP2p1s0f1, rocep1s0f1)"
+    )
+
+
+def test_a_verdict_that_is_not_json_is_a_failed_one() -> None:
+    found = process(nccl.NcclTestState, "key ab\nkept {truncated")
+    assert found["kept"] == {"passed": False, "problems": [f"{nccl.VERDICT} is not JSON"]}
+
+
+def test_a_bare_box_gets_the_check_and_the_script_and_is_due() -> None:
+    host = box(captured("nccl-test-state-bare.sample.txt"))
+    run = in_run()
+    with ctx_state.use(run):
+        commands = run_op(nccl.prepared, **ARGS, host=host)
+    assert set(host.uploads) == set(FILES)
+    assert host.uploads[nccl.CHECK_PATH] == nccl.CHECK_SOURCE.read_text()
+    assert any("chmod 755 /usr/local/sbin/spark-nccl-test" in c for c in commands), commands
+    assert nccl._due[run.inventory] == {"spark-2": "the test changed"}
+
+
+def test_the_script_runs_one_rank_with_the_fabric_the_gpu_and_the_rdma_devices() -> None:
+    script = deployed()[nccl.COMMAND]
+    assert (
+        "/usr/bin/docker run --rm --name spark-nccl-test --gpus all --network host --ipc host"
+        " --ulimit memlock=-1 --device /dev/infiniband" in script
+    )
+    assert "-e RANK=1 -e WORLD_SIZE=2 -e LOCAL_RANK=0 -e MASTER_PORT=29500" in script
+    assert "-e MASTER_ADDR -e NCCL_IB_HCA -e NCCL_SOCKET_IFNAME" in script
+    assert f"\nimage={IMAGE}\n" in script
+    assert '"$image" python3 /opt/spark/nccl_check.py rank --out /nccl' in script
+    assert "--max-bytes 1073741824" in script
+    assert "--expect-hca rocep1s0f1,roceP2p1s0f1 --min-busbw 21.875" in script
+    assert "\nenv_file=/etc/spark/cluster.env\n" in script and '\n. "$env_file"\n' in script
+
+
+def test_a_box_without_rdma_devices_or_the_memlock_right_gets_neither() -> None:
+    host = box("capeff 00000000a80425fb")  # the lab's: no CAP_SYS_RESOURCE
+    with ctx_state.use(in_run()):
+        run_op(nccl.prepared, **ARGS, host=host)
+    script = host.uploads[nccl.COMMAND]
+    assert "--device /dev/infiniband" not in script and "memlock" not in script
+
+
+@pytest.mark.parametrize(
+    ("fact", "reason"),
+    [
+        (captured("nccl-test-state-bare.sample.txt"), "it never ran"),
+        (
+            PASSED.replace(f"key {KEY}", "key 99"),
+            "what it depends on changed (cluster environment, image)",
+        ),
+        (
+            PASSED.replace('"passed": true, "problems": []', '"passed": false, "problems": ["x"]'),
+            "it failed last time (x)",
+        ),
+        (PASSED, None),
+    ],
+    ids=["never-ran", "changed", "failed", "passed"],
+)
+def test_when_a_box_in_place_is_due(fact: str, reason: str | None) -> None:
+    host = box(fact, deployed())
+    run = in_run()
+    with ctx_state.use(run):
+        assert run_op(nccl.prepared, **ARGS, host=host) == []
+    assert nccl._due[run.inventory] == {"spark-2": reason}
+    assert host.noops[-1] == f"{nccl.COMMAND} is as written; {reason or 'its last run passed'}"
+
+
+def both(head: str, worker: str, failed: tuple[str, ...] = ()) -> list[str]:
+    """``prepared`` on both boxes (each with its fact), then ``passed`` on the head."""
+    run = in_run(failed)
+    files = deployed()
+    with ctx_state.use(run):
+        for name, fact in (("spark-1", head), ("spark-2", worker)):
+            run_op(nccl.prepared, **ARGS, host=box(fact, files, name))
+        try:
+            return run_op(nccl.passed, ["spark-1", "spark-2"], host=box(head, files, "spark-1"))
+        except OperationError as error:  # raised outside: ctx_state.use restores only then
+            refusal = error
+    raise refusal
+
+
+def test_passed_on_every_box_runs_nothing() -> None:
+    assert both(PASSED, PASSED) == []
+
+
+def test_one_box_due_runs_the_test_on_every_box() -> None:
+    never = captured("nccl-test-state-bare.sample.txt")
+    assert both(PASSED, never) == [nccl.COMMAND]
+    assert both(never, PASSED) == [nccl.COMMAND]
+
+
+def test_a_box_failed_in_this_run_stops_the_test_naming_it() -> None:
+    with pytest.raises(OperationError, match=r"spark-1: the NCCL test runs a rank on every box,"
+                       r" and spark-2 stopped in this run"):  # fmt: skip
+        both(PASSED, PASSED, failed=("spark-2",))
