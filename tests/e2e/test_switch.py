@@ -1,12 +1,14 @@
 """Four boxes through a switch (fabric_topology "switch"): the lab puts each box's port 1 twins
 into a switch, one L2 segment per twin; the inventory gives no lanes and no fabric addresses, so
 the deploy derives .10 to .13 on each twin's subnet, writes the switch's NCCL environment,
-joins the four boxes in one Ray cluster and converges; every box reaches every other on each
-twin with full-size frames, compliance passes and a second run changes nothing.
+joins the four boxes in one Ray cluster, runs the NCCL test on all four and converges; every box
+reaches every other on each twin with full-size frames, compliance passes and a second run
+changes nothing.
 
 Times on the 2-core machine, beside another lab's full suite (four boxes, no lanes): the
-converging deploy 27 and 47 s in two runs, the deploy that changes nothing 8 s; the module
-about 3 min (two lab boots, Ray's four nodes joining, compliance).
+converging deploy 27 and 47 s in two runs before the NCCL test stage, 23 and 55 s in two with
+it; the deploy that changes nothing 5-8 s; the module 2-3 min (two lab boots, Ray's four nodes
+joining, compliance).
 
 It boots four bare boxes through a switch, and after it the session's boxes as they were.
 """
@@ -84,6 +86,7 @@ def test_compliance_passes_and_a_second_deploy_changes_nothing(switched: simlab.
     code, table, output = compliance("--inventory", INVENTORY)
     assert code == 0 and not not_passing(table), output
     assert {box for row in table.values() for box in row} == {h.name for h in switched.hosts}
+    assert set(table["NCCL test passed"].values()) == {"PASS"}, table  # all four ranks
     start = time.monotonic()
     again = pyinfra(INVENTORY, "deploy.py")
     print(f"switch: the deploy that changes nothing took {time.monotonic() - start:.0f} s")
