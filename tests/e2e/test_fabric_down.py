@@ -1,6 +1,8 @@
 """A fabric twin cut, or too small an MTU on the way: the preflight names the box, the twin and
 the peer; mended, the next deploy passes. A box whose RoCE v2 GID entry is not at index 3 is
-no fault: NCCL selects it, and compliance says where it is.
+no fault: NCCL selects it, and compliance says where it is. A twin linking at 100 Gb/s stops its
+box naming the twin and the rate; a device with no RoCE v2 entry of its twin's address stops its
+box with the table as found (the lab's stand-ins: simlab.set_hardware).
 
 The lab's twins are veth pairs, whose carrier NetworkManager on the far box restores whenever it
 activates its profile; so the cut is a filter dropping every frame that arrives on the twin, on
@@ -102,3 +104,47 @@ def test_a_gid_entry_at_index_4_on_one_box_is_used_and_said(deployed: simlab.Lab
             assert row == {"spark-1": "PASS", "spark-2": "PASS at 4, not 3: NCCL selects it"}, row
     finally:
         simlab.set_hardware(spark_2, ipv4_roce_v2_index=3)
+
+
+def test_a_twin_at_100g_stops_its_box_naming_the_twin_and_the_rate(deployed: simlab.Lab) -> None:
+    # The field's 100G twin: a switch port auto-negotiating, a degraded ConnectX start
+    # (dgx-spark-playbooks PR#108). Every other twin at a Spark's 200000 Mb/s.
+    spark_1, spark_2 = deployed.hosts
+    simlab.set_hardware(spark_1, link_speeds={A: 200000, B: 200000})
+    simlab.set_hardware(spark_2, link_speeds={A: 200000, B: 100000})
+    try:
+        assert run_on(spark_2, f"cat /sys/class/net/{B}/speed").strip() == "100000"
+        result = pyinfra(INVENTORY, "deploy.py", "--data", "fabric_link_speed_low=refuse",
+                         check=False)  # fmt: skip
+        output = output_of(result)
+        assert result.returncode == 1, output
+        assert (
+            f"spark-2: fabric twin {B} links at 100000 Mb/s, below the 200000 expected; usual"
+            " causes: a switch port with auto-negotiation on"
+        ) in output, output
+        assert "fabric twin enp1s0f1np1 links at" not in output
+        assert "spark-1: fabric twin" not in output
+    finally:
+        for host in deployed.hosts:
+            simlab.set_hardware(host, link_speeds={})
+    assert run_on(spark_2, f"cat /sys/class/net/{B}/speed").strip() == "10000"  # the veth's
+
+
+def test_no_roce_v2_entry_of_a_twins_address_stops_its_box_with_the_table(
+    deployed: simlab.Lab,
+) -> None:
+    spark_2 = deployed.hosts[1]
+    hca = simlab.FABRIC_TWINS[1][1]
+    simlab.set_hardware(spark_2, no_ipv4_roce_v2=[hca])
+    try:
+        result = pyinfra(INVENTORY, "deploy.py", check=False)
+        output = output_of(result)
+        assert result.returncode == 1, output
+        assert f"spark-2: {hca} port 1: 192.168.101.11/24 has no RoCE v2 entry." in output, output
+        # The table as found: the address's RoCE v1 entry at 2, nothing of RoCE v2 for it.
+        ipv4 = "0000:0000:0000:0000:0000:ffff:c0a8:650b"
+        assert re.search(rf"^\s*2\s+IB/RoCE v1\s+{B}\s+{ipv4}$", output, re.M), output
+        assert not re.search(rf"RoCE v2\s+{B}\s+{ipv4}", output), output
+        assert f"spark-1: {hca} port 1" not in output
+    finally:
+        simlab.set_hardware(spark_2, no_ipv4_roce_v2=[])

@@ -82,6 +82,36 @@ def test_jumbo_frames_cross_a_fabric_link_at_mtu_9000(lab: simlab.Lab) -> None:
         remove_twin(b, twin)
 
 
+def test_a_twins_link_rate_reads_as_set_while_it_has_carrier(lab: simlab.Lab) -> None:
+    host = lab.hosts[0]
+    twin = simlab.FABRIC_TWINS[0][0]
+    speed = f"cat /sys/class/net/{twin}/speed 2>&1"
+    assert run_on(host, speed).strip() == "10000"  # the kernel's veth
+    try:
+        simlab.set_hardware(host, link_speeds={twin: 100000})
+        assert wait_for(lambda: run_on(host, speed).strip() == "100000")
+        run_on(host, f"sudo ip link set {twin} down")  # no carrier: no rate, as on an mlx5 twin
+        assert wait_for(lambda: run_on(host, speed).strip() == "-1")
+    finally:
+        run_on(host, f"sudo ip link set {twin} up")
+        simlab.set_hardware(host, link_speeds={})
+    assert run_on(host, speed).strip() == "10000"
+
+
+def test_a_device_can_lack_the_roce_v2_entry_of_its_address(lab: simlab.Lab) -> None:
+    host = lab.hosts[0]
+    twin, hca = simlab.FABRIC_TWINS[1]
+    mapped = "0000:0000:0000:0000:0000:ffff:c0a8:650a"  # ::ffff:192.168.101.10
+    try:
+        simlab.set_hardware(host, no_ipv4_roce_v2=[hca])
+        configure_twin(host, twin, "192.168.101.10/24")
+        assert wait_for(lambda: gid(host, hca, 2) == (mapped, "IB/RoCE v1"))
+        assert gid(host, hca, 3) == ("0000:0000:0000:0000:0000:0000:0000:0000", "")
+    finally:
+        remove_twin(host, twin)
+        simlab.set_hardware(host, no_ipv4_roce_v2=[])
+
+
 def test_gid_table_follows_the_interface_address(lab: simlab.Lab) -> None:
     host = lab.hosts[0]
     twin, hca = simlab.FABRIC_TWINS[1]
