@@ -675,8 +675,10 @@ class HostConfig(Frozen):
         MASTER_ADDR (torch's env:// rendezvous, its TCPStore on the head) and VLLM_HOST_IP (the
         address vLLM tells the other ranks to reach this box at: vLLM docs, environment
         variables) must be reached by every box: the first twin elsewhere, the management
-        address on a ring, where a twin reaches one neighbour only (spark_cluster_setup.py
-        run_nccl_test puts a ring's MASTER_ADDR on the head's enP7s7 address too).
+        address on a ring, where a twin reaches one neighbour only. NVIDIA's
+        spark_cluster_setup.py run_nccl_test does the same on rings: mpirun starts the ranks at
+        each node's ip_address of its spark_config.json (the management address it also SSHes
+        to), NCCL's sockets on enP7s7.
         """
         environment = {"RAY_memory_monitor_refresh_ms": "0"}  # Ray misreads the page cache
         if self.fabric:
@@ -782,7 +784,7 @@ RING_SOCKETS = (
 )
 RING_RENDEZVOUS = (
     "the head's management address: its twins reach one neighbour each (spark_cluster_setup.py"
-    " run_nccl_test, ring)"
+    " run_nccl_test launches a ring's ranks at the nodes' management addresses)"
 )
 
 
