@@ -6,8 +6,9 @@ runs the NCCL test (its rendezvous at the head's management address) and converg
 passes on every box over NET/IB on all four twins, compliance passes and a second run changes
 nothing. A cable pulled out of a port the ring needs stops both its ends, each naming its port.
 
-Times on the 2-core CI machine (three boxes, no lanes): the converging deploy 116 s, the
-deploy that changes nothing 25 s.
+Times on the 2-core CI machine (three boxes, no lanes), with the NCCL test: the converging
+deploy 16 s, the deploy that changes nothing 5 s, the module 106 s (an idle machine; 116 s and
+25 s were seen without the test on a busy one).
 
 It boots three bare boxes cabled as a ring, and after it the session's boxes as they were.
 """
