@@ -200,12 +200,21 @@ front.lanes_front(
 if len(spark.hosts) > 1 and me.topology == "ring3":
     # Ray needs one address per box that every box reaches; on a ring each fabric address
     # reaches one neighbour (config.py refuses a cluster lane there): no Ray, so no ports for
-    # the firewall to close either.
+    # the firewall to close either. The NCCL test runs (below), its rendezvous and NCCL's
+    # bootstrap over the management network (config.py cluster_environment): this box's
+    # management address must be where the inventory says.
     logger.warning(
-        f"{host.name}: fabric_topology ring3: the fabric and NCCL's environment are set up;"
-        " Ray, its firewall and the NCCL test are not (not done yet for rings: README, Fabric"
+        f"{host.name}: fabric_topology ring3: the fabric, NCCL's environment and the NCCL test"
+        " are set up; Ray and its firewall are not (not done yet for rings: README, Fabric"
         " shapes)"
     )
+    preflight.management_address(
+        name=f"Management address {me.management_address} on {me.management_ifname}",
+        ifname=me.management_ifname,
+        address=str(me.management_address),
+    )
+    # Ray (which pulls its image elsewhere) is left out: the test's image is pulled here.
+    lanes.image_present(name=f"NCCL test image {me.ray.image}", image=me.ray.image)
 elif len(spark.hosts) > 1:
     preflight.cluster_whole(
         name="Every box of the cluster is in this run",
@@ -262,8 +271,9 @@ def nccl_test(image: str) -> None:
     )
 
 
-# Without a cluster lane, the test runs in Ray's image (pulled by ray.node on every box).
-if len(spark.hosts) > 1 and me.topology != "ring3" and not cluster_lane:
+# Without a cluster lane, the test runs in Ray's image (pulled by ray.node on every box, on a
+# ring above).
+if len(spark.hosts) > 1 and not cluster_lane:
     nccl_test(me.ray.image)
 
 # A cluster lane (on the head) runs a rank on every box: each box checks what it needs before

@@ -7,7 +7,13 @@ import re
 import weakref
 from collections import defaultdict
 from collections.abc import Iterable
-from ipaddress import AddressValueError, IPv4Interface, IPv4Network, NetmaskValueError
+from ipaddress import (
+    AddressValueError,
+    IPv4Address,
+    IPv4Interface,
+    IPv4Network,
+    NetmaskValueError,
+)
 from pathlib import Path
 from typing import Annotated, Any, Literal
 from urllib.parse import urlsplit
@@ -144,6 +150,11 @@ class HostSettings(BaseModel):
     management_ifname: str = Field(
         description="the management interface, enP7s7 on a Spark (a ring's sockets use it)"
     )
+    management_address: str | None = Field(
+        None,
+        description="None, or the box's IPv4 address on management_ifname, A.B.C.D (`ip -4 -br"
+        " address show enP7s7`); needed on every box of a ring3, whose rendezvous uses it",
+    )
     roce_gid_index: int = Field(
         ge=0, le=255, description="an integer 0..255 (where the RoCE v2 + IPv4 entry should be: 3)"
     )
@@ -261,6 +272,16 @@ class HostSettings(BaseModel):
         if problems:
             raise ValueError(problems[0])
         return ifname
+
+    @field_validator("management_address")
+    @classmethod
+    def _management_address(cls, address: str | None) -> str | None:
+        if address is not None:
+            try:
+                IPv4Address(address)
+            except AddressValueError:
+                raise ValueError(f"{address!r} is not an IPv4 address A.B.C.D") from None
+        return address
 
     @field_validator("driver_branch")
     @classmethod
@@ -560,6 +581,7 @@ class HostConfig(Frozen):
     link_speed_mbps: int
     link_speed_low: Literal["refuse", "warn"]
     management_ifname: str
+    management_address: IPv4Address | None
     mtu: int
     gid_index: int
     driver: Driver
@@ -593,6 +615,9 @@ class HostConfig(Frozen):
             link_speed_mbps=data.fabric_link_speed_mbps,
             link_speed_low=data.fabric_link_speed_low,
             management_ifname=data.management_ifname,
+            management_address=(
+                IPv4Address(data.management_address) if data.management_address else None
+            ),
             mtu=data.fabric_mtu,
             gid_index=data.roce_gid_index,
             driver=Driver(branch=data.driver_branch, package=data.driver_package),
@@ -646,6 +671,14 @@ class HostConfig(Frozen):
         UCX_NET_DEVICES takes "<device>:<port>" for RDMA devices and an interface name for
         TCP (UCX FAQ); NVIDIA's playbook gives only the interface name, which leaves UCX on
         TCP, so we list the twins' RoCE ports (port 1) and the socket interface for TCP.
+
+        MASTER_ADDR (torch's env:// rendezvous, its TCPStore on the head) and VLLM_HOST_IP (the
+        address vLLM tells the other ranks to reach this box at: vLLM docs, environment
+        variables) must be reached by every box: the first twin elsewhere, the management
+        address on a ring, where a twin reaches one neighbour only. NVIDIA's
+        spark_cluster_setup.py run_nccl_test does the same on rings: mpirun starts the ranks at
+        each node's ip_address of its spark_config.json (the management address it also SSHes
+        to), NCCL's sockets on enP7s7.
         """
         environment = {"RAY_memory_monitor_refresh_ms": "0"}  # Ray misreads the page cache
         if self.fabric:
@@ -665,12 +698,20 @@ class HostConfig(Frozen):
                 "TP_SOCKET_IFNAME": sockets,
                 "OMPI_MCA_btl_tcp_if_include": sockets,
                 "UCX_NET_DEVICES": ",".join([f"{hca}:1" for hca in hcas] + [sockets]),
-                "VLLM_HOST_IP": str(first.address.ip),
-                "MASTER_ADDR": str(head.fabric[0].address.ip),
+                "VLLM_HOST_IP": str(self.reached_at),
+                "MASTER_ADDR": str(head.reached_at),
             } | {key: value for key, (value, _) in NCCL_BY_TOPOLOGY[self.topology].items()}
         if self.nccl_debug:
             environment["NCCL_DEBUG"] = "INFO"  # shows NET/IB vs a silent NET/Socket fallback
         return environment
+
+    @property
+    def reached_at(self) -> IPv4Address:
+        """The address every other box of the cluster reaches this one at: its first twin, or
+        on a ring its management address (_fabric_problems makes sure a ring's boxes have one)."""
+        if self.topology == "ring3" and self.management_address is not None:
+            return self.management_address
+        return self.fabric[0].address.ip
 
     def environment_notes(self) -> dict[str, str]:
         """Where each fabric setting of cluster_environment comes from, one line each."""
@@ -681,6 +722,7 @@ class HostConfig(Frozen):
         }
         if self.topology == "ring3":
             notes["NCCL_SOCKET_IFNAME"] = RING_SOCKETS
+            notes["MASTER_ADDR"] = RING_RENDEZVOUS
         return notes
 
 
@@ -739,6 +781,10 @@ FABRIC_NOTES = {
 RING_SOCKETS = (
     "no fabric subnet reaches every box of a ring: sockets on the management port (eugr"
     " NETWORKING.md, 3-node mesh; spark_cluster_setup.py run_nccl_test)"
+)
+RING_RENDEZVOUS = (
+    "the head's management address: its twins reach one neighbour each (spark_cluster_setup.py"
+    " run_nccl_test launches a ring's ranks at the nodes' management addresses)"
 )
 
 
@@ -936,6 +982,14 @@ def _fabric_problems(hosts: tuple[HostConfig, ...]) -> list[str]:
         return [
             f"{_names(hosts)}: fabric_addresses: the interfaces differ ({listing}); list the"
             " same interfaces in the same order on every host (the first carries the sockets)"
+        ]
+    if shape == "ring3":
+        problems += [
+            f"{host.name}: management_address: missing; a ring's rendezvous and sockets go over"
+            f" {host.management_ifname} (no twin reaches every box): give the box's IPv4 address"
+            f" there (`ip -4 -br address show {host.management_ifname}`)"
+            for host in hosts
+            if host.management_address is None
         ]
     users = defaultdict(list)
     for host in hosts:

@@ -24,7 +24,8 @@ VERDICT = f"{RESULT_DIR}/verdict.json"
 CONTAINER = "spark-nccl-test"
 # torch's TCPStore default port (torch.distributed env:// rendezvous), which the cluster's
 # firewall admits from the fabric (operations/firewall.py BACKEND_PORTS); the ranks' NCCL
-# listeners take ephemeral ports, admitted there too.
+# listeners take ephemeral ports, admitted there too. A ring has no cluster firewall (no Ray):
+# its rendezvous is on the management network, open only while the test runs.
 MASTER_PORT = 29500
 # Seconds a rank waits for the others and runs (a Spark pair moves the 1 GiB sizes in well
 # under a minute at 22 GB/s); then it is killed and the verdict says the run did not complete.

@@ -96,6 +96,54 @@ class LinkSpeeds(FactBase):
         return speeds
 
 
+class Ipv4Addresses(FactBase):
+    """The IPv4 addresses of an interface, without their prefixes (none: no such interface).
+
+    .. code:: python
+
+        ["10.0.0.21"]
+    """
+
+    default = list
+
+    def command(self, ifname: str) -> str:
+        return f"ip -4 -o address show dev {shlex.quote(ifname)} 2>/dev/null || true"
+
+    def process(self, output: list[str]) -> list[str]:
+        # "2: enP7s7    inet 10.0.0.21/24 brd 10.0.0.255 scope global enP7s7 ..." (iproute2)
+        return [line.split()[3].split("/")[0] for line in output if len(line.split()) > 3]
+
+
+@operation()
+def management_address(ifname: str, address: str):
+    """
+    Check that the box has the inventory's management address on its management interface, where
+    a ring's rendezvous (MASTER_ADDR, the head's) and sockets reach it.
+
+    + ifname: the management interface (management_ifname)
+    + address: the IPv4 address the inventory gives for it (management_address)
+
+    This changes nothing; it fails the box naming what the interface has.
+
+    **Example:**
+
+    .. code:: python
+
+        preflight.management_address(
+            name="Management address", ifname="enP7s7", address="10.0.0.21"
+        )
+    """
+    found = host.get_fact(Ipv4Addresses, ifname=ifname)
+    if address not in found:
+        raise OperationError(
+            f"{host.name}: management_address: {address} is not on {ifname}, which has"
+            f" {', '.join(found) or 'no IPv4 address'}; give the box's address there (a ring's"
+            " rendezvous and sockets use it)"
+        )
+    host.noop(f"{address} is on {ifname}")
+    yield from ()  # a check: it changes nothing, but pyinfra runs operations as generators
+
+
 # Why a twin links below its rate, as the field saw it (the inventory's fabric_link_speed_mbps
 # says more in group_data/all.py).
 SLOW_CAUSES = (

@@ -1,19 +1,21 @@
 """Three boxes in a ring (fabric_topology "ring3"): the lab cables port 0 of each box to port 1 of
 the next (NVIDIA's connect-three-sparks), the inventory gives no lanes and no fabric addresses;
 the deploy derives one subnet per twin per cable, so each box's two ports sit on its two
-neighbours' subnets, writes the ring's NCCL environment, leaves Ray out (README, Fabric shapes)
-and converges; compliance passes and a second run changes nothing. A cable pulled out of a port
-the ring needs stops both its ends, each naming its port.
+neighbours' subnets, writes the ring's NCCL environment, leaves Ray out (README, Fabric shapes),
+runs the NCCL test (its rendezvous at the head's management address) and converges; the test
+passes on every box over NET/IB on all four twins, compliance passes and a second run changes
+nothing. A cable pulled out of a port the ring needs stops both its ends, each naming its port.
 
-Times on the 2-core machine, beside another lab's full suite (three boxes, no lanes): the
-converging deploy 15, 39 and 50 s in three runs, the deploy that changes nothing 5 s; the module
-about 2 min (two lab boots, compliance, the two reboots of the pulled cable).
+Times on the 2-core CI machine (three boxes, no lanes), with the NCCL test: the converging
+deploy 16 s, the deploy that changes nothing 5 s, the module 106 s (an idle machine; 116 s and
+25 s were seen without the test on a busy one).
 
 It boots three bare boxes cabled as a ring, and after it the session's boxes as they were.
 """
 
 from __future__ import annotations
 
+import json
 import re
 import time
 from collections.abc import Iterator
@@ -77,6 +79,9 @@ def test_nccl_environment_of_a_ring(ring) -> None:
             # No fabric subnet reaches every box: sockets on the management port.
             "NCCL_SOCKET_IFNAME": "enP7s7",
             "GLOO_SOCKET_IFNAME": "enP7s7",
+            # ... and so the rendezvous: the head's management address, each box's own for vLLM.
+            "MASTER_ADDR": lab.hosts[0].mgmt_ip,
+            "VLLM_HOST_IP": host.mgmt_ip,
         }
         for key, value in expected.items():
             assert re.search(rf'^{key}="{value}"$', env, re.M), (host.name, key, env)
@@ -86,9 +91,25 @@ def test_nccl_environment_of_a_ring(ring) -> None:
 def test_ray_is_left_out_and_said_so(ring) -> None:
     lab, output = ring
     for host in lab.hosts:
-        assert f"{host.name}: fabric_topology ring3: the fabric and NCCL's environment" in output
+        assert f"{host.name}: fabric_topology ring3: the fabric, NCCL's environment and the" in (
+            output
+        )
         state = run_on(host, "systemctl is-active spark-ray", check=False).strip()
         assert state == "inactive", (host.name, state)
+
+
+def test_the_nccl_test_passes_on_every_box_over_all_four_twins(ring) -> None:
+    lab, _output = ring
+    twins = {"rocep1s0f1", "roceP2p1s0f1", "rocep1s0f0", "roceP2p1s0f0"}
+    for host in lab.hosts:
+        kept = json.loads(run_on(host, "sudo cat /var/lib/spark/nccl-test/verdict.json"))
+        print(f"ring3, {host.name} (the lab's stand-in, not a Spark's numbers):")
+        print(run_on(host, "sudo cat /var/lib/spark/nccl-test/run/report.txt"))
+        assert kept["passed"], (host.name, kept["problems"])
+        (rank,) = kept["ranks"]  # each box judges its own rank
+        assert rank["host"] == host.name and set(rank["ib_devices"]) == twins, rank
+        # A channel on each twin: to the next box over port 0, from the one before over port 1.
+        assert set(rank["channels"]) == {f"NET/IB/{i}" for i in range(4)}, rank
 
 
 def test_compliance_passes_and_a_second_deploy_changes_nothing(ring) -> None:
@@ -97,6 +118,7 @@ def test_compliance_passes_and_a_second_deploy_changes_nothing(ring) -> None:
     # Ray's and its firewall's checks skip on a ring: the deploy leaves them out.
     assert code == 0 and all(cell.startswith("SKIP a ring") for cell in left.values()), output
     assert ("spark-1", "Ray nodes all joined") in left, table
+    assert table["NCCL test passed"].keys() == set(LAST_OCTET), table
     assert {box for row in table.values() for box in row} == set(LAST_OCTET)
     assert any("enp1s0f0np0" in check for check in table), table
     start = time.monotonic()

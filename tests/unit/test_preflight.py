@@ -315,9 +315,9 @@ def test_a_box_failed_in_this_run_stops_the_others_before_the_cluster_lane() -> 
 
 def test_a_rings_peers_are_the_other_ends_of_each_cable() -> None:
     from operations.config import load_from_dicts
-    from tests.unit.test_topology import boxes
+    from tests.unit.test_topology import ring
 
-    spark = load_from_dicts(boxes(3, fabric_topology="ring3"))
+    spark = load_from_dicts(ring())
 
     # spark-2's port 1 meets spark-1's port 0, its port 0 meets spark-3's port 1.
     assert preflight.peers_of(spark.host("spark-2"), spark.hosts) == [
@@ -326,3 +326,38 @@ def test_a_rings_peers_are_the_other_ends_of_each_cable() -> None:
         ("enp1s0f0np0", "spark-3", "192.168.102.12"),
         ("enP2p1s0f0np0", "spark-3", "192.168.103.12"),
     ]
+
+
+# `ip -4 -o address show dev enP7s7` on a box with a DHCP lease (iproute2's one-line form).
+IP_4_O = (
+    "2: enP7s7    inet 10.0.0.21/24 metric 100 brd 10.0.0.255 scope global dynamic enP7s7\\"
+    "       valid_lft 86048sec preferred_lft 86048sec\n"
+)
+
+
+def test_the_ipv4_addresses_of_an_interface_without_prefixes() -> None:
+    assert process(preflight.Ipv4Addresses, IP_4_O) == ["10.0.0.21"]
+    assert process(preflight.Ipv4Addresses, "") == []  # no such interface, or no IPv4 address
+
+
+def test_a_management_address_where_the_inventory_says_changes_nothing() -> None:
+    host = FakeHost({preflight.Ipv4Addresses: IP_4_O})
+
+    commands = run_op(preflight.management_address, "enP7s7", "10.0.0.21", host=host)
+
+    assert commands == [] and host.noops == ["10.0.0.21 is on enP7s7"]
+
+
+@pytest.mark.parametrize(("output", "has"), [(IP_4_O, "10.0.0.21"), ("", "no IPv4 address")])
+def test_a_management_address_elsewhere_fails_the_box_saying_what_it_has(
+    output: str, has: str
+) -> None:
+    host = FakeHost({preflight.Ipv4Addresses: output})
+
+    with pytest.raises(OperationError) as error:
+        run_op(preflight.management_address, "enP7s7", "10.0.0.99", host=host)
+
+    assert str(error.value) == (
+        f"spark-test: management_address: 10.0.0.99 is not on enP7s7, which has {has};"
+        " give the box's address there (a ring's rendezvous and sockets use it)"
+    )

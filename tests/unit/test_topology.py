@@ -22,6 +22,18 @@ def boxes(count: int, **data: Any) -> dict[str, dict[str, Any]]:
     )
 
 
+# Each ring box's address on its management port (enP7s7), where the ring's rendezvous goes.
+MANAGEMENT = {"spark-1": "10.0.0.21", "spark-2": "10.0.0.22", "spark-3": "10.0.0.23"}
+
+
+def ring(**data: Any) -> dict[str, dict[str, Any]]:
+    """Three boxes in a ring, no fabric addresses given, each its management address."""
+    hosts = boxes(3, fabric_topology="ring3", **data)
+    for name, address in MANAGEMENT.items():
+        hosts[name]["management_address"] = address
+    return hosts
+
+
 def addresses(hosts: dict[str, dict[str, Any]]) -> dict[str, dict[str, str]]:
     spark = load_from_dicts(hosts)
     return {h.name: {link.ifname: str(link.address) for link in h.fabric} for h in spark.hosts}
@@ -59,7 +71,7 @@ def test_pair_dual_gives_the_second_cable_two_more_subnets() -> None:
 
 
 def test_ring3_cables_port_0_to_the_next_boxs_port_1_one_subnet_per_twin_per_cable() -> None:
-    derived = addresses(boxes(3, fabric_topology="ring3"))
+    derived = addresses(ring())
 
     # Cable i: box i's port 0 to box i+1's port 1 (the last back to the first).
     assert derived == {
@@ -102,7 +114,7 @@ def test_a_switch_puts_every_box_on_one_subnet_per_twin() -> None:
 def test_given_ring_addresses_on_the_fields_scheme_are_accepted() -> None:
     # eugr/spark-vllm-docker docs/NETWORKING.md's four-node ring, cut to three boxes' shape:
     # any subnets do, as long as both ends of each twin of each cable share one.
-    hosts = boxes(3, fabric_topology="ring3")
+    hosts = ring()
     plan = {
         "spark-1": ("10.20.0.11", "10.20.1.11", "10.20.4.11", "10.20.5.11"),
         "spark-2": ("10.20.2.12", "10.20.3.12", "10.20.0.12", "10.20.1.12"),
@@ -120,7 +132,7 @@ def test_given_ring_addresses_on_the_fields_scheme_are_accepted() -> None:
 
 
 def test_a_ring_cabled_the_other_way_round_is_refused_naming_the_cable() -> None:
-    hosts = boxes(3, fabric_topology="ring3")
+    hosts = ring()
     # spark-2's port 1 addressed as if its port 0 met spark-1: both ends disagree.
     hosts["spark-2"]["fabric_addresses"] = {
         "enp1s0f1np1": "192.168.102.11/24",
@@ -153,7 +165,7 @@ def test_a_box_count_the_shape_cannot_take_is_refused(shape: str, count: int, ex
 
 
 def test_one_host_in_another_topology_is_refused_naming_it() -> None:
-    hosts = boxes(3, fabric_topology="ring3")
+    hosts = ring()
     hosts["spark-3"]["fabric_topology"] = "switch"
 
     (problem,) = refusal(hosts)
@@ -212,7 +224,8 @@ def test_link_speed_200g_or_100g_behind_a_switch(speed: int, shape: str, refused
 
 
 def nccl(shape: str, count: int, **data: Any) -> dict[str, str]:
-    spark = load_from_dicts(boxes(count, fabric_topology=shape, **data))
+    hosts = ring(**data) if shape == "ring3" else boxes(count, fabric_topology=shape, **data)
+    spark = load_from_dicts(hosts)
     environment = spark.host("spark-2").cluster_environment(spark.head)
     return {k: v for k, v in environment.items() if k.startswith(("NCCL_", "GLOO", "UCX"))}
 
@@ -245,7 +258,7 @@ def test_nccl_per_topology_names_every_twin_used() -> None:
 
 
 def test_every_fabric_setting_carries_its_source() -> None:
-    spark = load_from_dicts(boxes(3, fabric_topology="ring3"))
+    spark = load_from_dicts(ring())
     worker = spark.host("spark-3")
     notes = worker.environment_notes()
     nccl_keys = {k for k in worker.cluster_environment(spark.head) if k.startswith("NCCL_IB")}
@@ -256,7 +269,7 @@ def test_every_fabric_setting_carries_its_source() -> None:
 
 
 def test_a_cluster_lane_over_a_ring_is_refused_before_contact() -> None:
-    hosts = boxes(3, fabric_topology="ring3")
+    hosts = ring()
     hosts["spark-1"]["lanes"] = [
         {
             "name": "big",
@@ -279,3 +292,46 @@ def test_a_cluster_lane_over_a_ring_is_refused_before_contact() -> None:
         and "ring3" in p
         for p in problems
     ), problems
+
+
+def test_a_rings_rendezvous_is_the_heads_management_address_vllm_each_boxs_own() -> None:
+    spark = load_from_dicts(ring())
+    for name in MANAGEMENT:
+        environment = spark.host(name).cluster_environment(spark.head)
+        assert environment["MASTER_ADDR"] == "10.0.0.21", name
+        assert environment["VLLM_HOST_IP"] == MANAGEMENT[name], name
+    notes = spark.host("spark-2").environment_notes()
+    assert "spark_cluster_setup.py" in notes["MASTER_ADDR"]
+
+
+def test_off_a_ring_the_management_address_changes_nothing() -> None:
+    hosts = boxes(2)
+    plain = load_from_dicts(hosts)
+    for name, address in (("spark-1", "10.0.0.21"), ("spark-2", "10.0.0.22")):
+        hosts[name]["management_address"] = address
+    given = load_from_dicts(hosts)
+
+    for name in ("spark-1", "spark-2"):
+        environment = given.host(name).cluster_environment(given.head)
+        assert environment == plain.host(name).cluster_environment(plain.head)
+    assert environment["MASTER_ADDR"] == "192.168.100.10"  # the head's first twin
+    assert "MASTER_ADDR" not in given.head.environment_notes()
+
+
+def test_a_ring_box_without_a_management_address_is_refused_naming_it() -> None:
+    hosts = ring()
+    del hosts["spark-3"]["management_address"]
+
+    (problem,) = refusal(hosts)
+
+    assert problem.startswith("spark-3: management_address: missing; a ring's rendezvous"), problem
+    assert "`ip -4 -br address show enP7s7`" in problem
+
+
+def test_a_management_address_that_is_no_ipv4_address_is_refused() -> None:
+    hosts = ring()
+    hosts["spark-2"]["management_address"] = "10.0.0.22/24"
+
+    problems = refusal(hosts)
+
+    assert any("'10.0.0.22/24' is not an IPv4 address A.B.C.D" in p for p in problems), problems
