@@ -262,7 +262,9 @@ class HostSettings(BaseModel):
     @classmethod
     def _switch_ports(cls, ports: list[int]) -> list[int]:
         if len(set(ports)) != len(ports) or not set(ports) <= set(topology.PORT_TWINS):
-            raise ValueError(f"{ports!r}: use [1], [0] or [1, 0] (a Spark has ports 0 and 1)")
+            raise ValueError(
+                f"{ports!r} is not a set of a Spark's ports (0 and 1); use [1], [0] or [1, 0]"
+            )
         return ports
 
     @field_validator("management_ifname")

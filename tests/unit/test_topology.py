@@ -335,3 +335,12 @@ def test_a_management_address_that_is_no_ipv4_address_is_refused() -> None:
     problems = refusal(hosts)
 
     assert any("'10.0.0.22/24' is not an IPv4 address A.B.C.D" in p for p in problems), problems
+
+
+@pytest.mark.parametrize("ports", [[-1], [2], [1, 1]])
+def test_switch_ports_other_than_a_sparks_two_are_refused_naming_host_and_field(ports) -> None:
+    problems = refusal(boxes(4, fabric_topology="switch", fabric_switch_ports=ports))
+    assert problems and all(
+        "fabric_switch_ports" in line and "use [1], [0] or [1, 0]" in line for line in problems
+    ), problems
+    assert any(line.startswith("spark-1: ") for line in problems), problems
