@@ -5,6 +5,14 @@
 
 Defaults for every box (driver branch, MTU, GID index, toolkit version...) are in
 group_data/all.py; anything set here for one box overrides them for that box.
+
+Three boxes in a ring (fabric_topology = "ring3" in group_data/all.py, port 0 of each box cabled
+to port 1 of the next): leave fabric_addresses out (the deploy derives them) and give each box
+its address on the management port, where a ring's rendezvous goes (README, Fabric shapes):
+
+    ("spark-3.local", {**_ssh, "spark_role": "worker", "management_address": "10.0.0.23"}),
+
+`ip -4 -br address show enP7s7` on the box shows it.
 """
 
 _ssh = {
