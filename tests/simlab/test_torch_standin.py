@@ -7,9 +7,12 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import socket
 import subprocess
 import sys
 from pathlib import Path
+
+import pytest
 
 from tests.simlab.paths import REPO
 from tests.simlab.serving import torch_standin
@@ -53,3 +56,22 @@ def test_two_ranks_fall_back_to_sockets_and_move_correct_values(tmp_path: Path) 
         " found no device" in problem
         for problem in verdict["problems"]
     ), verdict["problems"]
+
+
+def test_a_rank_whose_bootstrap_address_does_not_reach_the_next_fails_as_nccl_does(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Out-of-band interfaces that do not reach each other (sockets on a ring's twin): nothing
+    # listens where the next rank's bootstrap address points, so the connect fails.
+    monkeypatch.setattr(torch_standin, "BOOTSTRAP_TIMEOUT_S", 1)
+    closed = socket.create_server(("127.0.0.1", 0))
+    port = closed.getsockname()[1]
+    closed.close()
+    group = object.__new__(torch_standin._Group)
+    group.rank, group.world, group.log = 0, 2, torch_standin._Log()
+    group.peers = [{"bootstrap": ["127.0.0.1", 0]}, {"bootstrap": ["127.0.0.1", port]}]
+    with pytest.raises(RuntimeError, match="NCCL error: unhandled system error"):
+        group._bootstrap_ring(socket.create_server(("127.0.0.1", 0)))
+    assert f"NCCL WARN socketStartConnect: Connect to 127.0.0.1<{port}> failed :" in (
+        capsys.readouterr().out
+    )

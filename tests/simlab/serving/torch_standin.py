@@ -3,7 +3,8 @@
 
 What it stands in for: NCCL's choice of transport and its INFO log, and the collectives'
 traffic. What is real: the launch (the deploy's `docker run`), the environment, the rendezvous
-(a TCP store at MASTER_ADDR:MASTER_PORT, as torch's env:// one), and the bytes: every collective
+(a TCP store at MASTER_ADDR:MASTER_PORT, as torch's env:// one), NCCL's bootstrap ring over each
+rank's out-of-band address (the first NCCL_SOCKET_IFNAME interface), and the bytes: every collective
 moves as many bytes between the boxes as NCCL's ring would (all_gather (n-1)/n of the result
 per rank, all_reduce 2(n-1)/n), over TCP between the fabric addresses of the devices NCCL would
 use, so a twin left out carries nothing and the lab's veths set the bandwidth.
@@ -39,6 +40,9 @@ NCCL_VERSION = (2, 29, 0)  # printed as "2.29.0+simlab": the stand-in's, not a r
 CHUNK = 1 << 20
 NETDEV = re.compile(r"en(?P<path>(?:P\d+)?p\d+s\d+f\d+)np\d+")
 CONNECT_TIMEOUT_S = 300
+# The peer's bootstrap listener is up before its address is handed round: a connect that keeps
+# failing is a route that is not there (NCCL retries refused connects for a while too).
+BOOTSTRAP_TIMEOUT_S = 20
 
 
 class dtype:
@@ -209,8 +213,9 @@ def _rdma_devices() -> dict[str, str]:
     return {f"roce{m['path']}": name for name in netdevs if (m := NETDEV.fullmatch(name))}
 
 
-def _network(log: _Log) -> tuple[str, list[tuple[str, str, str]]]:
-    """("IB", [(device, netdev, address)...]) or ("Socket", [(ifname, ifname, address)...])."""
+def _network(log: _Log) -> tuple[str, list[tuple[str, str, str]], str]:
+    """("IB", [(device, netdev, address)...]) or ("Socket", [(ifname, ifname, address)...]),
+    and the out-of-band address NCCL's bootstrap listens on (the first socket interface's)."""
     hca_spec = os.environ.get("NCCL_IB_HCA")
     if hca_spec:
         log(f"NCCL_IB_HCA set to {hca_spec}")
@@ -232,12 +237,12 @@ def _network(log: _Log) -> tuple[str, list[tuple[str, str, str]]]:
         devices = " ".join(f"[{i}]{d}:1/RoCE" for i, (d, _, _) in enumerate(usable))
         log(f"NET/IB : Using {devices} [RO]; OOB {oob_text}")
         log("Using network IB")
-        return "IB", usable
+        return "IB", usable, oob[0][1]
     log("NET/IB : No device found.")
     log(f"NET/IB : Using [RO]; OOB {oob_text}")
     log("NET/Socket : Using " + " ".join(f"[{i}]{n}:{a}<0>" for i, (n, a) in enumerate(oob)))
     log("Using network Socket")
-    return "Socket", [(name, name, address) for name, address in oob]
+    return "Socket", [(name, name, address) for name, address in oob], oob[0][1]
 
 
 # --- torch.distributed ----------------------------------------------------------------------
@@ -262,11 +267,11 @@ def _recv_message(conn: socket.socket) -> bytes:
     return _recv_exact(conn, size)
 
 
-def _connect(address: str, port: int) -> socket.socket:
-    deadline = time.monotonic() + CONNECT_TIMEOUT_S
+def _connect(address: str, port: int, timeout: float = CONNECT_TIMEOUT_S) -> socket.socket:
+    deadline = time.monotonic() + timeout
     while True:
         try:
-            return socket.create_connection((address, port), timeout=CONNECT_TIMEOUT_S)
+            return socket.create_connection((address, port), timeout=timeout)
         except OSError:
             if time.monotonic() > deadline:
                 raise
@@ -281,7 +286,11 @@ class _Group:
         self.rank, self.world = rank, world
         self.log = _Log()
         self.log(f"NCCL version {'.'.join(map(str, NCCL_VERSION))}+simlab")
-        self.kind, devices = _network(self.log)
+        self.kind, devices, oob = _network(self.log)
+        # NCCL's bootstrap: every rank listens on its out-of-band address and the ranks join a
+        # ring over them (NVIDIA/nccl src/bootstrap.cc), so NCCL_SOCKET_IFNAME must reach the
+        # next rank; torch's store only hands the addresses round.
+        bootstrap = socket.create_server((oob, 0))
         listeners = []
         for name, _netdev, address in devices:
             server = socket.create_server((address, 0))
@@ -290,8 +299,10 @@ class _Group:
             "host": socket.gethostname(),
             "kind": self.kind,
             "devices": [(name, address, port) for name, address, port, _ in listeners],
+            "bootstrap": [oob, bootstrap.getsockname()[1]],
         }
         self.peers = _rendezvous(rank, world, mine)
+        self._bootstrap_ring(bootstrap)
         # NCCL's "Init START" and "Init COMPLETE" lines (the real captures in tests/unit/captured/).
         init = (
             f"ncclCommInitRankConfig comm 0x{secrets.token_hex(6)} rank {rank} nranks {world}"
@@ -316,6 +327,25 @@ class _Group:
             self.log("no channel to the next or the previous rank", "WARN")
             raise RuntimeError("NCCL error: unhandled system error (no shared network)")
         self.log(f"{init} COMPLETE")
+
+    def _bootstrap_ring(self, server: socket.socket) -> None:
+        """Connect to the next rank's bootstrap address and take the previous rank's: a rank
+        whose out-of-band interface does not reach the next fails as NCCL does (socket.cc's
+        WARN, then "unhandled system error")."""
+        address, port = self.peers[(self.rank + 1) % self.world]["bootstrap"]
+        try:
+            conn = _connect(address, port, BOOTSTRAP_TIMEOUT_S)
+        except OSError as error:
+            self.log(
+                f"socketStartConnect: Connect to {address}<{port}> failed :"
+                f" {error.strerror or error}",
+                "WARN",
+            )
+            raise RuntimeError("NCCL error: unhandled system error") from None
+        server.settimeout(CONNECT_TIMEOUT_S)
+        taken, _ = server.accept()
+        for sock in (conn, taken, server):
+            sock.close()
 
     @staticmethod
     def _subnet(address: str) -> str:
