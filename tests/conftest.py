@@ -6,7 +6,6 @@ import os
 import subprocess
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -27,9 +26,16 @@ def lab_unavailable() -> str | None:
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    # The modules on the shared deployed lab run one after the other, last, so it is deployed
-    # from bare once and not reimaged between them by a module that needs bare boxes.
-    items.sort(key=lambda item: "deployed_lab" in getattr(item, "fixturenames", ()))
+    # The modules on the shared deployed lab run one after the other, so it is deployed from
+    # bare once and not reimaged between them by a module that needs bare boxes; the modules
+    # that boot boxes cabled otherwise come last, so the session's pair is booted again (half
+    # a minute) only where a module after them needs it (reimage_all).
+    items.sort(
+        key=lambda item: (
+            item.get_closest_marker("recabled") is not None,
+            "deployed_lab" in getattr(item, "fixturenames", ()),
+        )
+    )
     reason = lab_unavailable()
     if reason:
         for item in items:
@@ -111,11 +117,21 @@ def deployed_lab(lab: simlab.Lab, request: pytest.FixtureRequest) -> Iterator[De
         _as_deployed = False
 
 
+# Whether cabled() left its own boxes up in place of the session's.
+_recabled = False
+
+
 def reimage_all(lab: simlab.Lab) -> simlab.Lab:
     """Every host of the session's lab back to the bare image (about 5 s), trusted again, with
     the serving image in its docker as a Spark that pulled it (the lab reaches no registry)."""
-    global _as_deployed
+    global _as_deployed, _recabled
     _as_deployed = False
+    if _recabled:  # booted bare again, as cabled as before
+        lab.hosts[:] = simlab.up(len(lab.hosts), cabling=lab.cabling).hosts
+        _recabled = False
+        for host in lab.hosts:
+            simlab.load_serving_image(host)
+        return lab
     for host in lab.hosts:
         simlab.reimage(host.name)
     simlab.write_ssh_files(lab)
@@ -125,23 +141,16 @@ def reimage_all(lab: simlab.Lab) -> simlab.Lab:
     return lab
 
 
-@contextmanager
-def cabled(lab: simlab.Lab, cabling: str, count: int | None = None) -> Iterator[simlab.Lab]:
+def cabled(lab: simlab.Lab, cabling: str, count: int | None = None) -> simlab.Lab:
     """The session's boxes booted bare again (or `count` bare boxes), cabled as `cabling`
-    (simlab.CABLINGS), the serving image in their docker; after, the session's boxes bare and
-    cabled as before, the session's `lab` (which the other modules hold) naming the new hosts."""
-    global _as_deployed
-    _as_deployed = False
-    try:
-        recabled = simlab.up(count or len(lab.hosts), cabling=cabling)
-        for host in recabled.hosts:
-            simlab.load_serving_image(host)
-        yield recabled
-    finally:
-        again = simlab.up(len(lab.hosts), cabling=lab.cabling)
-        lab.hosts[:] = again.hosts
-        for host in lab.hosts:
-            simlab.load_serving_image(host)
+    (simlab.CABLINGS), the serving image in their docker. They stay up after the module: the
+    next reimage_all() boots the session's boxes again (modules marked `recabled` run last)."""
+    global _as_deployed, _recabled
+    _as_deployed, _recabled = False, True
+    recabled = simlab.up(count or len(lab.hosts), cabling=cabling)
+    for host in recabled.hosts:
+        simlab.load_serving_image(host)
+    return recabled
 
 
 def run_on(host: simlab.Host, command: str, check: bool = True) -> str:

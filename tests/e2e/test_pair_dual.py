@@ -3,14 +3,13 @@ inventory gives no fabric addresses, and the deploy derives, configures and chec
 twins of each box; the NCCL test runs over all four; compliance passes and a second run changes
 nothing.
 
-It boots the session's two boxes again with both ports cabled, and after it as they were (bare).
+It boots the session's two boxes again with both ports cabled and leaves them so (conftest.cabled).
 """
 
 from __future__ import annotations
 
 import json
 import re
-from collections.abc import Iterator
 
 import pytest
 
@@ -20,7 +19,7 @@ from tests.e2e.test_compliance import compliance, not_passing
 from tests.e2e.test_host_layer import changes
 from tests.simlab import lab as simlab
 
-pytestmark = pytest.mark.lab
+pytestmark = [pytest.mark.lab, pytest.mark.recabled]
 
 TWINS = ("enp1s0f1np1", "enP2p1s0f1np1", "enp1s0f0np0", "enP2p1s0f0np0")
 # Derived: one /24 per twin per cable, port 1's cable first (operations/topology.py).
@@ -30,10 +29,10 @@ SUBNETS = dict(
 
 
 @pytest.fixture(scope="module")
-def dual(lab: simlab.Lab) -> Iterator[tuple[simlab.Lab, str]]:
-    with cabled(lab, "pair-dual") as dual_lab:
-        result = pyinfra("inventories/sim.py", "deploy.py")
-        yield dual_lab, result.stdout + result.stderr
+def dual(lab: simlab.Lab) -> tuple[simlab.Lab, str]:
+    dual_lab = cabled(lab, "pair-dual")
+    result = pyinfra("inventories/sim.py", "deploy.py")
+    return dual_lab, result.stdout + result.stderr
 
 
 def test_every_twin_of_both_cables_is_configured_from_derived_addresses(dual) -> None:

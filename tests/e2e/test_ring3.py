@@ -10,7 +10,7 @@ Times on the 2-core CI machine (three boxes, no lanes), with the NCCL test: the 
 deploy 16 s, the deploy that changes nothing 5 s, the module 106 s (an idle machine; 116 s and
 25 s were seen without the test on a busy one).
 
-It boots three bare boxes cabled as a ring, and after it the session's boxes as they were.
+It boots three bare boxes cabled as a ring and leaves them up (conftest.cabled).
 """
 
 from __future__ import annotations
@@ -18,7 +18,6 @@ from __future__ import annotations
 import json
 import re
 import time
-from collections.abc import Iterator
 
 import pytest
 
@@ -28,7 +27,7 @@ from tests.e2e.test_compliance import compliance, not_passing
 from tests.e2e.test_host_layer import changes
 from tests.simlab import lab as simlab
 
-pytestmark = pytest.mark.lab
+pytestmark = [pytest.mark.lab, pytest.mark.recabled]
 
 INVENTORY = "tests/e2e/fabric_inventory.py"
 PORT0 = ("enp1s0f0np0", "enP2p1s0f0np0")
@@ -44,13 +43,13 @@ def address(box: str, third_octet: int) -> str:
 
 
 @pytest.fixture(scope="module")
-def ring(lab: simlab.Lab) -> Iterator[tuple[simlab.Lab, str]]:
-    with cabled(lab, "ring3", count=3) as ring_lab:
-        start = time.monotonic()
-        result = pyinfra(INVENTORY, "deploy.py")
-        print(f"ring3: the converging deploy took {time.monotonic() - start:.0f} s")
-        assert changes(result) > 0
-        yield ring_lab, output_of(result)
+def ring(lab: simlab.Lab) -> tuple[simlab.Lab, str]:
+    ring_lab = cabled(lab, "ring3", count=3)
+    start = time.monotonic()
+    result = pyinfra(INVENTORY, "deploy.py")
+    print(f"ring3: the converging deploy took {time.monotonic() - start:.0f} s")
+    assert changes(result) > 0
+    return ring_lab, output_of(result)
 
 
 def test_each_port_is_on_the_subnets_of_the_neighbour_it_is_cabled_to(ring) -> None:

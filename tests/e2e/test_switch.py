@@ -10,14 +10,13 @@ converging deploy 27 and 47 s in two runs before the NCCL test stage, 23 and 55 
 it; the deploy that changes nothing 5-8 s; the module 2-3 min (two lab boots, Ray's four nodes
 joining, compliance).
 
-It boots four bare boxes through a switch, and after it the session's boxes as they were.
+It boots four bare boxes through a switch and leaves them up (conftest.cabled).
 """
 
 from __future__ import annotations
 
 import re
 import time
-from collections.abc import Iterator
 
 import pytest
 
@@ -28,7 +27,7 @@ from tests.e2e.test_compliance import compliance, not_passing
 from tests.e2e.test_host_layer import changes
 from tests.simlab import lab as simlab
 
-pytestmark = pytest.mark.lab
+pytestmark = [pytest.mark.lab, pytest.mark.recabled]
 
 INVENTORY = "tests/e2e/fabric_inventory.py"
 BOXES = 4
@@ -37,13 +36,13 @@ SUBNETS = {"enp1s0f1np1": "192.168.100", "enP2p1s0f1np1": "192.168.101"}
 
 
 @pytest.fixture(scope="module")
-def switched(lab: simlab.Lab) -> Iterator[simlab.Lab]:
-    with cabled(lab, "switch", count=BOXES) as switch_lab:
-        start = time.monotonic()
-        result = pyinfra(INVENTORY, "deploy.py")
-        print(f"switch: the converging deploy took {time.monotonic() - start:.0f} s")
-        assert changes(result) > 0
-        yield switch_lab
+def switched(lab: simlab.Lab) -> simlab.Lab:
+    switch_lab = cabled(lab, "switch", count=BOXES)
+    start = time.monotonic()
+    result = pyinfra(INVENTORY, "deploy.py")
+    print(f"switch: the converging deploy took {time.monotonic() - start:.0f} s")
+    assert changes(result) > 0
+    return switch_lab
 
 
 def test_every_box_reaches_every_other_on_each_twin(switched: simlab.Lab) -> None:

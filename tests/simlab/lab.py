@@ -368,25 +368,31 @@ def _alive(pid: int) -> bool:
         return False
 
 
-def boot_failed(host: Host, deadline: float, waited_for: str) -> None:
+def boot_failed(host: Host, deadline: float, waited_for: str, last_answer: str = "") -> None:
     """Raise, with the console's end, if the host's container has exited or time is up."""
     exited = bool(host.pid) and not _alive(host.pid)
     if exited or time.monotonic() > deadline:
         why = "its container exited" if exited else f"not in {BOOT_TIMEOUT}s"
         tail = (host.dir / "console.log").read_text(errors="replace")[-2000:]
-        raise RuntimeError(f"{host.name}: {waited_for}: {why}; console:\n{tail}")
+        answer = f"\nits last answer:\n{last_answer}" if last_answer else ""
+        raise RuntimeError(f"{host.name}: {waited_for}: {why}; console:\n{tail}{answer}")
+
+
+# What systemd says of the boot, then the jobs it still waits for: the console's end rarely
+# names what a boot that never finishes is stuck on.
+BOOT_STATE = "systemctl is-system-running --wait; systemctl list-jobs --no-pager | head -20"
 
 
 def wait_ready(host: Host, deadline: float) -> None:
     """Until sshd answers for the admin and systemd has finished starting up."""
     while True:
         try:
-            state = ssh(host, "systemctl is-system-running --wait", check=False, timeout=60)
-            if state.strip() in ("running", "degraded"):
+            answer = ssh(host, BOOT_STATE, check=False, timeout=60) or "(none: ssh failed)"
+            if answer.split("\n", 1)[0] in ("running", "degraded"):
                 return
         except subprocess.TimeoutExpired:
-            pass
-        boot_failed(host, deadline, "did not come up")
+            answer = "(none in 60 s)"
+        boot_failed(host, deadline, "did not come up", answer)
         time.sleep(0.5)
 
 

@@ -2,16 +2,13 @@
 
 from __future__ import annotations
 
-import os
 import subprocess
-import sys
 import time
 
 import pytest
 
 from tests.conftest import reimage_all, run_on
 from tests.simlab import lab as simlab
-from tests.simlab.paths import REPO
 
 pytestmark = pytest.mark.lab
 
@@ -231,31 +228,3 @@ def test_down_leaves_nothing_behind(lab: simlab.Lab) -> None:
     assert nspawn.stdout.strip() == ""
     # Later tests share the session's lab: boot it again, bare.
     lab.hosts[:] = simlab.up(2).hosts
-
-
-def test_three_hosts_share_the_fabric_through_a_switch(tmp_path) -> None:
-    """More than two boxes: each twin goes into a switch port. A lab of its own, whose id
-    follows the session's, so suites run side by side keep apart."""
-    own_id = str(100 + simlab.LAB_ID)
-    env = dict(os.environ, SIMLAB_ID=own_id, SIMLAB_STATE=str(tmp_path / "state"))
-
-    def lab9(*args: str) -> str:
-        return subprocess.run(
-            [sys.executable, "-m", "tests.simlab", *args], env=env, cwd=REPO, check=True,
-            text=True, capture_output=True, stdin=subprocess.DEVNULL,
-        ).stdout  # fmt: skip
-
-    try:
-        lab9("up", "--hosts", "3")
-        for i in (1, 2, 3):
-            add = (
-                "sudo nmcli connection add type ethernet ifname enp1s0f1np1 con-name t "
-                f"ipv4.method manual ipv4.addresses 192.168.100.1{i}/24 "
-                "802-3-ethernet.mtu 9000 ipv6.method disabled"
-            )
-            lab9("ssh", f"spark-{i}", f"{add} && sudo nmcli connection up t")
-        for peer in ("192.168.100.12", "192.168.100.13"):
-            ping = lab9("ssh", "spark-1", f"ping -c 1 -W 3 -M do -s 8972 {peer}")
-            assert "1 received" in ping
-    finally:
-        lab9("down")
