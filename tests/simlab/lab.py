@@ -10,6 +10,7 @@ through a simulated switch (two bridges in a namespace of their own).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shlex
@@ -345,8 +346,12 @@ def boot(host: Host, base: Path) -> None:
     env = dict(os.environ, SYSTEMD_NSPAWN_UNIFIED_HIERARCHY="1",
                SYSTEMD_NSPAWN_API_VFS_WRITABLE="network")  # fmt: skip
     logfile = open(host.dir / "console.log", "ab")  # noqa: SIM115 - handed to the child
+    cgroups = own_cgroups(host)
+    for cgroup in cgroups:
+        cgroup.mkdir(exist_ok=True)
     process = subprocess.Popen(
-        ["systemd-nspawn", "-D", str(merged), "--boot", "--register=no", "--keep-unit",
+        ["sh", "-c", JOIN_CGROUPS, "sh", *map(str, cgroups), "--",
+         "systemd-nspawn", "-D", str(merged), "--boot", "--register=no", "--keep-unit",
          f"--network-namespace-path=/run/netns/{host.netns}", "--capability=all",
          "--system-call-filter=@system-service @mount @privileged keyctl bpf",
          f"--machine={host.name}", f"--bind-ro={stand_in_repositories()}:{REPOS_MOUNT}",
@@ -357,6 +362,46 @@ def boot(host: Host, base: Path) -> None:
         start_new_session=True,
     )  # fmt: skip
     host.pid = process.pid
+
+
+# systemd-nspawn --keep-unit makes its container's cgroup tree under the cgroup it starts in:
+# hosts started from one cgroup would share one tree, their systemds racing over the same
+# units' cgroups (seen: a unit failing with 219/CGROUP as another host's unit of that name
+# ended, and the admin locked out by the failed systemd-user-sessions). So each host's nspawn
+# starts in a cgroup of its own; the shell execs it there, keeping its pid.
+JOIN_CGROUPS = 'while [ "$1" != -- ]; do echo $$ > "$1/cgroup.procs"; shift; done; shift; exec "$@"'
+
+
+def own_cgroups(host: Host) -> list[Path]:
+    """The host's own cgroup, below this process's, in each hierarchy systemd uses (cgroup2
+    and, on a hybrid machine, v1's name=systemd)."""
+    mine = {}
+    for line in Path("/proc/self/cgroup").read_text().splitlines():
+        _id, controllers, path = line.split(":", 2)
+        if controllers in ("", "name=systemd"):
+            mine[controllers] = path
+    mounts: dict[str, str] = {}
+    for line in Path("/proc/mounts").read_text().splitlines():
+        _device, mountpoint, fstype, options, *_ = line.split()
+        if fstype == "cgroup2":
+            mounts.setdefault("", mountpoint)
+        elif fstype == "cgroup" and "name=systemd" in options.split(","):
+            mounts.setdefault("name=systemd", mountpoint)
+    return [
+        Path(mounts[kind] + path) / f"{PREFIX}-{host.name}"
+        for kind, path in mine.items()
+        if kind in mounts
+    ]
+
+
+def remove_cgroups(host: Host) -> None:
+    """The host's cgroups, once its processes are gone (a cgroup goes with rmdir, leaves first)."""
+    for top in own_cgroups(host):
+        if top.is_dir():
+            below = [path for path in top.rglob("*") if path.is_dir()]
+            for cgroup in [*sorted(below, key=lambda path: -len(path.parts)), top]:
+                with contextlib.suppress(OSError):
+                    cgroup.rmdir()
 
 
 def _alive(pid: int) -> bool:
@@ -384,7 +429,8 @@ BOOT_STATE = "systemctl is-system-running --wait; systemctl list-jobs --no-pager
 
 
 def wait_ready(host: Host, deadline: float) -> None:
-    """Until sshd answers for the admin and systemd has finished starting up."""
+    """Until sshd answers for the admin and systemd has finished starting up. A boot that
+    finished without letting the admin in fails at once, with what systemd says inside."""
     while True:
         try:
             answer = ssh(host, BOOT_STATE, check=False, timeout=60) or "(none: ssh failed)"
@@ -392,8 +438,35 @@ def wait_ready(host: Host, deadline: float) -> None:
                 return
         except subprocess.TimeoutExpired:
             answer = "(none in 60 s)"
+        if answer.startswith("(none") and inside(host, "systemctl is-system-running") in (
+            "running\n",
+            "degraded\n",
+        ):
+            raise RuntimeError(
+                f"{host.name}: booted, but the admin's ssh fails:\n{inside(host, FAILED_UNITS)}"
+            )
         boot_failed(host, deadline, "did not come up", answer)
         time.sleep(0.5)
+
+
+# The failed units of a boot and their own words.
+FAILED_UNITS = (
+    "systemctl --failed --no-pager; for unit in $(systemctl --failed --plain --no-legend"
+    " | cut -d' ' -f1); do journalctl -b --no-pager -n 20 -u $unit; done"
+)
+
+
+def inside(host: Host, command: str) -> str:
+    """A command's output, run by root in the host's namespaces without ssh (what a boot that
+    locked the admin out can still be asked)."""
+    inits = _children(host.pid) if host.pid else []
+    if not inits:
+        return ""
+    result = subprocess.run(
+        ["nsenter", "-t", str(inits[0]), "-a", "sh", "-c", command],
+        capture_output=True, text=True, stdin=subprocess.DEVNULL, timeout=30,
+    )  # fmt: skip
+    return result.stdout + result.stderr
 
 
 def wait_for_sshd(host: Host, deadline: float) -> None:
@@ -430,6 +503,7 @@ def stop(host: Host) -> None:
         else:
             os.kill(host.pid, signal.SIGKILL)
     host.pid = None
+    remove_cgroups(host)
     merged = host.dir / "root"
     if os.path.ismount(merged):
         run("umount", "-R", str(merged))
