@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import subprocess
 import time
+from pathlib import Path
 
 import pytest
 
@@ -60,6 +61,15 @@ def test_hosts_are_bare_sparks(lab: simlab.Lab) -> None:
              "-l", "root", host.name, "true"], capture_output=True, stdin=subprocess.DEVNULL,
         )  # fmt: skip
         assert root.returncode != 0
+
+
+def test_each_host_boots_in_a_cgroup_of_its_own_with_no_unit_failed() -> None:
+    """Hosts sharing one cgroup tree raced over their units' cgroups (lab.JOIN_CGROUPS)."""
+    for host in simlab.Lab.load().hosts:  # as reimaged: new containers
+        init = Path(f"/proc/{host.pid}/task/{host.pid}/children").read_text().split()[0]
+        tree = Path(f"/proc/{init}/cgroup").read_text()
+        assert f"0::/{simlab.PREFIX}-{host.name}/payload/" in tree, (host.name, tree)
+        assert run_on(host, "systemctl --failed --plain --no-legend") == "", host.name
 
 
 def test_jumbo_frames_cross_a_fabric_link_at_mtu_9000(lab: simlab.Lab) -> None:
