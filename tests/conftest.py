@@ -25,17 +25,26 @@ def lab_unavailable() -> str | None:
     return None
 
 
+def work_unit(item: pytest.Item) -> str:
+    """What runs on one lab in one go: the modules on the shared deployed lab (deployed from
+    bare once, not reimaged between them by a module that needs bare boxes); the modules that
+    boot boxes cabled otherwise; else the test's module."""
+    if item.get_closest_marker("recabled"):
+        return "recabled"
+    if "deployed_lab" in getattr(item, "fixturenames", ()):
+        return "deployed"
+    return item.nodeid.split("::", 1)[0]
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist's loadgroup reads the groups
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    # The modules on the shared deployed lab run one after the other, so it is deployed from
-    # bare once and not reimaged between them by a module that needs bare boxes; the modules
-    # that boot boxes cabled otherwise come last, so the session's pair is booted again (half
-    # a minute) only where a module after them needs it (reimage_all).
-    items.sort(
-        key=lambda item: (
-            item.get_closest_marker("recabled") is not None,
-            "deployed_lab" in getattr(item, "fixturenames", ()),
-        )
-    )
+    # `make test` runs two pytest-xdist workers, a lab each, taking whole units in this order:
+    # the longest (deployed) first; the recabled modules last, so the session's pair is booted
+    # again (half a minute) only where a module after them needs it (reimage_all).
+    rank = {"deployed": 0, "recabled": 2}
+    items.sort(key=lambda item: rank.get(work_unit(item), 1))
+    for item in items:
+        item.add_marker(pytest.mark.xdist_group(work_unit(item)))
     reason = lab_unavailable()
     if reason:
         for item in items:

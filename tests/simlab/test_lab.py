@@ -230,7 +230,7 @@ def test_down_leaves_nothing_behind(lab: simlab.Lab) -> None:
     netns = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
     assert f"{simlab.PREFIX}-" not in netns
     links = subprocess.run(["ip", "-o", "link"], capture_output=True, text=True).stdout
-    assert f" {simlab.PREFIX}m" not in links and simlab.MGMT_BRIDGE not in links
+    assert f" {simlab.PREFIX}m" not in links and f" {simlab.MGMT_BRIDGE}:" not in links
     with open("/proc/mounts") as mounts:
         assert str(simlab.STATE) not in mounts.read()
     ours = f"systemd-nspawn -D {simlab.STATE / 'hosts'}/"  # other labs may run beside this one
