@@ -51,10 +51,23 @@ ADMIN_USER = "spark"
 
 
 def ensure_host_tools() -> None:
-    """Install the Debian packages the lab (and its stand-in builds) need on this machine."""
-    missing = sorted({pkg for tool, pkg in HOST_TOOLS.items() if shutil.which(tool) is None})
-    if not missing:
+    """Install the Debian packages the lab (and its stand-in builds) need on this machine;
+    labs started side by side (`make test`'s two workers) take turns, as apt would refuse the
+    second one its lock (its own lock file: the build lock may be held by the caller)."""
+    if not _missing_host_packages():
         return
+    CACHE.mkdir(parents=True, exist_ok=True)
+    with open(CACHE / ".host-tools.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if missing := _missing_host_packages():
+            _install_host_packages(missing)
+
+
+def _missing_host_packages() -> list[str]:
+    return sorted({pkg for tool, pkg in HOST_TOOLS.items() if shutil.which(tool) is None})
+
+
+def _install_host_packages(missing: list[str]) -> None:
     log(f"installing host packages: {' '.join(missing)}")
     subprocess.run(["apt-get", "update", "-qq"], check=True, stdin=subprocess.DEVNULL)
     subprocess.run(

@@ -10,8 +10,11 @@ import pytest
 from tests.simlab import rootfs
 
 
-def test_ensure_host_tools_installs_only_what_is_missing(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_ensure_host_tools_installs_only_what_is_missing(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
     calls: list[list[str]] = []
+    monkeypatch.setattr(rootfs, "CACHE", tmp_path)  # for the lock labs take turns on
     monkeypatch.setattr(rootfs.shutil, "which", lambda tool: None if tool == "gpgv" else tool)
     monkeypatch.setattr(rootfs.subprocess, "run", lambda cmd, **kw: calls.append(cmd))
     rootfs.ensure_host_tools()
