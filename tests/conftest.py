@@ -41,10 +41,11 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     # `make test` runs two pytest-xdist workers, a lab each, taking whole units in this order:
     # the longest (deployed) first; the recabled modules last, so the session's pair is booted
     # again (half a minute) only where a module after them needs it (reimage_all).
+    units = {item.nodeid: work_unit(item) for item in items}
     rank = {"deployed": 0, "recabled": 2}
-    items.sort(key=lambda item: rank.get(work_unit(item), 1))
+    items.sort(key=lambda item: rank.get(units[item.nodeid], 1))
     for item in items:
-        item.add_marker(pytest.mark.xdist_group(work_unit(item)))
+        item.add_marker(pytest.mark.xdist_group(units[item.nodeid]))
     reason = lab_unavailable()
     if reason:
         for item in items:
@@ -136,10 +137,8 @@ def reimage_all(lab: simlab.Lab) -> simlab.Lab:
     global _as_deployed, _recabled
     _as_deployed = False
     if _recabled:  # booted bare again, as cabled as before
-        lab.hosts[:] = simlab.up(len(lab.hosts), cabling=lab.cabling).hosts
+        lab.hosts[:] = _booted_bare(len(lab.hosts), lab.cabling).hosts
         _recabled = False
-        for host in lab.hosts:
-            simlab.load_serving_image(host)
         return lab
     for host in lab.hosts:
         simlab.reimage(host.name)
@@ -156,10 +155,16 @@ def cabled(lab: simlab.Lab, cabling: str, count: int | None = None) -> simlab.La
     next reimage_all() boots the session's boxes again (modules marked `recabled` run last)."""
     global _as_deployed, _recabled
     _as_deployed, _recabled = False, True
-    recabled = simlab.up(count or len(lab.hosts), cabling=cabling)
-    for host in recabled.hosts:
+    return _booted_bare(count or len(lab.hosts), cabling)
+
+
+def _booted_bare(count: int, cabling: str) -> simlab.Lab:
+    """`count` bare boxes cabled as `cabling`, in place of the lab that was up, the serving
+    image in their docker as a Spark that pulled it."""
+    booted = simlab.up(count, cabling=cabling)
+    for host in booted.hosts:
         simlab.load_serving_image(host)
-    return recabled
+    return booted
 
 
 def run_on(host: simlab.Host, command: str, check: bool = True) -> str:

@@ -428,24 +428,25 @@ def boot_failed(host: Host, deadline: float, waited_for: str, last_answer: str =
 BOOT_STATE = "systemctl is-system-running --wait; systemctl list-jobs --no-pager | head -20"
 
 
+# What `systemctl is-system-running` says once the boot's jobs are done (degraded: some failed).
+BOOTED = ("running", "degraded")
+
+
 def wait_ready(host: Host, deadline: float) -> None:
     """Until sshd answers for the admin and systemd has finished starting up. A boot that
     finished without letting the admin in fails at once, with what systemd says inside."""
     while True:
         try:
-            answer = ssh(host, BOOT_STATE, check=False, timeout=60) or "(none: ssh failed)"
-            if answer.split("\n", 1)[0] in ("running", "degraded"):
-                return
+            answer = ssh(host, BOOT_STATE, check=False, timeout=60)
         except subprocess.TimeoutExpired:
-            answer = "(none in 60 s)"
-        if answer.startswith("(none") and inside(host, "systemctl is-system-running") in (
-            "running\n",
-            "degraded\n",
-        ):
+            answer = ""
+        if answer.split("\n", 1)[0] in BOOTED:
+            return
+        if not answer and inside(host, "systemctl is-system-running").strip() in BOOTED:
             raise RuntimeError(
                 f"{host.name}: booted, but the admin's ssh fails:\n{inside(host, FAILED_UNITS)}"
             )
-        boot_failed(host, deadline, "did not come up", answer)
+        boot_failed(host, deadline, "did not come up", answer or "(none: ssh failed or timed out)")
         time.sleep(0.5)
 
 

@@ -66,7 +66,7 @@ def test_hosts_are_bare_sparks(lab: simlab.Lab) -> None:
 def test_each_host_boots_in_a_cgroup_of_its_own_with_no_unit_failed() -> None:
     """Hosts sharing one cgroup tree raced over their units' cgroups (lab.JOIN_CGROUPS)."""
     for host in simlab.Lab.load().hosts:  # as reimaged: new containers
-        init = Path(f"/proc/{host.pid}/task/{host.pid}/children").read_text().split()[0]
+        init = simlab._children(host.pid)[0]
         tree = Path(f"/proc/{init}/cgroup").read_text()
         assert f"0::/{simlab.PREFIX}-{host.name}/payload/" in tree, (host.name, tree)
         assert run_on(host, "systemctl --failed --plain --no-legend") == "", host.name
