@@ -14,6 +14,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.simlab.standins import gnupg_home
+
 TOOLS = ("apt-get", "apt-cache", "apt-ftparchive", "dpkg-deb", "gpg")
 ENV = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "LC_ALL": "C"}
 
@@ -47,10 +49,10 @@ def build_repo(base: Path, packages: list[tuple[str, str, str]]) -> Path:
         )
     for index in ("packages", "release"):
         (pool / index.capitalize()).write_text(run("apt-ftparchive", index, ".", cwd=pool))
-    gnupg = base / "gnupg"
-    gnupg.mkdir(mode=0o700)
-    env = {"GNUPGHOME": str(gnupg)}
-    try:
+    # Its home is reached through a short link: pytest's tmp_path (deeper under xdist) can pass
+    # the 107 bytes a gpg-agent socket path may have.
+    with gnupg_home(base / "gnupg") as home:
+        env = {"GNUPGHOME": str(home)}
         run(
             "gpg",
             "--batch",
@@ -73,9 +75,6 @@ def build_repo(base: Path, packages: list[tuple[str, str, str]]) -> Path:
             str(pool / "Release"),
             env=env,
         )
-    finally:
-        # gpg started an agent for this home: end it with the home.
-        subprocess.run(["gpgconf", "--kill", "gpg-agent"], env={**ENV, **env}, check=False)
     return base / "repo"
 
 

@@ -156,7 +156,7 @@ def build_repositories(dest: Path) -> None:
             _build_deb(package, repo_dir)
         if repo == DGX:
             _download(DISTRIBUTION_PACKAGES, repo_dir)
-        with _gnupg_home(dest / f".gnupg-{repo}") as home:
+        with gnupg_home(dest / f".gnupg-{repo}") as home:
             fingerprint = _signing_key(home, f"{origin} signing key")
             _write_indexes(repo_dir, origin)
             _sign(home, fingerprint, repo_dir)
@@ -236,7 +236,7 @@ def _gpg(home: Path, *args: str) -> str:
 
 
 @contextmanager
-def _gnupg_home(home: Path) -> Iterator[Path]:
+def gnupg_home(home: Path) -> Iterator[Path]:
     """home, reached through a short symlink, with gpg-agent stopped afterwards.
 
     gpg-agent's sockets live in the home directory when there is no /run/user/<uid>, and a
