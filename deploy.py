@@ -33,7 +33,6 @@ if Path.cwd().resolve() != COLLECTION:
 
 import endpoints
 from operations import (
-    config,
     debpkg,
     driver,
     environment,
@@ -50,9 +49,11 @@ from operations import (
     toolkit,
     weights,
 )
-from operations.recipes import Lane, MpRank
+from spark.lanes import Lane, MpRank
+from spark.ports import listen_ports
+from stages import settings
 
-spark = config.load(inventory)  # validated once for the whole inventory, then cached
+spark = settings.load(inventory)  # validated once for the whole inventory, then cached
 me = spark.host(host.name)
 # A cluster lane (on the head) runs a rank on every box: on vLLM's own multi-node mode
 # (executor mp) each box has a unit for it; on Ray the box's Ray node holds it.
@@ -223,7 +224,7 @@ elif len(spark.hosts) > 1:
     firewall.cluster_ports_fabric_only(
         name="Firewall: Ray's and the distributed back-end's ports from the fabric only",
         fabric={link.ifname: str(link.address.network) for link in me.fabric},
-        ports=ray.listen_ports(me.ray.port),
+        ports=listen_ports(me.ray.port),
         open_ports=[host.data.get("ssh_port") or 22, *(lane.port for lane in me.lanes)],
     )
     # Where the cluster lane's workers on this box read its weights (copied or fetched below).

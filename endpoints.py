@@ -15,9 +15,9 @@ from pyinfra.api import State
 from pyinfra.api.host import Host
 from pyinfra.api.state import BaseStateCallback, StateStage
 
-from operations.config import HostConfig
 from operations.lanes import SECRETS_DIR, key_path
-from operations.recipes import AGENT_CONTEXT
+from spark.inventory import HostConfig
+from spark.lanes import AGENT_CONTEXT
 
 
 class Endpoint(NamedTuple):

@@ -25,9 +25,10 @@ if Path.cwd().resolve() != COLLECTION:
         " config.py and group_data/ from the directory it starts in"
     )
 
-from operations import config, lanes
+from operations import lanes
+from stages import settings
 
-spark = config.load(inventory)  # the deploy's own validation: the same lanes, ports and models
+spark = settings.load(inventory)  # the deploy's own validation: the same lanes, ports and models
 me = spark.host(host.name)
 state.print_output = True  # the probe's tables are what this is run for
 

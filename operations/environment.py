@@ -9,6 +9,7 @@ from pyinfra.api import operation
 from pyinfra.api.exceptions import OperationError
 
 from operations import util
+from spark.lanes import ENV_NAME
 
 UNSAYABLE = ("\n", "\r", "\0")  # a line break ends an assignment in one reader, not the other
 ESCAPED = re.compile(r'([\\"`$])')
@@ -43,7 +44,7 @@ def cluster_env(
         environment.cluster_env(name="Cluster environment", variables=cluster.environment)
     """
     for key, value in variables.items():
-        if not util.ENV_NAME.fullmatch(key):
+        if not ENV_NAME.fullmatch(key):
             raise OperationError(f"{key!r} is not a valid environment variable name")
         if any(character in value for character in UNSAYABLE):
             raise OperationError(f"the value of {key} holds a line break or NUL: {value!r}")

@@ -14,18 +14,10 @@ from pyinfra.api.exceptions import OperationError
 from pyinfra.operations import files
 
 from operations import debpkg, util
+from spark.ports import BACKEND_PORTS
 
 TABLE = "inet spark"  # our own table: docker's and anyone else's rules stay untouched
 UNIT = "spark-firewall.service"
-# vLLM's own multi-node mode (a cluster lane on executor mp): the head's --master-port, where
-# every rank joins its torch.distributed group; vLLM's default (vllm/config/parallel.py), and
-# the one eugr/spark-vllm-docker's launch-cluster.sh passes.
-MASTER_PORT = 29501
-# The distributed back-end's fixed ports (vLLM docs, usage/security.md): torch's TCPStore and
-# the data-parallel master at MASTER_PORT 29500, KV cache transfer at 14579, and the multi-node
-# master port above. NCCL, Gloo and vLLM's other sockets take ports from the kernel's ephemeral
-# range, which the rules add.
-BACKEND_PORTS = [(14579, 14579), (29500, 29500), (MASTER_PORT, MASTER_PORT)]
 DIGEST = re.compile(r'comment "spark:([0-9a-f]{64})"')
 PATH = "/etc/spark/firewall.nft"
 

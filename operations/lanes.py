@@ -14,9 +14,11 @@ from pyinfra.api import FactBase, operation
 from pyinfra.api.exceptions import OperationError
 from pyinfra.facts.files import Sha1File
 
-from operations import llamacpp, ray, util
+from operations import ray, util
 from operations.preflight import HF_CACHE_IN_CONTAINER, hf_cache_dir
-from operations.recipes import (
+from spark import llamacpp
+from spark.lanes import (
+    ENV_NAME,
     SLUG,
     Lane,
     MpRank,
@@ -344,7 +346,7 @@ class LaneUnit:
         # files only); a lane's own environment may still say otherwise.
         variables = {"HF_HUB_OFFLINE": "1"} | dict(self.environment) | self.lane.container_env()
         for key, value in variables.items():
-            if not util.ENV_NAME.fullmatch(key) or any(c in value for c in "\n\r\0"):
+            if not ENV_NAME.fullmatch(key) or any(c in value for c in "\n\r\0"):
                 raise OperationError(
                     f"lane {self.name}: environment {key}={value!r}: a name of A-Z a-z 0-9 _ and"
                     " a value without line breaks only (docker reads the file line by line)"

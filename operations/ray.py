@@ -18,6 +18,7 @@ from pyinfra.api.exceptions import OperationError
 from pyinfra.facts.files import File
 
 from operations import util
+from spark.ports import DASHBOARD_PORT, PORT_OPTIONS, WORKER_PORTS
 
 UNIT = "spark-ray.service"  # what the cluster lane orders itself after
 CONTAINER = "spark-ray"
@@ -36,19 +37,6 @@ RAY_CHECKED = "/var/lib/spark/ray-image-checked"
 CONTROLLER_TOKEN = Path("~/.config/spark-provisioning/ray-auth-token")
 TOKEN_AUTH_SINCE = (2, 52)  # Ray's RAY_AUTH_MODE=token (field-facts, "Security")
 # Ray's defaults, pinned so that the firewall can name every port (field-facts, "Security").
-DASHBOARD_PORT = 8265  # bound to 127.0.0.1 only: its job API runs code (CVE-2023-48022)
-CLIENT_PORT = 10001
-# Out of Ray's default 10002-19999, which holds the lanes' API ports (10101, 10102: seed 003).
-WORKER_PORTS = (20000, 20999)
-# Ray's own ports after the GCS port, in this order, each one above the one before.
-PORT_OPTIONS = (
-    "--node-manager-port",
-    "--object-manager-port",
-    "--dashboard-agent-grpc-port",
-    "--dashboard-agent-listen-port",
-    "--runtime-env-agent-port",
-    "--metrics-export-port",
-)
 RAY_VERSION = re.compile(r"version (\d+)\.(\d+)")
 PLAIN = re.compile(r"[A-Za-z0-9_./:=,@+-]+")
 
@@ -74,16 +62,6 @@ def controller_token(path: Path = CONTROLLER_TOKEN) -> Secret:
             with os.fdopen(descriptor, "w") as file:
                 file.write(secrets.token_hex(32))
     return Secret(path.read_text().strip())
-
-
-def listen_ports(port: int) -> list[tuple[int, int]]:
-    """Every port (as ranges) Ray listens on with `port` as its GCS port."""
-    return [
-        (port, port + len(PORT_OPTIONS)),
-        (DASHBOARD_PORT, DASHBOARD_PORT),
-        (CLIENT_PORT, CLIENT_PORT),
-        WORKER_PORTS,
-    ]
 
 
 def ray_start(role: Literal["head", "worker"], node_ip: str, head_ip: str, port: int) -> list[str]:

@@ -4,7 +4,6 @@ on the box, and the `docker run` line of a GPU container."""
 
 from __future__ import annotations
 
-import re
 from pathlib import Path
 
 from pyinfra.operations import files
@@ -12,7 +11,6 @@ from pyinfra.operations import files
 TEMPLATES = Path(__file__).parents[1] / "templates"
 # A variable name that sh, systemd's EnvironmentFile= and docker's --env-file all read as one
 # (POSIX, Base Definitions 8.1: letters, digits and underscores, not starting with a digit).
-ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 CAP_SYS_RESOURCE = 24  # raising RLIMIT_MEMLOCK, lowering an oom_score_adj (linux/capability.h)
 # What a container may get on this box, as `kind value` lines for ``container_rights``: RDMA
 # devices, and this (root) shell's effective capabilities.

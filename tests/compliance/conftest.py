@@ -38,8 +38,9 @@ from testinfra.backend.base import CommandResult
 from testinfra.backend.paramiko import ParamikoBackend
 from testinfra.host import Host as TestinfraHost
 
-from operations.config import ConfigError, FabricLink, HostConfig, SparkConfig
-from operations.config import load as load_config
+from spark.inventory import FabricLink, HostConfig, SparkConfig
+from stages.settings import InventoryRefused
+from stages.settings import load as load_config
 
 # pyinfra_cli's __init__ monkey-patches the whole process for gevent, and pytest-xdist's workers
 # then hang (their queue waits on a gevent event fed by a real thread). The inventory loader
@@ -215,7 +216,7 @@ def pytest_configure(config: pytest.Config) -> None:
     try:
         # The whole inventory: a worker box's environment names the head even under --limit.
         spark = load_config(inventory)
-    except ConfigError as error:
+    except InventoryRefused as error:
         raise pytest.UsageError(str(error)) from None
     # Registered here too, for runs without xdist (`-p no:xdist`) under --strict-markers.
     config.addinivalue_line("markers", "xdist_group(name): run these tests on one xdist worker")

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 import pytest
 
 from operations import firewall, lanes, nccl, ray
-from operations.firewall import MASTER_PORT
+from spark.ports import BACKEND_PORTS, MASTER_PORT, listen_ports
 
 if TYPE_CHECKING:
     from tests.compliance.conftest import Box
@@ -82,7 +82,7 @@ def test_nccl_test(box: Box, found: Callable[[object], None]) -> None:
 def test_firewall_table(box: Box, found: Callable[[object], None]) -> None:
     """firewall table as deployed"""
     low, high = box.run("cat /proc/sys/net/ipv4/ip_local_port_range").stdout.split()
-    ports = [*ray.listen_ports(box.config.ray.port), *firewall.BACKEND_PORTS]
+    ports = [*listen_ports(box.config.ray.port), *BACKEND_PORTS]
     fabric = {link.ifname: str(link.address.network) for link in box.config.fabric}
     rules = firewall.ruleset(fabric, firewall.merged([*ports, (int(low), int(high))]))
     want = firewall.DIGEST.search(rules)[1]

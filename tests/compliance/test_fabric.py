@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 from operations import roce
 
 if TYPE_CHECKING:
-    from operations.config import FabricLink
+    from spark.inventory import FabricLink
     from tests.compliance.conftest import Box
 
 FIELDS = (

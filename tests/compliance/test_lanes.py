@@ -23,7 +23,7 @@ from operations.lanes import (
 from operations.memguard import SERVICE, stop_order
 
 if TYPE_CHECKING:
-    from operations.recipes import Lane
+    from spark.lanes import Lane
     from tests.compliance.conftest import Box
 
 

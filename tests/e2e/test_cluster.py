@@ -23,6 +23,7 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 
 from operations import lanes, nccl, preflight, ray
+from spark.ports import DASHBOARD_PORT
 from tests.conftest import pyinfra, reimage_all, run_on
 from tests.e2e import test_fabric_down as fabric_down
 from tests.e2e.cluster_lane import CLUSTER_LANE
@@ -291,7 +292,7 @@ def test_ray_ports_answer_over_the_fabric_only(cluster: simlab.Lab) -> None:
     # Ray's dashboard never listens beyond the box.
     listeners = run_on(head, "sudo ss -Hltn")
     assert not re.search(
-        rf"^\S+\s+\d+\s+\d+\s+(?!127\.0\.0\.1)\S+:{ray.DASHBOARD_PORT}\s", listeners, re.M
+        rf"^\S+\s+\d+\s+\d+\s+(?!127\.0\.0\.1)\S+:{DASHBOARD_PORT}\s", listeners, re.M
     )
 
 

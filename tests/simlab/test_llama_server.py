@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from operations.llamacpp_release import DATA
+from spark.llamacpp_release import DATA
 from tests.simlab.loopback import Server, Servers, free_port, request
 from tests.simlab.serving import llama_server_standin as standin
 from tests.simlab.serving.standin_model import ANSWER_FILE

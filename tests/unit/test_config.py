@@ -9,13 +9,16 @@ import runpy
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
 from pyinfra.api import Inventory
 
-from operations import config
-from operations.config import ConfigError, load, load_from_dicts
+from spark import inventory as config
+from spark.inventory import ConfigError, load_from_dicts
+from stages import settings
+from stages.settings import InventoryRefused, load, pyinfra_keys
 
 REPO = Path(__file__).parents[2]
 BAD_INPUTS = Path(__file__).parent / "bad_inputs"
@@ -252,7 +255,7 @@ def test_bad_input_is_refused_naming_host_and_key(path: Path) -> None:
     case = read_case(path)
 
     with pytest.raises(ConfigError) as caught:
-        load_from_dicts(merged(case["hosts"], tuple(case.get("drop", ()))))
+        load_from_dicts(merged(case["hosts"], tuple(case.get("drop", ()))), pyinfra_keys())
 
     message = str(caught.value)
     for expected in case["expect"]:
@@ -270,12 +273,15 @@ def test_load_reads_host_data_from_a_pyinfra_inventory_once(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     calls = []
-    monkeypatch.setattr(config, "load_from_dicts", lambda hosts: calls.append(hosts) or "done")
+    done = SimpleNamespace(warnings=())
+    monkeypatch.setattr(
+        settings, "load_from_dicts", lambda hosts, keys: calls.append(hosts) or done
+    )
     hosts = merged(TWO_SPARKS)
     hosts["spark-2"]["ssh_port"] = 2222
     loaded = inventory(hosts)
 
-    assert load(loaded) == load(loaded) == "done"
+    assert load(loaded) is load(loaded) is done
     assert calls == [hosts]
 
 
@@ -285,18 +291,18 @@ def test_load_caches_the_error_too(monkeypatch: pytest.MonkeyPatch) -> None:
     loaded = inventory(hosts)
     calls = []
     real = config.load_from_dicts
-    monkeypatch.setattr(config, "load_from_dicts", lambda h: calls.append(h) or real(h))
+    monkeypatch.setattr(settings, "load_from_dicts", lambda h, k: calls.append(h) or real(h, k))
 
     errors = []
     for _ in range(2):
-        with pytest.raises(ConfigError) as caught:
+        with pytest.raises(InventoryRefused) as caught:
             load(loaded)
         errors.append(caught.value)
 
     assert len(calls) == 1
     assert errors[0] is not errors[1]
-    assert errors[0].problems == errors[1].problems
-    assert errors[0].problems[0].startswith("spark-2: fabric_mtu: ")
+    assert str(errors[0]) == str(errors[1])
+    assert str(errors[0]).splitlines()[1].startswith("spark-2: fabric_mtu: ")
 
 
 def run_pyinfra(

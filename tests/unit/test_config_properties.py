@@ -8,8 +8,8 @@ from typing import Any
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from operations.config import ConfigError, HostSettings, load_from_dicts
-from operations.topology import PORT_TWINS
+from spark.inventory import ConfigError, HostSettings, load_from_dicts
+from spark.topology import PORT_TWINS
 
 from .test_config import group_defaults
 

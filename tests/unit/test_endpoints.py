@@ -10,7 +10,7 @@ import pytest
 from pyinfra.api.state import StateStage
 
 import endpoints
-from operations.config import load_from_dicts
+from spark.inventory import load_from_dicts
 from tests.unit.test_config import TWO_SPARKS, merged
 
 CODER_URL, FAST_URL = "http://spark-1:10101/v1", "http://spark-1:10102/v1"

@@ -17,13 +17,14 @@ from pathlib import Path
 import pytest
 from pyinfra.api.exceptions import OperationError
 
-from operations import firewall, ray
+from operations import firewall
+from spark.ports import BACKEND_PORTS, listen_ports
 from tests.unit.harness import FakeHost, captured, file_facts, process, run_op
 
 FABRIC = {"enp1s0f1np1": "192.168.100.0/24", "enP2p1s0f1np1": "192.168.101.0/24"}
 RULES = "/etc/spark/firewall.nft"
 UNIT = f"/etc/systemd/system/{firewall.UNIT}"
-ARGS = {"fabric": FABRIC, "ports": ray.listen_ports(6379), "open_ports": [22, 10101, 10102]}
+ARGS = {"fabric": FABRIC, "ports": listen_ports(6379), "open_ports": [22, 10101, 10102]}
 LAB_DIGEST = "73093b6d0388057d84c30b82dac2d55b27e7b04f6e6e83de8b51e8ccfcc989ab"
 
 
@@ -67,7 +68,7 @@ def test_a_flushed_chain_is_seen_by_its_rules_and_reloaded() -> None:
 
 def test_the_lab_loaded_what_the_deploy_renders_today() -> None:
     # The digest the lab's table carries is the one of this ruleset: nothing to reload there.
-    ranges = firewall.merged([*ARGS["ports"], *firewall.BACKEND_PORTS, (32768, 60999)])
+    ranges = firewall.merged([*ARGS["ports"], *BACKEND_PORTS, (32768, 60999)])
     assert f'comment "spark:{LAB_DIGEST}"' in firewall.ruleset(FABRIC, ranges)
 
 

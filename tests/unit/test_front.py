@@ -21,7 +21,7 @@ import pytest
 
 import endpoints
 from operations import front
-from operations.config import ConfigError, load_from_dicts
+from spark.inventory import ConfigError, load_from_dicts
 from tests.unit.harness import FakeHost, captured, file_facts, process, run_op
 from tests.unit.test_config import TWO_SPARKS, merged
 

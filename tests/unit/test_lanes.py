@@ -41,8 +41,8 @@ from pyinfra.facts.files import File, Sha1File
 from pyinfra.facts.systemd import SystemdEnabled, SystemdStatus
 
 from operations import lanes, memguard, util
-from operations.config import ConfigError, load_from_dicts
-from operations.recipes import Lane, ModelSpec, MpRank
+from spark.inventory import ConfigError, load_from_dicts
+from spark.lanes import Lane, ModelSpec, MpRank
 from tests.unit.harness import FakeHost, captured, file_facts, process, run_op
 from tests.unit.test_config import TWO_SPARKS, merged
 

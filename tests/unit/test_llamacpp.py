@@ -12,9 +12,10 @@ from typing import Any
 
 import pytest
 
-from operations import lanes, llamacpp
-from operations.llamacpp_release import DEFAULT_COMMIT
-from operations.recipes import CATALOG, Lane
+from operations import lanes
+from spark import llamacpp
+from spark.lanes import CATALOG, Lane
+from spark.llamacpp_release import DEFAULT_COMMIT
 
 from .test_recipes import SPARK_GIB, accepted, lane, problems
 

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from operations import llamacpp_release
-from operations.llamacpp_release import DEFAULT_COMMIT, Option, distinct, known_commits, options
+from spark import llamacpp_release
+from spark.llamacpp_release import DEFAULT_COMMIT, Option, distinct, known_commits, options
 
 TOOL = Path(__file__).resolve().parents[2] / "tools" / "llama_cpp_options.py"
 # tools/server/README.md at the same commit lists 255 options (its table is made by

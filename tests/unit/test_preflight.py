@@ -314,7 +314,7 @@ def test_a_box_failed_in_this_run_stops_the_others_before_the_cluster_lane() -> 
 
 
 def test_a_rings_peers_are_the_other_ends_of_each_cable() -> None:
-    from operations.config import load_from_dicts
+    from spark.inventory import load_from_dicts
     from tests.unit.test_topology import ring
 
     spark = load_from_dicts(ring())

@@ -29,6 +29,7 @@ from pyinfra.api.exceptions import OperationError
 from pyinfra.facts.files import File
 
 from operations import ray, util
+from spark.ports import listen_ports
 from tests.unit.harness import FakeHost, captured, file_facts, process, run_op
 
 IMAGE = "nvcr.io/nvidia/vllm:26.04-py3"
@@ -259,7 +260,7 @@ def test_a_ray_without_token_auth_is_refused_unless_auth_is_off() -> None:
 
 
 def test_listen_ports_cover_every_port_ray_start_names() -> None:
-    ranges = ray.listen_ports(6379)
+    ranges = listen_ports(6379)
     for role in (HEAD, WORKER):
         for arg in ray.ray_start(**role, port=6379):
             if arg.endswith("-port=20000") or not arg.split("=")[0].endswith("port"):

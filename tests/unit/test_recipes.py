@@ -4,7 +4,6 @@ budget; and how operations/config.py reports them before any host is contacted."
 from __future__ import annotations
 
 import json
-import logging
 import re
 from pathlib import Path
 from typing import Annotated, Any
@@ -12,8 +11,8 @@ from typing import Annotated, Any
 import pytest
 from pydantic import BaseModel, ValidationError
 
-from operations.config import ConfigError, load_from_dicts
-from operations.recipes import (
+from spark.inventory import ConfigError, load_from_dicts
+from spark.lanes import (
     CATALOG,
     DATA,
     SM121_ADDITIONS,
@@ -102,11 +101,8 @@ def test_the_default_lanes_render_their_full_command_lines() -> None:
     assert fast.container_env() == {"VLLM_NVFP4_GEMM_BACKEND": "marlin"}
 
 
-def test_lanes_without_overrides_print_no_warning(caplog: pytest.LogCaptureFixture) -> None:
-    with caplog.at_level(logging.WARNING, logger="pyinfra"):
-        load_from_dicts(merged({"spark-1": {}}))
-
-    assert caplog.records == []
+def test_lanes_without_overrides_carry_no_warning() -> None:
+    assert load_from_dicts(merged({"spark-1": {}})).warnings == ()
 
 
 # Rendering.
@@ -420,15 +416,18 @@ def test_a_total_above_090_is_refused() -> None:
     )
 
 
-def test_a_total_above_087_is_accepted_with_a_warning(caplog: pytest.LogCaptureFixture) -> None:
-    with caplog.at_level(logging.WARNING, logger="pyinfra"):
-        accepted(lane(memory_fraction=0.45), lane(name="b", port=10102, memory_fraction=0.43))
+def warnings(*lanes: dict[str, Any]) -> tuple[str, ...]:
+    return load_from_dicts(merged({"spark-1": {"lanes": list(lanes)}})).warnings
 
-    assert [record.getMessage() for record in caplog.records] == [
+
+def test_a_total_above_087_is_accepted_with_a_warning() -> None:
+    assert warnings(
+        lane(memory_fraction=0.45), lane(name="b", port=10102, memory_fraction=0.43)
+    ) == (
         "spark-1: lanes: the memory fractions add up to 0.88 (probe 0.45, b 0.43), above 0.87:"
         " a Spark has ~102 GiB free after boot, a later lane may not start; a total of 0.87 or"
-        " less is safe"
-    ]
+        " less is safe",
+    )
 
 
 def test_the_warning_shows_in_pyinfra_output_before_any_operation(tmp_path: Path) -> None:
@@ -696,13 +695,12 @@ def test_flashinfer_moe_is_refused_by_variable_too():
     assert accepted(lane(environment={"VLLM_USE_FLASHINFER_MOE_FP8": "0"}))
 
 
-def test_a_context_agents_refuse_is_warned_not_refused(caplog: pytest.LogCaptureFixture):
-    with caplog.at_level(logging.WARNING, logger="pyinfra"):
-        assert accepted(lane(max_model_len=32768))
-    assert caplog.messages == [
+def test_a_context_agents_refuse_is_warned_not_refused() -> None:
+    assert accepted(lane(max_model_len=32768))
+    assert warnings(lane(max_model_len=32768)) == (
         "spark-1: lanes: probe: max_model_len 32768 is below 65536: agent clients refuse it"
-        " (Hermes Agent needs 64K, seed 003); raise it to serve them"
-    ]
+        " (Hermes Agent needs 64K, seed 003); raise it to serve them",
+    )
 
 
 def test_a_plaintext_key_given_as_api_key_is_never_shown():

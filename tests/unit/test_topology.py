@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from operations.config import ConfigError, load_from_dicts
+from spark.inventory import ConfigError, load_from_dicts
 
 from .test_config import merged
 

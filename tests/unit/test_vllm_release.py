@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from operations.vllm_release import (
+from spark.vllm_release import (
     DATA,
     DEFAULT_IMAGE,
     IMAGES,

@@ -21,8 +21,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from operations import llamacpp_release
-from operations.vllm_release import DATA, DEFAULT_IMAGE, IMAGES, KINDS, known_versions
+from spark import llamacpp_release
+from spark.vllm_release import DATA, DEFAULT_IMAGE, IMAGES, KINDS, known_versions
 from tests.simlab.paths import CACHE
 from tests.simlab.serving import llama_server_standin
 from tests.simlab.serving.vllm_standin import SHARE

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import difflib
 import re
-import weakref
 from collections import defaultdict
 from collections.abc import Iterable
 from ipaddress import (
@@ -29,14 +28,9 @@ from pydantic import (
     model_validator,
 )
 from pydantic_core import InitErrorDetails
-from pyinfra import logger
-from pyinfra.api.arguments import all_argument_meta
-from pyinfra.api.connectors import get_all_connectors
-from pyinfra.api.exceptions import PyinfraError
-from pyinfra.api.inventory import Inventory
 
-from operations import topology
-from operations.recipes import (
+from spark import topology
+from spark.lanes import (
     FRACTION_LIMIT,
     FRACTION_WARNING,
     LINE_BREAK,
@@ -84,7 +78,7 @@ SPARK_MEMORY_GIB = 128
 PEM_PRIVATE_KEY = re.compile(r"-----BEGIN (RSA |EC )?PRIVATE KEY-----")
 
 
-class ConfigError(PyinfraError):
+class ConfigError(Exception):
     """Every problem found in the host data, one per line: "<host>: <key>: <what>; <do>"."""
 
     def __init__(self, problems: list[str]):
@@ -794,6 +788,8 @@ class SparkConfig(Frozen):
     """The whole inventory, validated: each host on its own, then across hosts."""
 
     hosts: tuple[HostConfig, ...]
+    # What is allowed but risky, one "<host>: <key>: <what>" line each: shown before the run.
+    warnings: tuple[str, ...] = ()
 
     @model_validator(mode="after")
     def _across_hosts(self) -> SparkConfig:
@@ -1006,13 +1002,6 @@ def _fabric_problems(hosts: tuple[HostConfig, ...]) -> list[str]:
     ]
 
 
-def _pyinfra_keys() -> list[str]:
-    """Keys pyinfra documents (global arguments, connector data): a misspelt
-    `sudo_password` gets "did you mean _sudo_password?"."""
-    connectors = get_all_connectors().values()
-    return [*all_argument_meta, *(key for connector in connectors for key in connector.data_meta)]
-
-
 def _shown(value: Any) -> str:
     text = repr(value)
     return text if len(text) <= 60 else f"{text[:57]}..."
@@ -1035,7 +1024,9 @@ def _lane_label(data: dict[str, Any], index: int) -> str:
     return name if isinstance(name, str) and SLUG.fullmatch(name) else f"#{index + 1}"
 
 
-def _problems(name: str, error: ValidationError, data: dict[str, Any]) -> list[str]:
+def _problems(
+    name: str, error: ValidationError, data: dict[str, Any], pyinfra_keys: Iterable[str]
+) -> list[str]:
     """pydantic's errors as "<host>: <key>: <what>; <allowed>" lines (values of unknown
     keys are never shown: a misspelt `_sudo_password` may hold a secret)."""
     problems = []
@@ -1049,7 +1040,7 @@ def _problems(name: str, error: ValidationError, data: dict[str, Any]) -> list[s
         if item["type"] == "extra_forbidden":
             candidates = [*model.model_fields]
             if model is HostSettings:
-                candidates += _pyinfra_keys()
+                candidates += pyinfra_keys
             guess = difflib.get_close_matches(field, candidates, 1)
             known = ", ".join(model.model_fields)
             hint = f"did you mean {guess[0]}?" if guess else f"known keys: {known}"
@@ -1075,11 +1066,14 @@ def _ssh_port(value: object) -> int:
     return int(value) if str(value).isdigit() else 22
 
 
-def load_from_dicts(hosts: dict[str, dict[str, Any]]) -> SparkConfig:
+def load_from_dicts(
+    hosts: dict[str, dict[str, Any]], pyinfra_keys: Iterable[str] = ()
+) -> SparkConfig:
     """Validate every host's data (as host.data.dict() gives it); raise ConfigError listing
-    every problem, log a warning for what is allowed but risky. Cross-host checks run once
-    each host is valid on its own: before that they would mostly report the consequences of
-    per-host mistakes."""
+        every problem; what is allowed but risky is in the result's warnings. ``pyinfra_keys``: the
+    keys pyinfra itself reads, offered where a key is misspelt. Cross-host checks run once
+        each host is valid on its own: before that they would mostly report the consequences of
+        per-host mistakes."""
     problems: list[str] = []
     configs = []
     for name, data in hosts.items():
@@ -1093,7 +1087,7 @@ def load_from_dicts(hosts: dict[str, dict[str, Any]]) -> SparkConfig:
                 context={"ssh_port": _ssh_port(data.get("ssh_port"))},
             )
         except ValidationError as error:
-            problems += _problems(name, error, data)
+            problems += _problems(name, error, data, pyinfra_keys)
             continue
         if len(hosts) > 1 and not settings.fabric_addresses:
             # None given: the topology's scheme, by the box's place in the inventory.
@@ -1120,31 +1114,10 @@ def load_from_dicts(hosts: dict[str, dict[str, Any]]) -> SparkConfig:
     cluster = [
         lane for host in configs if host.role == "head" for lane in host.lanes if lane.is_cluster
     ]
-    for host in configs:
-        shares = [*host.lanes, *(cluster if host.role == "worker" else [])]
-        for warning in budget_warnings(shares) + context_warnings(host.lanes):
-            # Allowed but risky: in pyinfra's output (yellow) before the first connection.
-            logger.warning(f"{host.name}: lanes: {warning}")
-    return SparkConfig(hosts=tuple(configs))
-
-
-# One result per inventory, the error included: every host's connect and deploy.py ask.
-_loaded: weakref.WeakKeyDictionary[Inventory, SparkConfig | ConfigError] = (
-    weakref.WeakKeyDictionary()
-)
-
-
-def load(inventory: Inventory) -> SparkConfig:
-    """The validated configuration of a pyinfra inventory, validated once and cached
-    (data changed afterwards is not seen)."""
-    if inventory not in _loaded:
-        try:
-            _loaded[inventory] = load_from_dicts(
-                {host.name: host.data.dict() for host in inventory}
-            )
-        except ConfigError as error:
-            _loaded[inventory] = error
-    result = _loaded[inventory]
-    if isinstance(result, ConfigError):
-        raise ConfigError(result.problems)  # a fresh one: no traceback piled up per host
-    return result
+    warnings = tuple(
+        f"{host.name}: lanes: {warning}"
+        for host in configs
+        for warning in budget_warnings([*host.lanes, *(cluster if host.role == "worker" else [])])
+        + context_warnings(host.lanes)
+    )
+    return SparkConfig(hosts=tuple(configs), warnings=warnings)

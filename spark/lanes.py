@@ -28,11 +28,10 @@ from pydantic import (
     model_validator,
 )
 
-from operations import llamacpp, ray
-from operations.firewall import BACKEND_PORTS, MASTER_PORT
-from operations.llamacpp_release import DEFAULT_COMMIT
-from operations.util import ENV_NAME
-from operations.vllm_release import (
+from spark import llamacpp
+from spark.llamacpp_release import DEFAULT_COMMIT
+from spark.ports import MASTER_PORT, port_owners
+from spark.vllm_release import (
     DATA,
     DEFAULT_IMAGE,
     Release,
@@ -66,6 +65,7 @@ def matching(pattern: re.Pattern[str], problem: str) -> AfterValidator:
 
 
 SLUG = re.compile(r"[a-z0-9][a-z0-9-]{0,31}")
+ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")  # a shell's and systemd's variable name
 # registry/repository:tag (a digest may follow the tag); the registry may carry a port.
 IMAGE = re.compile(
     r"[a-z0-9]+(?:[._-][a-z0-9]+)*(?::\d+)?(?:/[a-z0-9]+(?:[._-][a-z0-9]+)*)+"
@@ -1153,40 +1153,6 @@ SM121_ADDITIONS = (
         _no_env,
     ),
 )
-
-
-# Linux's default net.ipv4.ip_local_port_range (the kernel's ip-sysctl documentation): the
-# ports outgoing connections are given, which NCCL, Gloo and vLLM also listen on and the cluster
-# firewall closes to all but the fabric (firewall.py; a box with another range is checked there).
-EPHEMERAL_PORTS = (32768, 60999)
-
-
-def port_owners(ray_port: int, ssh_port: int = 22) -> list[tuple[int, int, str]]:
-    """The port ranges of a box that no lane may take, each with its owner: Ray's (with
-    ``ray_port`` as its GCS port), the distributed back-end's fixed ports and the ephemeral
-    range (both closed to all but the fabric in a cluster), and SSH's."""
-    ranges = ray.listen_ports(ray_port)
-    ray_owner = "Ray's (" + ", ".join(f"{a}-{b}" if a < b else str(a) for a, b in ranges) + ")"
-    low, high = EPHEMERAL_PORTS
-    return [
-        *((low, high, ray_owner) for low, high in ranges),
-        *(
-            (
-                low,
-                high,
-                "the distributed back-end's (torch's TCPStore 29500, vLLM's 14579 and its"
-                f" multi-node master port {MASTER_PORT})",
-            )
-            for low, high in BACKEND_PORTS
-        ),
-        (
-            low,
-            high,
-            f"in the kernel's ephemeral range ({low}-{high}), which outgoing connections take and"
-            " a cluster's firewall closes to all but the fabric",
-        ),
-        (ssh_port, ssh_port, "SSH's (ssh_port)"),
-    ]
 
 
 def _same_port(lanes: list[Lane], users: list[tuple[str, str]]) -> bool:

@@ -12,7 +12,7 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable
 
-from operations.llamacpp_release import known_commits, options
+from spark.llamacpp_release import known_commits, options
 
 # The server binary in the field's image and in llama.cpp's own server images (both Dockerfiles:
 # `ENTRYPOINT ["/app/llama-server"]`; ardge-labs/llama-cpp-dgx-spark, ggml-org .devops/cuda).

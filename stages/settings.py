@@ -1,0 +1,50 @@
+"""The validated inventory of this pyinfra run: spark.inventory's model over pyinfra's hosts."""
+
+from __future__ import annotations
+
+import weakref
+
+from pyinfra import logger
+from pyinfra.api.arguments import all_argument_meta
+from pyinfra.api.connectors import get_all_connectors
+from pyinfra.api.exceptions import PyinfraError
+from pyinfra.api.inventory import Inventory
+
+from spark.inventory import ConfigError, SparkConfig, load_from_dicts
+
+
+class InventoryRefused(PyinfraError):
+    """The inventory's problems, shown by pyinfra as its own error (no traceback)."""
+
+
+def pyinfra_keys() -> list[str]:
+    """Keys pyinfra documents (global arguments, connector data): a misspelt
+    `sudo_password` gets "did you mean _sudo_password?"."""
+    connectors = get_all_connectors().values()
+    return [*all_argument_meta, *(key for connector in connectors for key in connector.data_meta)]
+
+
+# One result per inventory, the error included: every host's connect and deploy.py ask.
+_loaded: weakref.WeakKeyDictionary[Inventory, SparkConfig | ConfigError] = (
+    weakref.WeakKeyDictionary()
+)
+
+
+def load(inventory: Inventory) -> SparkConfig:
+    """The validated configuration of a pyinfra inventory, validated once and cached (data
+    changed afterwards is not seen); its warnings logged once."""
+    if inventory not in _loaded:
+        try:
+            result = load_from_dicts(
+                {host.name: host.data.dict() for host in inventory}, pyinfra_keys()
+            )
+        except ConfigError as error:
+            _loaded[inventory] = error
+        else:
+            for warning in result.warnings:
+                logger.warning(warning)  # allowed but risky: yellow, before the operations
+            _loaded[inventory] = result
+    result = _loaded[inventory]
+    if isinstance(result, ConfigError):
+        raise InventoryRefused(str(result))  # a fresh one: no traceback piled up per host
+    return result
