@@ -59,12 +59,6 @@ SUPPORTED_BRANCH = 580
 # Jumbo frames on the fabric (seed 001); NVIDIA's guide leaves 1500, which measured 18.9-21 GB/s
 # of NCCL against 23.74 GB/s at 9000 (dgx-spark-playbooks#25).
 FABRIC_MTU = 9000
-# The NCCL test's pass mark per topology: all_gather bus bandwidth in GB/s (NVIDIA's
-# MIN_NCCL_TEST_BW = 21.875, "175 Gbps", and MIN_NCCL_TEST_BW_RING = 10, "80 Gbps":
-# dgx-spark-playbooks multi-sparks-through-switch spark_cluster_setup.py, run_nccl_test, which
-# judges all_gather_perf's average bus bandwidth at 16 GiB). The field measured 23.74 GB/s at
-# MTU 9000 and 18.9-21 at 1500 (dgx-spark-playbooks#25, PR#103).
-NCCL_PASS_MARK_GBS = {"pair": 21.875, "pair-dual": 21.875, "switch": 21.875, "ring3": 10.0}
 # Its message sizes: 1 MiB (files/nccl_check.py's first) to 16 GiB (NVIDIA's -b 16G -e 16G);
 # a mark above two twins' line rate (2 x 200 Gb/s = 50 GB/s) cannot be reached.
 NCCL_TEST_MIN_BYTES, NCCL_TEST_MAX_BYTES = 1 << 20, 16 << 30
@@ -442,12 +436,13 @@ def _device_problems(fabric: dict[str, str], hcas: dict[str, str]) -> list[str]:
 
 
 def _speed_problems(speed: int, shape: str) -> list[str]:
-    """200 Gb/s per twin, as a Spark's ConnectX-7 reports each (ibstat "Rate: 200" on every
-    twin: geerlingguy/sbc-reviews#92); 100 Gb/s only behind a switch that runs its ports so."""
-    if speed == 200000 or (speed == 100000 and shape == "switch"):
+    """A rate the shape's twins link at (spark/topology.py DIRECT_RATE and the switch's)."""
+    allowed = topology.SHAPES[shape].link_speeds_mbps
+    if speed in allowed:
         return []
-    allowed = "200000 or 100000" if shape == "switch" else "200000 (a direct cable links at 200G)"
-    return [f"{speed} Mb/s is not a link rate of a {shape}; use {allowed}"]
+    rates = " or ".join(map(str, allowed))
+    why = "" if len(allowed) > 1 else " (a direct cable links at 200G)"
+    return [f"{speed} Mb/s is not a link rate of a {shape}; use {rates}{why}"]
 
 
 def _mtu_problems(mtu: int, because: str | None) -> list[str]:
@@ -626,7 +621,7 @@ class HostConfig(Frozen):
             nccl_debug=data.nccl_debug,
             nccl_test=NcclTest(
                 min_busbw_gbs=data.nccl_test_min_busbw_gbs
-                or NCCL_PASS_MARK_GBS[data.fabric_topology],
+                or topology.SHAPES[data.fabric_topology].nccl_pass_mark_gbs,
                 max_bytes=data.nccl_test_max_bytes,
             )
             if data.nccl_test
@@ -680,7 +675,7 @@ class HostConfig(Frozen):
         if self.fabric:
             first = self.fabric[0]
             hcas = [link.hca for link in self.fabric]
-            sockets = self.management_ifname if self.topology == "ring3" else first.ifname
+            sockets = self.management_ifname if self.shape.neighbours_only else first.ifname
             environment |= {
                 # No NCCL_IB_GID_INDEX: NCCL takes each device's RoCE v2 entry of an IPv4
                 # address wherever it is (NVIDIA/nccl net_ib/connect.cc, ncclIbGetGidIndex;
@@ -696,16 +691,21 @@ class HostConfig(Frozen):
                 "UCX_NET_DEVICES": ",".join([f"{hca}:1" for hca in hcas] + [sockets]),
                 "VLLM_HOST_IP": str(self.reached_at),
                 "MASTER_ADDR": str(head.reached_at),
-            } | {key: value for key, (value, _) in NCCL_BY_TOPOLOGY[self.topology].items()}
+            } | {key: value for key, (value, _) in self.shape.nccl_variables.items()}
         if self.nccl_debug:
             environment["NCCL_DEBUG"] = "INFO"  # shows NET/IB vs a silent NET/Socket fallback
         return environment
 
     @property
+    def shape(self) -> topology.Shape:
+        """The fabric shape's record (spark/topology.py)."""
+        return topology.SHAPES[self.topology]
+
+    @property
     def reached_at(self) -> IPv4Address:
         """The address every other box of the cluster reaches this one at: its first twin, or
         on a ring its management address (_fabric_problems makes sure a ring's boxes have one)."""
-        if self.topology == "ring3" and self.management_address is not None:
+        if self.shape.neighbours_only and self.management_address is not None:
             return self.management_address
         return self.fabric[0].address.ip
 
@@ -714,58 +714,14 @@ class HostConfig(Frozen):
         if not self.fabric:
             return {}
         notes = FABRIC_NOTES | {
-            key: source for key, (_, source) in NCCL_BY_TOPOLOGY[self.topology].items()
+            key: source for key, (_, source) in self.shape.nccl_variables.items()
         }
-        if self.topology == "ring3":
+        if self.shape.neighbours_only:
             notes["NCCL_SOCKET_IFNAME"] = RING_SOCKETS
             notes["MASTER_ADDR"] = RING_RENDEZVOUS
         return notes
 
 
-# What NCCL is told per topology, beside NCCL_IB_HCA (every twin used) and the sockets:
-# variable -> (value, its source), the source written beside it in the environment file.
-PAIR_MERGE = (
-    "1",
-    "both twins as one NIC: a pair went from ~98 to ~161 Gb/s of nccl-tests busbw (tonyd2wild/"
-    "DeepSeek-v4-Flash-Vision-Exp-DSpark-1M-NVFP4-KV-2x-DGX-Spark PR#35)",
-)
-SUBNET_ROUTING = (
-    "1",
-    "each peer reached by the twin on its subnet (NVIDIA/dgx-spark-playbooks multi-sparks-"
-    "through-switch spark_cluster_setup.py, run_nccl_test; NCCL 2.30 or NVIDIA's ring fork)",
-)
-NCCL_BY_TOPOLOGY: dict[str, dict[str, tuple[str, str]]] = {
-    "pair": {"NCCL_IB_MERGE_NICS": PAIR_MERGE},
-    # Every twin of both cables reaches the one peer, so merging cannot send a channel to the
-    # wrong box (the ring's problem below): PR#35's setting, not measured on two cables.
-    # eugr's NETWORKING.md: a second cable gives "no noticeable advantage in bandwidth".
-    "pair-dual": {
-        "NCCL_IB_MERGE_NICS": (
-            "1",
-            "all four twins reach the one peer: the pair's merge (tonyd2wild PR#35), not"
-            " measured on two cables",
-        )
-    },
-    # Each port reaches a different neighbour: no merging, NCCL's own IB transport without an
-    # external plugin (spark_cluster_setup.py run_nccl_test adds both for rings; eugr's
-    # NETWORKING.md, 3-node mesh, passes the same three).
-    "ring3": {
-        "NCCL_IB_MERGE_NICS": (
-            "0",
-            "each port reaches another neighbour: no merged NIC (spark_cluster_setup.py"
-            " run_nccl_test, ring; eugr/spark-vllm-docker docs/NETWORKING.md, 3-node mesh)",
-        ),
-        "NCCL_NET_PLUGIN": (
-            "none",
-            "NCCL's own IB transport, no external net plugin (spark_cluster_setup.py"
-            " run_nccl_test, ring; eugr NETWORKING.md, 3-node mesh)",
-        ),
-        "NCCL_IB_SUBNET_AWARE_ROUTING": SUBNET_ROUTING,
-    },
-    # One L2 segment per twin: NVIDIA's cluster script passes subnet-aware routing on every
-    # run, switch included, and leaves merging at NCCL's default.
-    "switch": {"NCCL_IB_SUBNET_AWARE_ROUTING": SUBNET_ROUTING},
-}
 # Sources of the variables every topology gets, for the environment file.
 FABRIC_NOTES = {
     "NCCL_IB_HCA": "every twin in use: one left out halves the bandwidth silently"
@@ -914,7 +870,7 @@ def _cluster_lane_problems(hosts: tuple[HostConfig, ...]) -> list[str]:
                 f"{where}: {size}, but the cluster has {len(hosts)} boxes ({_names(hosts)});"
                 f" set {len(hosts)}: one rank on each box (each box has one GPU)"
             )
-        elif host.topology == "ring3":
+        elif host.shape.neighbours_only:
             problems.append(
                 f"{where}: {size} makes a cluster lane, and this collection does not yet run"
                 " one over a ring3 (each box's fabric addresses reach one neighbour each; Ray's"
@@ -961,7 +917,7 @@ def _fabric_problems(hosts: tuple[HostConfig, ...]) -> list[str]:
             f"{_names(differ)}: fabric_topology: the hosts differ ({listing}); set one"
             " fabric_topology (and fabric_switch_ports) in group_data for every host"
         ]
-    low, high = topology.BOXES[shape]
+    low, high = topology.SHAPES[shape].boxes
     if not low <= len(hosts) <= high:
         wanted = f"{low}" if low == high else f"{low} to {high}"
         return [
@@ -975,13 +931,13 @@ def _fabric_problems(hosts: tuple[HostConfig, ...]) -> list[str]:
         first.switch_ports,
     )
     firsts = {host.fabric[0].ifname for host in hosts if host.fabric}
-    if not problems and shape != "ring3" and len(firsts) > 1:
+    if not problems and topology.SHAPES[shape].one_address_for_all and len(firsts) > 1:
         listing = _listing((h, "+".join(link.ifname for link in h.fabric)) for h in hosts)
         return [
             f"{_names(hosts)}: fabric_addresses: the interfaces differ ({listing}); list the"
             " same interfaces in the same order on every host (the first carries the sockets)"
         ]
-    if shape == "ring3":
+    if topology.SHAPES[shape].neighbours_only:
         problems += [
             f"{host.name}: management_address: missing; a ring's rendezvous and sockets go over"
             f" {host.management_ifname} (no twin reaches every box): give the box's IPv4 address"

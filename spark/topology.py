@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections import defaultdict
+from dataclasses import dataclass, field
 from ipaddress import IPv4Interface, IPv4Network
 from typing import NamedTuple
 
@@ -14,11 +15,6 @@ PORT_TWINS = {
     1: ("enp1s0f1np1", "enP2p1s0f1np1"),
 }
 
-# Box counts: a pair is two boxes; NVIDIA's ring guide joins three (connect-three-sparks); a
-# switch takes 2 to 8 here (NVIDIA's multi-sparks-through-switch; its cluster helper does 2-4,
-# eugr's NETWORKING.md points to a 6-8 box switched cluster).
-BOXES = {"pair": (2, 2), "pair-dual": (2, 2), "ring3": (3, 3), "switch": (2, 8)}
-
 # Derived addresses: one /24 per twin per cable, counted up from 192.168.100.0, and host .10
 # for the first box, .11 for the next (NVIDIA's two-Spark plan, 192.168.100.0/24 and
 # 192.168.101.0/24 with .10 and .11; spark_cluster_setup.py LAST_OCTET_START = 10). Rings give
@@ -26,6 +22,125 @@ BOXES = {"pair": (2, 2), "pair-dual": (2, 2), "ring3": (3, 3), "switch": (2, 8)}
 # cable, one for each PCIe rail"; NVIDIA's ring guide puts both twins of a cable in one).
 FIRST_SUBNET = IPv4Network("192.168.100.0/24")
 FIRST_HOST = 10
+
+# The NCCL test's pass mark per topology: all_gather bus bandwidth in GB/s (NVIDIA's
+# MIN_NCCL_TEST_BW = 21.875, "175 Gbps", and MIN_NCCL_TEST_BW_RING = 10, "80 Gbps":
+# dgx-spark-playbooks multi-sparks-through-switch spark_cluster_setup.py, run_nccl_test, which
+# judges all_gather_perf's average bus bandwidth at 16 GiB). The field measured 23.74 GB/s at
+# MTU 9000 and 18.9-21 at 1500 (dgx-spark-playbooks#25, PR#103).
+NCCL_PASS_MARK_GBS, NCCL_PASS_MARK_RING_GBS = 21.875, 10.0
+# What NCCL is told per shape, beside NCCL_IB_HCA (every twin used) and the sockets:
+# variable -> (value, its source), the source written beside it in the environment file.
+PAIR_MERGE = (
+    "1",
+    "both twins as one NIC: a pair went from ~98 to ~161 Gb/s of nccl-tests busbw (tonyd2wild/"
+    "DeepSeek-v4-Flash-Vision-Exp-DSpark-1M-NVFP4-KV-2x-DGX-Spark PR#35)",
+)
+SUBNET_ROUTING = (
+    "1",
+    "each peer reached by the twin on its subnet (NVIDIA/dgx-spark-playbooks multi-sparks-"
+    "through-switch spark_cluster_setup.py, run_nccl_test; NCCL 2.30 or NVIDIA's ring fork)",
+)
+# Every twin of both cables reaches the one peer, so merging cannot send a channel to the
+# wrong box (the ring's problem below): PR#35's setting, not measured on two cables.
+# eugr's NETWORKING.md: a second cable gives "no noticeable advantage in bandwidth".
+DUAL_MERGE = (
+    "1",
+    "all four twins reach the one peer: the pair's merge (tonyd2wild PR#35), not measured on"
+    " two cables",
+)
+# Each port reaches a different neighbour: no merging, NCCL's own IB transport without an
+# external plugin (spark_cluster_setup.py run_nccl_test adds both for rings; eugr's
+# NETWORKING.md, 3-node mesh, passes the same three).
+RING_VARIABLES = {
+    "NCCL_IB_MERGE_NICS": (
+        "0",
+        "each port reaches another neighbour: no merged NIC (spark_cluster_setup.py"
+        " run_nccl_test, ring; eugr/spark-vllm-docker docs/NETWORKING.md, 3-node mesh)",
+    ),
+    "NCCL_NET_PLUGIN": (
+        "none",
+        "NCCL's own IB transport, no external net plugin (spark_cluster_setup.py"
+        " run_nccl_test, ring; eugr NETWORKING.md, 3-node mesh)",
+    ),
+    "NCCL_IB_SUBNET_AWARE_ROUTING": SUBNET_ROUTING,
+}
+# A switch: one L2 segment per twin; NVIDIA's cluster script passes subnet-aware routing on
+# every run, switch included, and leaves merging at NCCL's default.
+
+
+@dataclass(frozen=True)
+class Shape:
+    """A fabric shape as a record: everything the inventory's checks, the planner and the
+    deploy need to know of it, so that no code compares a shape's name."""
+
+    name: str
+    # The fewest and the most boxes it joins: a pair is two boxes; NVIDIA's ring guide joins
+    # three (connect-three-sparks); a switch takes 2 to 8 here (NVIDIA's
+    # multi-sparks-through-switch; its cluster helper does 2-4, eugr's NETWORKING.md points to a
+    # 6-8 box switched cluster).
+    boxes: tuple[int, int]
+    ports: tuple[int, ...] | None  # the QSFP ports every box uses; None: fabric_switch_ports
+    # Each port reaches another neighbour (a ring): no fabric subnet reaches every box, so the
+    # sockets, the rendezvous (MASTER_ADDR) and VLLM_HOST_IP go over the management network.
+    neighbours_only: bool
+    link_speeds_mbps: tuple[int, ...]  # the rates a twin may link at
+    nccl_pass_mark_gbs: float
+    nccl_variables: dict[str, tuple[str, str]] = field(default_factory=dict)  # value, source
+    joined_by: str = "cable"  # what joins the twins of one segment, in messages
+
+    @property
+    def one_address_for_all(self) -> bool:
+        """Every box reaches every other at its first twin's address: Ray's head, vLLM's
+        --master-addr and the cluster firewall's subnets need that (not a ring)."""
+        return not self.neighbours_only
+
+
+# A twin links at 200 Gb/s, as a Spark's ConnectX-7 reports each (ibstat "Rate: 200" on every
+# twin: geerlingguy/sbc-reviews#92); 100 Gb/s only behind a switch that runs its ports so.
+DIRECT_RATE = (200000,)
+SHAPES = {
+    shape.name: shape
+    for shape in (
+        Shape(
+            name="pair",
+            boxes=(2, 2),
+            ports=(1,),
+            neighbours_only=False,
+            link_speeds_mbps=DIRECT_RATE,
+            nccl_pass_mark_gbs=NCCL_PASS_MARK_GBS,
+            nccl_variables={"NCCL_IB_MERGE_NICS": PAIR_MERGE},
+        ),
+        Shape(
+            name="pair-dual",
+            boxes=(2, 2),
+            ports=(1, 0),
+            neighbours_only=False,
+            link_speeds_mbps=DIRECT_RATE,
+            nccl_pass_mark_gbs=NCCL_PASS_MARK_GBS,
+            nccl_variables={"NCCL_IB_MERGE_NICS": DUAL_MERGE},
+        ),
+        Shape(
+            name="ring3",
+            boxes=(3, 3),
+            ports=(1, 0),
+            neighbours_only=True,
+            link_speeds_mbps=DIRECT_RATE,
+            nccl_pass_mark_gbs=NCCL_PASS_MARK_RING_GBS,
+            nccl_variables=RING_VARIABLES,
+        ),
+        Shape(
+            name="switch",
+            boxes=(2, 8),
+            ports=None,
+            neighbours_only=False,
+            link_speeds_mbps=(200000, 100000),
+            nccl_pass_mark_gbs=NCCL_PASS_MARK_GBS,
+            nccl_variables={"NCCL_IB_SUBNET_AWARE_ROUTING": SUBNET_ROUTING},
+            joined_by="switch",
+        ),
+    )
+}
 
 
 class Link(NamedTuple):
@@ -40,11 +155,7 @@ def ports(topology: str, switch_ports: tuple[int, ...] = (1,)) -> tuple[int, ...
     """The QSFP ports each box of a topology uses, first the one whose first twin carries the
     sockets. A pair uses port 1, as the field's two-box guides cable it (eugr's NETWORKING.md,
     NVIDIA's connect-two-sparks); pair-dual and rings use both."""
-    if topology == "pair":
-        return (1,)
-    if topology in ("pair-dual", "ring3"):
-        return (1, 0)
-    return switch_ports
+    return SHAPES[topology].ports or switch_ports
 
 
 def links(topology: str, index: int, count: int, switch_ports: tuple[int, ...] = (1,)):
@@ -58,7 +169,7 @@ def links(topology: str, index: int, count: int, switch_ports: tuple[int, ...] =
         # A ring's cable i starts at box i's port 0 and ends at box i+1's port 1; elsewhere
         # every box's first port is on the first cable (or segment), its second on the second.
         ring_cable = index if port == 0 else (index - 1) % count
-        cable = ring_cable if topology == "ring3" else position
+        cable = ring_cable if SHAPES[topology].neighbours_only else position
         for twin, ifname in enumerate(PORT_TWINS[port]):
             result.append(Link(ifname, cable, twin))
     return tuple(result)
@@ -111,7 +222,7 @@ def problems(topology: str, boxes: list[tuple[str, dict[str, IPv4Interface]]], s
             listing = ", ".join(f"{name} {ifname} {network}" for name, ifname, network in ends)
             lines.append(
                 f"{', '.join(dict.fromkeys(name for name, *_ in ends))}: fabric_addresses:"
-                f" twins joined by one {'cable' if topology != 'switch' else 'switch'} are on"
+                f" twins joined by one {SHAPES[topology].joined_by} are on"
                 f" different subnets ({listing}); put both ends on one subnet"
             )
     return lines

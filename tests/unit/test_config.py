@@ -17,6 +17,7 @@ from pyinfra.api import Inventory
 
 from spark import inventory as config
 from spark.inventory import ConfigError, load_from_dicts
+from spark.topology import SHAPES
 from stages import settings
 from stages.settings import InventoryRefused, load, pyinfra_keys
 
@@ -125,7 +126,7 @@ def test_the_nccl_test_passes_at_nvidias_mark_for_the_topology_unless_told() -> 
     for data in hosts.values():
         data["nccl_test"] = False
     assert load_from_dicts(hosts).head.nccl_test is None
-    assert config.NCCL_PASS_MARK_GBS["ring3"] == 10.0  # MIN_NCCL_TEST_BW_RING
+    assert SHAPES["ring3"].nccl_pass_mark_gbs == 10.0  # MIN_NCCL_TEST_BW_RING
 
 
 def test_nccl_test_settings_that_differ_between_boxes_are_refused_naming_the_box() -> None:
