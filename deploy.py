@@ -49,6 +49,7 @@ from operations import (
     toolkit,
     weights,
 )
+from spark import paths
 from spark.lanes import Lane, MpRank
 from spark.ports import listen_ports
 from stages import settings
@@ -167,8 +168,8 @@ def model_on_box(lane: Lane, what: str) -> None:
         name=f"{what}: {lane.model} on this box",
         model=lane.model,
         image=hf_image if lane.engine == "llama.cpp" else lane.image,
-        models_dir=lanes.MODELS_DIR,
-        token_path=lanes.HF_TOKEN if me.hf_token_file else None,
+        models_dir=paths.MODELS_DIR,
+        token_path=paths.HF_TOKEN if me.hf_token_file else None,
         fetch=me.fetch_weights,
         files=lane.weight_files,
     )
@@ -228,7 +229,7 @@ elif len(spark.hosts) > 1:
         open_ports=[host.data.get("ssh_port") or 22, *(lane.port for lane in me.lanes)],
     )
     # Where the cluster lane's workers on this box read its weights (copied or fetched below).
-    ray_models = ((lanes.MODELS_DIR, preflight.HF_CACHE_IN_CONTAINER),)
+    ray_models = ((paths.MODELS_DIR, paths.HF_CACHE_IN_CONTAINER),)
     if cluster_lane and cluster_lane.model.startswith("/"):
         ray_models += ((cluster_lane.model, cluster_lane.model),)
     if on_mp:
@@ -283,7 +284,7 @@ if cluster_lane:
     if cluster_lane.model.startswith("/"):  # a directory of the user's, on every box
         model_on_box(cluster_lane, f"Cluster lane {cluster_lane.name}")
     else:  # from the internet once, onto the head; over the fabric to the other boxes
-        copy = {"model": cluster_lane.model, "models_dir": lanes.MODELS_DIR}
+        copy = {"model": cluster_lane.model, "models_dir": paths.MODELS_DIR}
         head_address = str(spark.head.fabric[0].address.ip)
         if me.role == "head":
             model_on_box(cluster_lane, f"Cluster lane {cluster_lane.name}")
@@ -298,7 +299,7 @@ if cluster_lane:
         weights.copied(
             name=f"Cluster lane {cluster_lane.name}: the model copied from the head",
             image=cluster_lane.image,
-            token_path=lanes.HF_TOKEN if me.hf_token_file else None,
+            token_path=paths.HF_TOKEN if me.hf_token_file else None,
             head=spark.head.name,
             address=head_address,
             fetch=me.fetch_weights,

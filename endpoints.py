@@ -15,9 +15,9 @@ from pyinfra.api import State
 from pyinfra.api.host import Host
 from pyinfra.api.state import BaseStateCallback, StateStage
 
-from operations.lanes import SECRETS_DIR, key_path
 from spark.inventory import HostConfig
 from spark.lanes import AGENT_CONTEXT
+from spark.paths import SECRETS_DIR, key_path
 
 
 class Endpoint(NamedTuple):

@@ -17,7 +17,8 @@ from pyinfra.api import FactBase, operation
 from pyinfra.operations import files
 
 from operations import debpkg, util
-from operations.lanes import FRONT, SECRETS_DIR, key_made, key_path
+from operations.lanes import FRONT, key_made
+from spark.paths import SECRETS_DIR, key_path
 
 PACKAGE = FRONT
 UNIT = f"{FRONT}.service"

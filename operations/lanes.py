@@ -15,7 +15,7 @@ from pyinfra.api.exceptions import OperationError
 from pyinfra.facts.files import Sha1File
 
 from operations import ray, util
-from operations.preflight import HF_CACHE_IN_CONTAINER, hf_cache_dir
+from operations.preflight import hf_cache_dir
 from spark import llamacpp
 from spark.lanes import (
     ENV_NAME,
@@ -27,13 +27,11 @@ from spark.lanes import (
     _quantization,
     _uses_cutlass_fp4,
 )
+from spark.paths import HF_CACHE_IN_CONTAINER, HF_TOKEN, MODELS_DIR, SECRETS_DIR, key_path
 
 UNIT_DIR = "/etc/systemd/system"
 PREFIX = "spark-lane-"  # of every lane's unit and container: what the deploy owns
 LANE_DIR = "/etc/spark/lanes"
-SECRETS_DIR = "/etc/spark/secrets"
-HF_TOKEN = f"{SECRETS_DIR}/hf-token"
-MODELS_DIR = "/var/lib/spark/models"
 # Lanes load one at a time, whatever starts them (templates/spark-lane-turn.j2).
 TURN_COMMAND = "/usr/local/sbin/spark-lane-turn"
 LOADING_DIR = "/run/spark/loading"
@@ -59,10 +57,6 @@ FRONT = "nginx"
 
 def unit_name(lane: str) -> str:
     return f"{PREFIX}{lane}.service"
-
-
-def key_path(lane: str) -> str:
-    return f"{SECRETS_DIR}/{lane}.key"
 
 
 def key_made(lane: str) -> str:

@@ -13,6 +13,7 @@ from pyinfra.api.exceptions import OperationError
 from pyinfra.api.inventory import Inventory
 
 from spark.inventory import HostConfig
+from spark.paths import HF_CACHE_IN_CONTAINER
 
 IP_ICMP_HEADERS = 28  # a ping's payload is the MTU less the IPv4 (20) and ICMP (8) headers
 WAIT_SECONDS = 10  # a profile brought up moments before may still be resolving its peer
@@ -374,8 +375,6 @@ def cluster_whole(members: list[str]):
 
 
 # --- a cluster lane: the same image and the model's weights on every box ----------------------
-
-HF_CACHE_IN_CONTAINER = "/root/.cache/huggingface"  # where the lanes mount the box's models dir
 
 
 def hf_cache_dir(models_dir: str, model: str) -> str:

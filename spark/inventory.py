@@ -270,7 +270,10 @@ class HostSettings(BaseModel):
             try:
                 IPv4Address(address)
             except AddressValueError:
-                raise ValueError(f"{address!r} is not an IPv4 address A.B.C.D") from None
+                raise ValueError(
+                    f"{address!r} is not an IPv4 address A.B.C.D; give the box's address on its"
+                    " management interface (`ip -4 -br address show`)"
+                ) from None
         return address
 
     @field_validator("driver_branch")

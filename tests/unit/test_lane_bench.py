@@ -20,6 +20,7 @@ import jinja2
 import pytest
 
 from operations import lanes
+from spark import paths as box_paths
 from spark.lanes import CATALOG, catalog
 from tests.unit.harness import run_op
 from tests.unit.test_config import REPO, TWO_SPARKS, run_pyinfra
@@ -308,7 +309,7 @@ def test_the_deploy_writes_the_probe_on_a_bare_box_and_leaves_it_in_place() -> N
     commands = run_op(lanes.serving, host=bare, unit=lane_unit())
     script = bare.uploads[lanes.BENCH_COMMAND]
     assert script.startswith("#!/usr/bin/python3\n")
-    assert f'SECRETS_DIR = "{lanes.SECRETS_DIR}"' in script
+    assert f'SECRETS_DIR = "{box_paths.SECRETS_DIR}"' in script
     assert f"chmod 755 {lanes.BENCH_COMMAND}" in commands
     assert f"chown root:root {lanes.BENCH_COMMAND}" in commands
     placed = lane_host("lab-lanehost-serving.txt", dict.fromkeys(paths()))

@@ -41,6 +41,7 @@ from pyinfra.facts.files import File, Sha1File
 from pyinfra.facts.systemd import SystemdEnabled, SystemdStatus
 
 from operations import lanes, memguard, util
+from spark import paths as box_paths
 from spark.inventory import ConfigError, load_from_dicts
 from spark.lanes import Lane, ModelSpec, MpRank
 from tests.unit.harness import FakeHost, captured, file_facts, process, run_op
@@ -478,7 +479,7 @@ def test_local_name_of_a_pinned_image(image: str, name: str) -> None:
 def test_hf_token_is_uploaded_into_a_file_that_is_0600_first(tmp_path: Path) -> None:
     token = tmp_path / "hf-token"
     token.write_text("hf_sentinel")
-    host = FakeHost({(Sha1File, (("path", lanes.HF_TOKEN),)): None})
+    host = FakeHost({(Sha1File, (("path", box_paths.HF_TOKEN),)): None})
     commands = run_op(lanes.hf_token, host=host, src=str(token))
     temporary = host.get_temp_filename()
     assert commands[0] == (
@@ -487,10 +488,10 @@ def test_hf_token_is_uploaded_into_a_file_that_is_0600_first(tmp_path: Path) -> 
         " /etc/spark/secrets/hf-token && chmod 600 /etc/spark/secrets/hf-token"
         f' && install -m 600 -o "${{SUDO_USER:-root}}" /dev/null {temporary}'
     )
-    assert host.uploads == {lanes.HF_TOKEN: "hf_sentinel"}
+    assert host.uploads == {box_paths.HF_TOKEN: "hf_sentinel"}
     assert "hf_sentinel" not in " ".join(commands)
     same = hashlib.sha1(b"hf_sentinel").hexdigest()
-    host = FakeHost({(Sha1File, (("path", lanes.HF_TOKEN),)): f"{same}  {lanes.HF_TOKEN}"})
+    host = FakeHost({(Sha1File, (("path", box_paths.HF_TOKEN),)): f"{same}  {box_paths.HF_TOKEN}"})
     assert run_op(lanes.hf_token, host=host, src=str(token)) == []
 
 
@@ -1073,7 +1074,7 @@ def test_the_canary_runs_after_the_health_wait_and_before_the_next_lanes_turn() 
 def test_the_canary_is_written_root_0755_and_reads_the_lanes_key_file() -> None:
     host = lane_host("lab-lanehost-bare.txt", dict.fromkeys(paths()), turn_script=False)
     run_op(lanes.serving, host=host, unit=lane_unit())
-    assert f'SECRETS_DIR = "{lanes.SECRETS_DIR}"' in host.uploads[lanes.CANARY_COMMAND]
+    assert f'SECRETS_DIR = "{box_paths.SECRETS_DIR}"' in host.uploads[lanes.CANARY_COMMAND]
 
 
 @pytest.mark.parametrize(

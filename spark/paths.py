@@ -1,0 +1,13 @@
+"""Where the deploy keeps things on a box: one home for each path that the plan, the
+operations, compliance and the endpoints report all name."""
+
+SECRETS_DIR = "/etc/spark/secrets"  # root 0700: the lanes' keys, the hub's token, Ray's token
+HF_TOKEN = f"{SECRETS_DIR}/hf-token"
+MODELS_DIR = "/var/lib/spark/models"  # the Hugging Face cache the lanes share
+# Where the lanes mount MODELS_DIR: huggingface_hub's default cache of root (HF_HOME unset).
+HF_CACHE_IN_CONTAINER = "/root/.cache/huggingface"
+
+
+def key_path(lane: str) -> str:
+    """Where a lane's API key lives on its box (root 0600)."""
+    return f"{SECRETS_DIR}/{lane}.key"
