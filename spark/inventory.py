@@ -569,6 +569,8 @@ class HostConfig(Frozen):
 
     name: str
     role: Literal["head", "worker"]
+    address: str  # where pyinfra and the clients reach the box
+    ssh_port: int
     fabric: tuple[FabricLink, ...]  # in the order given: the first carries the sockets
     topology: str
     switch_ports: tuple[int, ...]
@@ -595,11 +597,17 @@ class HostConfig(Frozen):
 
     @classmethod
     def from_settings(
-        cls, name: str, role: Literal["head", "worker"], data: HostSettings
+        cls,
+        name: str,
+        role: Literal["head", "worker"],
+        data: HostSettings,
+        reached: tuple[str, int] = ("", 22),
     ) -> HostConfig:
         return cls(
             name=name,
             role=role,
+            address=reached[0] or name,
+            ssh_port=reached[1],
             fabric=tuple(
                 FabricLink(ifname=ifname, hca=data.fabric_hcas[ifname], address=address)
                 for ifname, address in data.fabric_addresses.items()
@@ -1064,7 +1072,10 @@ def load_from_dicts(
                 " set 'head' on one host and 'worker' on the others"
             )
             continue
-        configs.append(HostConfig.from_settings(name, role, settings))
+        # Where pyinfra reaches the box (its ssh_hostname, else its name): clients reach the
+        # lanes there, and its SSH port stays open through the cluster's firewall.
+        reached = (str(data.get("ssh_hostname") or name), _ssh_port(data.get("ssh_port")))
+        configs.append(HostConfig.from_settings(name, role, settings, reached))
     if not hosts:
         problems.append("inventory: hosts: empty; list at least one Spark")
     if problems:

@@ -1,0 +1,454 @@
+"""Each box's plan, computed once from the validated inventory: what the deploy will make of
+the box, every figure by one function, no pyinfra and no box contacted.
+
+The deploy's stages (stages/) execute a box's plan, compliance reads its expected values from
+it, and ``make plan`` prints it (stages/show_plan.py) for a person to review before a run. The
+plan holds no state of the box: facts read that (the box is the state, as pyinfra means it).
+"""
+
+from __future__ import annotations
+
+from ipaddress import IPv4Address
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict
+
+from spark.inventory import Driver, FabricLink, HostConfig, SparkConfig, Toolkit
+from spark.lanes import Lane, MpRank
+from spark.paths import HF_CACHE_IN_CONTAINER, HF_TOKEN, MODELS_DIR
+from spark.ports import listen_ports
+
+
+class Record(BaseModel):
+    """A part of a box's plan: set once, printable, and its JSON reads back as the same plan."""
+
+    model_config = ConfigDict(frozen=True)
+
+
+class Peer(Record):
+    """Another box's address on the subnet of one of this box's twins."""
+
+    ifname: str
+    box: str
+    address: str
+
+
+class Fabric(Record):
+    """The box's twins and what is checked of them. A lone box has none."""
+
+    shape: str
+    links: tuple[FabricLink, ...]  # the first carries the sockets
+    ports: tuple[tuple[str, int | None], ...]  # (twin, its QSFP port): which cables it needs
+    mtu: int
+    link_speed_mbps: int
+    link_speed_low: Literal["refuse", "warn"]
+    gid_index: int  # where NVIDIA's design puts the RoCE v2 IPv4 entry; NCCL finds it anywhere
+    peers: tuple[Peer, ...]
+    # A ring's rendezvous and sockets go over the management network: its address checked.
+    management: tuple[str, IPv4Address] | None
+
+
+class Environment(Record):
+    """The cluster environment file: its variables and the source of each fabric setting."""
+
+    path: str
+    variables: dict[str, str]
+    notes: dict[str, str]
+
+
+class ModelOnBox(Record):
+    """A lane's weights on the box before its unit starts: found, fetched, or the box stops."""
+
+    model: str
+    image: str  # where huggingface_hub's `hf` runs: a vLLM image (a llama.cpp image has none)
+    files: tuple[str, ...]
+    token_path: str | None
+    fetch: bool
+
+
+class ServedLane(Record):
+    """A lane as this box runs it (operations/lanes.py LaneUnit takes these fields)."""
+
+    lane: Lane
+    environment: dict[str, str]
+    after: str | None  # the lane that starts before this one
+    hf_token: bool
+    start_timeout_s: int
+    ray_address: str | None  # a cluster lane on Ray: the head's GCS
+    ray_token: bool
+    rank: MpRank | None  # a cluster lane on vLLM's own multi-node mode: this box's rank
+    peers: tuple[str, ...]  # the addresses this box's rank meets (mp)
+
+    @property
+    def title(self) -> str:
+        if self.rank is not None and self.rank.headless:
+            return f"rank {self.rank.node_rank} of {self.lane.served_name}, headless"
+        return f"{self.lane.served_name} on port {self.lane.port}"
+
+
+class OwnLane(Record):
+    """One of the box's own lanes: its weights, then its unit."""
+
+    weights: ModelOnBox
+    served: ServedLane
+
+
+class FrontLane(Record):
+    """A lane as the nginx front serves it."""
+
+    name: str
+    port: int
+    backend_port: int
+    key: bool  # a lane without a key is forwarded to anyone the allow-list admits
+
+
+class Front(Record):
+    lanes: tuple[FrontLane, ...]
+    allow_networks: tuple[str, ...]
+    tls: tuple[str, str] | None  # certificate and key files on the controller
+
+
+class MemoryGuard(Record):
+    """The guard stops the lowest priority lane below ``floor_gib`` of MemAvailable."""
+
+    floor_gib: float
+    lanes: tuple[tuple[str, int], ...]  # (unit's lane, priority) of every lane unit on the box
+
+
+class Firewall(Record):
+    """The cluster's ports accept connections only on the fabric, from its subnets."""
+
+    fabric: dict[str, str]  # twin -> its subnet
+    ports: tuple[tuple[int, int], ...]  # Ray's (the back-end's and the ephemeral range are added)
+    open_ports: tuple[int, ...]  # SSH's and the lanes': never closed
+
+
+class RayNode(Record):
+    role: Literal["head", "worker"]
+    node_ip: str
+    head_ip: str
+    image: str
+    environment: dict[str, str]
+    env_file: str
+    port: int
+    auth: bool
+    models: tuple[tuple[str, str], ...]  # (on the box, in the container): the rank's weights
+
+
+class NcclRun(Record):
+    """One rank of the fabric's NCCL test; every box runs one at once."""
+
+    rank: int
+    world: int
+    image: str
+    env_names: tuple[str, ...]
+    env_file: str
+    hcas: tuple[str, ...]
+    min_busbw_gbs: float
+    max_bytes: int
+    boxes: tuple[str, ...]
+
+
+class CopiedModel(Record):
+    """A cluster lane's model from the internet once, onto the head, then over the fabric."""
+
+    model: str
+    models_dir: str
+    image: str
+    token_path: str | None
+    head: str
+    address: str  # the head's, where it serves the model
+    fetch: bool
+    serves: bool  # this box is the head
+
+
+class ClusterLane(Record):
+    """The cluster lane's part on this box: its weights here, the image every box agrees on,
+    and this box's unit (the head's on Ray; every box's rank on mp)."""
+
+    weights: ModelOnBox | None  # a directory of the owner's, or the head's fetch
+    copied: CopiedModel | None  # a model from the hub: copied from the head over the fabric
+    image: str
+    served: ServedLane | None  # None: a worker on Ray, whose Ray node holds the rank
+
+
+class Cluster(Record):
+    """What this box does with the other boxes. Every operation here needs them."""
+
+    members: tuple[str, ...]
+    executor: Literal["ray", "mp"] | None  # the cluster lane's; None without one
+    firewall: Firewall | None  # None where no address reaches every box (a ring)
+    ray: RayNode | None  # None on mp, or where Ray cannot run (a ring)
+    ray_removed: bool  # a cluster lane on mp: no Ray node left behind
+    nccl_image: str | None  # pulled here for the test where Ray does not pull it (a ring)
+    nccl_test: NcclRun | None
+    lane: ClusterLane | None
+
+
+class BoxPlan(Record):
+    """Everything the deploy does to one box, in the order of its stages."""
+
+    name: str
+    role: Literal["head", "worker"]
+    address: str  # where clients reach the box: where pyinfra connects
+    # Host layer
+    driver: Driver
+    toolkit: Toolkit
+    # Fabric
+    fabric: Fabric | None
+    environment: Environment
+    # Lanes and front
+    memory_guard: MemoryGuard
+    hf_token_file: str | None  # on the controller
+    lane_units: tuple[str, ...]  # every lane unit the box keeps (others are removed)
+    images: tuple[str, ...]
+    lanes: tuple[OwnLane, ...]
+    front: Front
+    # Cluster
+    cluster: Cluster | None
+
+
+class Plan(Record):
+    """Every box's plan, in the inventory's order."""
+
+    boxes: tuple[BoxPlan, ...]
+    warnings: tuple[str, ...]
+
+    def box(self, name: str) -> BoxPlan:
+        return next(box for box in self.boxes if box.name == name)
+
+
+def peers(me: HostConfig, hosts: tuple[HostConfig, ...]) -> tuple[Peer, ...]:
+    """Every other box's address on the subnet of each of this box's twins: the same twin on a
+    pair or a switch, the twin at the cable's other end on a ring (its port 1 meets port 0)."""
+    return tuple(
+        Peer(ifname=link.ifname, box=other.name, address=str(theirs.address.ip))
+        for link in me.fabric
+        for other in hosts
+        if other.name != me.name
+        for theirs in other.fabric
+        if theirs.address.network == link.address.network
+    )
+
+
+def fabric(me: HostConfig, spark: SparkConfig) -> Fabric | None:
+    if not me.fabric:
+        return None
+    cluster = len(spark.hosts) > 1
+    management = None
+    if cluster and me.shape.neighbours_only and me.management_address is not None:
+        management = (me.management_ifname, me.management_address)
+    return Fabric(
+        shape=me.topology,
+        links=me.fabric,
+        ports=tuple((link.ifname, link.port) for link in me.fabric),
+        mtu=me.mtu,
+        link_speed_mbps=me.link_speed_mbps,
+        link_speed_low=me.link_speed_low,
+        gid_index=me.gid_index,
+        peers=peers(me, spark.hosts),
+        management=management,
+    )
+
+
+def hf_image(me: HostConfig) -> str:
+    """Where huggingface_hub's `hf` fetches a lane's weights: a vLLM image of the box's lanes,
+    else Ray's (group_data's NGC image); a llama.cpp image has no `hf`."""
+    return next((lane.image for lane in me.lanes if lane.engine == "vllm"), me.ray.image)
+
+
+def images(me: HostConfig) -> tuple[str, ...]:
+    """The serving images the box's own lanes need, and the hub's where a GGUF is fetched."""
+    needed = [lane.image for lane in me.lanes]
+    if me.fetch_weights and any(lane.engine == "llama.cpp" for lane in me.lanes):
+        needed.append(hf_image(me))
+    return tuple(dict.fromkeys(needed))
+
+
+def weights(me: HostConfig, lane: Lane) -> ModelOnBox:
+    return ModelOnBox(
+        model=lane.model,
+        image=hf_image(me) if lane.engine == "llama.cpp" else lane.image,
+        files=lane.weight_files,
+        token_path=HF_TOKEN if me.hf_token_file else None,
+        fetch=me.fetch_weights,
+    )
+
+
+def served(
+    me: HostConfig,
+    spark: SparkConfig,
+    lane: Lane,
+    after: str | None,
+    rank: MpRank | None = None,
+) -> ServedLane:
+    on_ray = lane.cluster_executor == "ray"
+    head_ip = str(spark.head.fabric[0].address.ip) if lane.is_cluster else ""
+    others = spark.ranks[1:] if me.role == "head" else (spark.head,)
+    return ServedLane(
+        lane=lane,
+        environment=me.cluster_environment(spark.head),
+        after=after,
+        hf_token=bool(me.hf_token_file),
+        start_timeout_s=me.lane_start_timeout_min * 60,
+        ray_address=f"{head_ip}:{me.ray.port}" if on_ray else None,
+        ray_token=on_ray and me.ray.auth,
+        rank=rank,
+        peers=tuple(str(box.fabric[0].address.ip) for box in others) if rank else (),
+    )
+
+
+def own_lanes(me: HostConfig, spark: SparkConfig) -> tuple[OwnLane, ...]:
+    """The box's own lanes in start order, each after the one before it (one loads at a time:
+    simultaneous starts contend, seed 003)."""
+    result, after = [], None
+    for lane in me.lanes:
+        if lane.is_cluster:
+            continue
+        result.append(OwnLane(weights=weights(me, lane), served=served(me, spark, lane, after)))
+        after = lane.name
+    return tuple(result)
+
+
+def front(me: HostConfig) -> Front:
+    """Clients reach every lane of the box, the cluster lane's too, through nginx, which asks
+    the lane's key on every path; the servers listen on loopback only."""
+    return Front(
+        lanes=tuple(
+            FrontLane(
+                name=lane.name, port=lane.port, backend_port=lane.backend_port, key=lane.api_key
+            )
+            for lane in me.lanes
+        ),
+        allow_networks=me.front_allow_networks,
+        tls=me.front_tls,
+    )
+
+
+def nccl_test(me: HostConfig, spark: SparkConfig, image: str) -> NcclRun | None:
+    if me.nccl_test is None:
+        return None
+    return NcclRun(
+        rank=spark.node_rank(me.name),
+        world=len(spark.hosts),
+        image=image,
+        env_names=tuple(sorted(me.cluster_environment(spark.head))),
+        env_file=me.env_file,
+        hcas=tuple(link.hca for link in me.fabric),
+        min_busbw_gbs=me.nccl_test.min_busbw_gbs,
+        max_bytes=me.nccl_test.max_bytes,
+        boxes=tuple(box.name for box in spark.hosts),
+    )
+
+
+def cluster_lane(me: HostConfig, spark: SparkConfig, after: str | None) -> ClusterLane | None:
+    lane = spark.cluster_lane
+    if lane is None:
+        return None
+    head = spark.head
+    head_address = str(head.fabric[0].address.ip)
+    mine = me.role == "head" or lane.model.startswith("/")  # fetched here, or the owner's copy
+    copied = None
+    if not lane.model.startswith("/"):
+        copied = CopiedModel(
+            model=lane.model,
+            models_dir=MODELS_DIR,
+            image=lane.image,
+            token_path=HF_TOKEN if me.hf_token_file else None,
+            head=head.name,
+            address=head_address,
+            fetch=me.fetch_weights,
+            serves=me.role == "head",
+        )
+    if lane.cluster_executor == "mp":
+        unit = served(me, spark, lane, after, MpRank(spark.node_rank(me.name), head_address))
+    else:  # on Ray: the head's unit only; every box's Ray node holds a rank
+        unit = served(me, spark, lane, after) if me.role == "head" else None
+    return ClusterLane(
+        weights=weights(me, lane) if mine else None,
+        copied=copied,
+        image=lane.image,
+        served=unit,
+    )
+
+
+def cluster(me: HostConfig, spark: SparkConfig, after: str | None) -> Cluster | None:
+    """A box among several: the firewall and Ray where one address reaches every box, the
+    NCCL test, the cluster lane. Everything here waits for the other boxes."""
+    if len(spark.hosts) < 2:
+        return None
+    lane = spark.cluster_lane
+    executor = lane.cluster_executor if lane else None
+    reachable = me.shape.one_address_for_all
+    head_ip = str(spark.head.fabric[0].address.ip)
+    environment = me.cluster_environment(spark.head)
+    firewall = None
+    ray = None
+    if reachable:
+        firewall = Firewall(
+            fabric={link.ifname: str(link.address.network) for link in me.fabric},
+            ports=tuple(listen_ports(me.ray.port)),
+            open_ports=(me.ssh_port, *(own.port for own in me.lanes)),
+        )
+    if reachable and executor != "mp":
+        # Where the cluster lane's workers on this box read its weights.
+        models = ((MODELS_DIR, HF_CACHE_IN_CONTAINER),)
+        if lane and lane.model.startswith("/"):
+            models += ((lane.model, lane.model),)
+        ray = RayNode(
+            role=me.role,
+            node_ip=str(me.fabric[0].address.ip),
+            head_ip=head_ip,
+            image=me.ray.image,
+            environment=environment,
+            env_file=me.env_file,
+            port=me.ray.port,
+            auth=me.ray.auth,
+            models=models,
+        )
+    # The test runs in the cluster lane's image before the lane starts (it proves the fabric
+    # the lane uses), else in Ray's: pulled by the Ray node, or here where there is none.
+    test_image = lane.image if lane else me.ray.image
+    return Cluster(
+        members=tuple(box.name for box in spark.hosts),
+        executor=executor,
+        firewall=firewall,
+        ray=ray,
+        ray_removed=reachable and executor == "mp",
+        nccl_image=None if (ray or lane) else me.ray.image,
+        nccl_test=nccl_test(me, spark, test_image),
+        lane=cluster_lane(me, spark, after),
+    )
+
+
+def box_plan(me: HostConfig, spark: SparkConfig) -> BoxPlan:
+    lanes = own_lanes(me, spark)
+    units = spark.units(me.name)
+    return BoxPlan(
+        name=me.name,
+        role=me.role,
+        address=me.address,
+        driver=me.driver,
+        toolkit=me.toolkit,
+        fabric=fabric(me, spark),
+        environment=Environment(
+            path=me.env_file,
+            variables=me.cluster_environment(spark.head),
+            notes=me.environment_notes(),
+        ),
+        memory_guard=MemoryGuard(
+            floor_gib=me.memory_guard_min_available_gib,
+            lanes=tuple((lane.name, lane.priority or 0) for lane in units),
+        ),
+        hf_token_file=me.hf_token_file,
+        lane_units=tuple(lane.name for lane in units),
+        images=images(me),
+        lanes=lanes,
+        front=front(me),
+        cluster=cluster(me, spark, lanes[-1].served.lane.name if lanes else None),
+    )
+
+
+def plan(spark: SparkConfig) -> Plan:
+    """Every box's plan."""
+    return Plan(boxes=tuple(box_plan(me, spark) for me in spark.hosts), warnings=spark.warnings)
