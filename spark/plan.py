@@ -166,6 +166,7 @@ class ClusterLane(Record):
     """The cluster lane's part on this box: its weights here, the image every box agrees on,
     and this box's unit (the head's on Ray; every box's rank on mp)."""
 
+    name: str
     weights: ModelOnBox | None  # a directory of the owner's, or the head's fetch
     copied: CopiedModel | None  # a model from the hub: copied from the head over the fabric
     image: str
@@ -365,6 +366,7 @@ def cluster_lane(me: HostConfig, spark: SparkConfig, after: str | None) -> Clust
     else:  # on Ray: the head's unit only; every box's Ray node holds a rank
         unit = served(me, spark, lane, after) if me.role == "head" else None
     return ClusterLane(
+        name=lane.name,
         weights=weights(me, lane) if mine else None,
         copied=copied,
         image=lane.image,

@@ -11,6 +11,8 @@ from pyinfra.api.exceptions import PyinfraError
 from pyinfra.api.inventory import Inventory
 
 from spark.inventory import ConfigError, SparkConfig, load_from_dicts
+from spark.plan import Plan
+from spark.plan import plan as spark_plan
 
 
 class InventoryRefused(PyinfraError):
@@ -48,3 +50,13 @@ def load(inventory: Inventory) -> SparkConfig:
     if isinstance(result, ConfigError):
         raise InventoryRefused(str(result))  # a fresh one: no traceback piled up per host
     return result
+
+
+_planned: weakref.WeakKeyDictionary[Inventory, Plan] = weakref.WeakKeyDictionary()
+
+
+def plan(inventory: Inventory) -> Plan:
+    """Every box's plan (spark/plan.py) for a pyinfra inventory, computed once."""
+    if inventory not in _planned:
+        _planned[inventory] = spark_plan(load(inventory))
+    return _planned[inventory]

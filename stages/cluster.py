@@ -1,0 +1,124 @@
+"""The cluster: the firewall over the cluster's ports, Ray over the fabric (or vLLM's own
+multi-node mode), the NCCL test, the cluster lane. Everything here needs every box, and comes
+after each box has done what it can alone."""
+
+from pyinfra import logger
+from pyinfra.api import deploy
+
+from operations import firewall, lanes, nccl, preflight, ray, weights
+from spark.paths import MODELS_DIR
+from spark.plan import BoxPlan, NcclRun
+from stages.lanes_front import model_on_box, serve
+
+
+def nccl_test(run: NcclRun | None) -> None:
+    """A rank on every box at once, in the run's image, present by now."""
+    if run is None:
+        return
+    nccl.prepared(
+        name=f"NCCL test: {nccl.COMMAND}, rank {run.rank} of {run.world}",
+        rank=run.rank,
+        world=run.world,
+        image=run.image,
+        env_names=list(run.env_names),
+        env_file=run.env_file,
+        hcas=list(run.hcas),
+        min_busbw_gbs=run.min_busbw_gbs,
+        max_bytes=run.max_bytes,
+    )
+    nccl.passed(
+        name=(
+            f"NCCL test: NET/IB on every twin, all_gather at {run.min_busbw_gbs:g} GB/s"
+            f" or more at {run.max_bytes} B"
+        ),
+        boxes=list(run.boxes),
+    )
+
+
+@deploy("Cluster")
+def cluster(box: BoxPlan) -> None:
+    plan = box.cluster
+    if plan is None:
+        return
+    if plan.firewall is None:
+        # No address reaches every box (a ring): Ray needs one, so no Ray and no ports for
+        # the firewall to close; the NCCL test runs over the management network.
+        logger.warning(
+            f"{box.name}: fabric_topology {box.fabric and box.fabric.shape}: the fabric, NCCL's"
+            " environment and the NCCL test are set up; Ray and its firewall are not (not done"
+            " yet for rings: README, Fabric shapes)"
+        )
+    else:
+        preflight.cluster_whole(
+            name="Every box of the cluster is in this run", members=list(plan.members)
+        )
+        firewall.cluster_ports_fabric_only(
+            name="Firewall: Ray's and the distributed back-end's ports from the fabric only",
+            fabric=plan.firewall.fabric,
+            ports=list(plan.firewall.ports),
+            open_ports=list(plan.firewall.open_ports),
+        )
+    if plan.ray_removed:
+        ray.node_removed(name=f"No {ray.UNIT}: the cluster lane runs on vLLM's own multi-node mode")
+    if plan.ray is not None:
+        node = plan.ray
+        ray.node(
+            name=f"Ray ({ray.UNIT}): head on {node.head_ip}, workers join it",
+            role=node.role,
+            node_ip=node.node_ip,
+            head_ip=node.head_ip,
+            image=node.image,
+            environment=node.environment,
+            env_file=node.env_file,
+            port=node.port,
+            token=ray.controller_token() if node.auth else None,
+            models=node.models,
+        )
+    if plan.nccl_image is not None:  # Ray, which pulls its image elsewhere, is left out
+        lanes.image_present(name=f"NCCL test image {plan.nccl_image}", image=plan.nccl_image)
+    lane = plan.lane
+    if lane is None:
+        nccl_test(plan.nccl_test)
+        return
+    # The cluster lane: each box checks what it needs before the head starts it.
+    what = f"Cluster lane {lane.name}"
+    if lane.weights is not None:
+        model_on_box(lane.weights, what)
+    if lane.copied is not None:  # from the internet once, onto the head; over the fabric after
+        copy = lane.copied
+        where = {"model": copy.model, "models_dir": MODELS_DIR}
+        weights.lacking(name=f"{what}: its model here?", **where)
+        if copy.serves:
+            weights.shared(
+                name=f"{what}: the model served to the boxes lacking it",
+                address=copy.address,
+                fetch=copy.fetch,
+                **where,
+            )
+        weights.copied(
+            name=f"{what}: the model copied from the head",
+            image=copy.image,
+            token_path=copy.token_path,
+            head=copy.head,
+            address=copy.address,
+            fetch=copy.fetch,
+            **where,
+        )
+        if copy.serves:
+            weights.unshared(name="The model no longer served", fetch=copy.fetch)
+    preflight.image_read(name=f"Cluster lane image {lane.image}", image=lane.image)
+    preflight.image_agrees(
+        name=f"Cluster lane image {lane.image}: the same on every box",
+        image=lane.image,
+        boxes=list(plan.members),
+    )
+    nccl_test(plan.nccl_test)  # before the lane starts: it proves the fabric the lane uses
+    served = lane.served
+    if served is None:
+        return  # a worker on Ray: its Ray node holds the rank
+    # The headless ranks first, the head's last (as eugr/spark-vllm-docker's launcher does):
+    # two calls, so that pyinfra runs the ranks' operation on every box before the head's.
+    if served.rank is not None and served.rank.headless:
+        serve(served)
+    if served.rank is None or not served.rank.headless:
+        serve(served)

@@ -1,0 +1,58 @@
+"""The fabric: every twin the shape uses cabled, its NetworkManager profile, its link rate and
+RoCE v2 entry, the peers reached with jumbo frames; then the cluster environment file."""
+
+from pyinfra.api import deploy
+
+from operations import environment, nmcli, preflight, roce
+from spark.plan import BoxPlan
+
+
+@deploy("Fabric")
+def fabric(box: BoxPlan) -> None:
+    plan = box.fabric
+    if plan is not None:
+        preflight.fabric_ports_cabled(
+            name=f"Fabric ports of {plan.shape} cabled: every twin there",
+            twins=list(plan.ports),
+        )
+        for link in plan.links:
+            nmcli.ethernet(
+                name=f"Fabric {link.ifname}: static IPv4, MTU {plan.mtu}",
+                con_name=f"fabric-{link.ifname}",
+                ifname=link.ifname,
+                address=str(link.address),
+                mtu=plan.mtu,
+            )
+        # After the profiles: a twin NetworkManager just brought up may report its rate only now.
+        preflight.link_speeds(
+            name=f"Fabric twins link at {plan.link_speed_mbps} Mb/s",
+            ifnames=[link.ifname for link in plan.links],
+            expected_mbps=plan.link_speed_mbps,
+            low=plan.link_speed_low,
+        )
+        for link in plan.links:
+            roce.roce_v2_entry(
+                name=f"RoCE v2 IPv4 GID of {link.hca} (NCCL selects it; expected at"
+                f" {plan.gid_index})",
+                ifname=link.ifname,
+                address=str(link.address),
+                expected_index=plan.gid_index,
+            )
+        preflight.fabric_peers(
+            name=f"Fabric twins reach the other boxes' twins ({plan.mtu}-byte frames)",
+            peers=[(peer.ifname, peer.box, peer.address) for peer in plan.peers],
+            mtu=plan.mtu,
+        )
+        if plan.management is not None:  # a ring's rendezvous and sockets go over it
+            ifname, address = plan.management
+            preflight.management_address(
+                name=f"Management address {address} on {ifname}",
+                ifname=ifname,
+                address=str(address),
+            )
+    environment.cluster_env(
+        name=f"Cluster environment in {box.environment.path}",
+        variables=box.environment.variables,
+        notes=box.environment.notes,
+        path=box.environment.path,
+    )

@@ -1,0 +1,65 @@
+"""The box's own lanes and their front: the memory guard first, so it watches while they load,
+then each lane once the one before it serves, its weights on the box before it starts; nginx
+asks each lane's key on every path. None of it needs another box."""
+
+from pyinfra.api import deploy
+
+from operations import front, lanes, memguard, preflight
+from spark.paths import MODELS_DIR
+from spark.plan import BoxPlan, ModelOnBox, ServedLane
+
+
+def model_on_box(weights: ModelOnBox, what: str) -> None:
+    preflight.model_present(
+        name=f"{what}: {weights.model} on this box",
+        model=weights.model,
+        image=weights.image,
+        models_dir=MODELS_DIR,
+        token_path=weights.token_path,
+        fetch=weights.fetch,
+        files=weights.files,
+    )
+
+
+def serve(served: ServedLane) -> None:
+    lanes.serving(
+        name=f"Lane {served.lane.name}: {served.title}",
+        unit=lanes.LaneUnit(
+            lane=served.lane,
+            environment=served.environment,
+            after=served.after,
+            hf_token=served.hf_token,
+            start_timeout_s=served.start_timeout_s,
+            ray_address=served.ray_address,
+            ray_token=served.ray_token,
+            rank=served.rank,
+            peers=served.peers,
+        ),
+    )
+
+
+@deploy("Lanes and front")
+def lanes_and_front(box: BoxPlan) -> None:
+    guard = box.memory_guard
+    memguard.memory_guard(
+        name=f"Memory guard: a lane stopped below {guard.floor_gib:g} GiB available",
+        lanes=list(guard.lanes),
+        min_available_gib=guard.floor_gib,
+    )
+    if box.hf_token_file:
+        lanes.hf_token(name="Hugging Face token (root 0600)", src=box.hf_token_file)
+    lanes.lanes_removed(name="Lanes no longer configured: removed", keep=list(box.lane_units))
+    for image in box.images:
+        lanes.image_present(name=f"Serving image {image}", image=image)
+    for lane in box.lanes:
+        model_on_box(lane.weights, f"Lane {lane.served.lane.name}")
+        serve(lane.served)
+    front.lanes_front(
+        name=f"Front: nginx asks the key on every path of {len(box.front.lanes)} lane(s)",
+        lanes=[
+            front.FrontLane(lane.name, lane.port, lane.backend_port, key=lane.key)
+            for lane in box.front.lanes
+        ],
+        allow_networks=list(box.front.allow_networks),
+        tls=box.front.tls,
+    )
