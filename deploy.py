@@ -49,7 +49,7 @@ from operations import (
     toolkit,
     weights,
 )
-from spark.lanes import Lane, MpRank
+from spark.lane import Lane, MpRank
 from spark.ports import listen_ports
 from stages import settings
 

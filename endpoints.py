@@ -17,7 +17,7 @@ from pyinfra.api.state import BaseStateCallback, StateStage
 
 from operations.lanes import SECRETS_DIR, key_path
 from spark.inventory import HostConfig
-from spark.lanes import AGENT_CONTEXT
+from spark.lane import AGENT_CONTEXT
 
 
 class Endpoint(NamedTuple):
