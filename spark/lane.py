@@ -147,7 +147,7 @@ class Lane(BaseModel):
     vllm_version: str | None = Field(
         None,
         description="the vLLM release the image carries, for an image the table of"
-        " operations/vllm_release.py does not list (e.g. 0.20.1); None: the table's",
+        " spark/vllm_release.py does not list (e.g. 0.20.1); None: the table's",
     )
     model: str = Field(
         description='a Hugging Face id "org/name" or an absolute path (llama.cpp: the GGUF'
@@ -353,7 +353,7 @@ class Lane(BaseModel):
         return [*args, *self.extra_args]
 
     def llama_args(self) -> list[str]:
-        """Everything after llama-server (operations/llamacpp.py), on 127.0.0.1 behind the
+        """Everything after llama-server (spark/llamacpp.py), on 127.0.0.1 behind the
         box's front as a vLLM lane."""
         return llamacpp.server_args(
             served_name=self.served_name,

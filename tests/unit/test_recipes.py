@@ -706,7 +706,7 @@ def test_a_plaintext_key_given_as_api_key_is_never_shown():
     assert "SENTINEL" not in refusal
 
 
-# Lanes follow their image's vLLM release (operations/vllm_release.py).
+# Lanes follow their image's vLLM release (spark/vllm_release.py).
 
 ON_2610 = {"image": "nvcr.io/nvidia/vllm:26.10-py3"}
 
