@@ -162,7 +162,11 @@ class Budget:
         free = self.free_gib
         if floor_gib < free:
             return []
-        rank = " (the cluster lane's rank among them: the cluster lane stops with it)"
+        # On executor mp the rank has a unit on the box, in the guard's list (SparkConfig.units).
+        rank = (
+            " (the cluster lane's rank counted: on executor mp the guard stops it, and the"
+            " cluster lane with it)"
+        )
         return [
             f"{floor_gib:g} GiB is not below the {free:.1f} GiB the lanes leave free (of"
             f" {self.unified_memory_gib:g} GiB: {self.listing()}); the guard would stop a lane"

@@ -36,7 +36,10 @@ SMALL = {
     "max_model_len": 8192,
 }
 GUARD = "memory_guard_min_available_gib"
-RANK_STOPS = " (the cluster lane's rank among them: the cluster lane stops with it)"
+RANK_STOPS = (
+    " (the cluster lane's rank counted: on executor mp the guard stops it, and the cluster lane"
+    " with it)"
+)
 LOWER_IT = "; lower it (8 leaves the kernel, docker and sshd room) or the lanes' memory_fraction"
 
 
