@@ -16,7 +16,7 @@ from pyinfra.api.host import Host
 from pyinfra.api.state import BaseStateCallback, StateStage
 
 from spark.inventory import HostConfig
-from spark.lanes import AGENT_CONTEXT
+from spark.lane import AGENT_CONTEXT
 from spark.paths import SECRETS_DIR, key_path
 
 

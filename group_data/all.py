@@ -105,7 +105,7 @@ unified_memory_gib = 121.69
 # The vLLM servers of each box, started in this order, one after the other (simultaneous
 # starts contend for memory: seed 003). The field's two-lane appliance (seed 003); a host's
 # inventory data may replace the whole list. Memory fractions add up to 0.80: at most 0.87 is
-# safe, above 0.90 is refused (seed 001). operations/recipes.py checks every lane.
+# safe, above 0.90 is refused (seed 001). spark/memory.py checks every box.
 lanes = [
     {
         # Lane A: trusted work (tool calls, code, review); 54 tok/s (seed 003).

@@ -9,7 +9,7 @@ from pyinfra.api import operation
 from pyinfra.api.exceptions import OperationError
 
 from operations import util
-from spark.lanes import ENV_NAME
+from spark.lane import ENV_NAME
 
 UNSAYABLE = ("\n", "\r", "\0")  # a line break ends an assignment in one reader, not the other
 ESCAPED = re.compile(r'([\\"`$])')

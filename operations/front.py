@@ -4,7 +4,7 @@ lane's key on every path and forwards the OpenAI paths and /health to vLLM on lo
 vLLM's own --api-key guards only paths under /v1: /invocations serves the same chat requests
 with no key, and /tokenize, /metrics and other control routes answer anyone (vLLM's security
 guide, docs/usage/security.md: do not rely on --api-key alone; vllm-project/vllm#18892). So a
-lane's vLLM listens on 127.0.0.1 (operations/recipes.py) and only this front faces the LAN.
+lane's vLLM listens on 127.0.0.1 (spark/lane.py) and only this front faces the LAN.
 """
 
 from __future__ import annotations

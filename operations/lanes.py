@@ -17,17 +17,9 @@ from pyinfra.facts.files import Sha1File
 from operations import ray, util
 from operations.preflight import hf_cache_dir
 from spark import llamacpp
-from spark.lanes import (
-    ENV_NAME,
-    SLUG,
-    Lane,
-    MpRank,
-    _is_modelopt_nvfp4,
-    _is_qwen3,
-    _quantization,
-    _uses_cutlass_fp4,
-)
+from spark.lane import ENV_NAME, SLUG, Lane, MpRank
 from spark.paths import HF_CACHE_IN_CONTAINER, HF_TOKEN, MODELS_DIR, SECRETS_DIR, key_path
+from spark.sm121 import is_modelopt_nvfp4, is_qwen3, quantization, uses_cutlass_fp4
 
 UNIT_DIR = "/etc/systemd/system"
 PREFIX = "spark-lane-"  # of every lane's unit and container: what the deploy owns
@@ -246,19 +238,19 @@ def canary_causes(lane: Lane) -> list[str]:
     if lane.engine == "llama.cpp":
         return llamacpp.CANARY_CAUSES
     causes = []
-    nvfp4 = _quantization(lane) in ("nvfp4", "nvfp4-modelopt")
-    if nvfp4 or _is_modelopt_nvfp4(lane):  # known ones are refused (recipes.py); others are not
+    nvfp4 = quantization(lane) in ("nvfp4", "nvfp4-modelopt")
+    if nvfp4 or is_modelopt_nvfp4(lane):  # known ones are refused (sm121.py); others are not
         causes.append(
             "a ModelOpt NVFP4 checkpoint (quant_method modelopt in its config.json): loads and"
             " answers confident nonsense on SM121; use a compressed-tensors NVFP4 one (seed 003)"
         )
-    if nvfp4 or _uses_cutlass_fp4(lane):
+    if nvfp4 or uses_cutlass_fp4(lane):
         causes.append(
             "NVFP4 on a CUTLASS FP4 path, not Marlin: silent garbage on SM121; Marlin is"
             " VLLM_NVFP4_GEMM_BACKEND=marlin to 0.20.1, --linear-backend marlin from 0.31.0"
             " (seed 003)"
         )
-    if _is_qwen3(lane):
+    if is_qwen3(lane):
         causes.append(
             "a thinking template hiding the answer: Qwen3 models need --generation-config vllm,"
             " or their answer stays in the reasoning (seed 003)"
@@ -295,7 +287,7 @@ def serve_script(
 class LaneUnit:
     """A validated lane as this box runs it: its systemd unit, environment file and container.
 
-    + lane: the lane (operations/recipes.py), checked before any host was contacted
+    + lane: the lane (spark/lane.py), checked before any host was contacted
     + environment: the cluster's environment (the lane's own and SM121's are added); no secrets
     + after: the lane that starts before this one, if any
     + hf_token: mount /etc/spark/secrets/hf-token (see ``hf_token``) for gated models

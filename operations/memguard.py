@@ -11,7 +11,7 @@ from pyinfra.facts.systemd import SystemdEnabled, SystemdStatus
 
 from operations import util
 from operations.lanes import PREFIX, unit_name
-from spark.lanes import SLUG
+from spark.lane import SLUG
 
 SERVICE = "spark-memguard.service"
 

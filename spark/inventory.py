@@ -29,22 +29,18 @@ from pydantic import (
 )
 from pydantic_core import InitErrorDetails
 
-from spark import topology
-from spark.lanes import (
-    FRACTION_LIMIT,
-    FRACTION_WARNING,
+from spark import memory, topology
+from spark.catalog import ModelSpec
+from spark.checks import matching, refused
+from spark.lane import (
     LINE_BREAK,
     SLUG,
     Lane,
-    ModelSpec,
-    budget_problems,
-    budget_warnings,
+    clash_problems,
     context_warnings,
     image_with_ray,
-    matching,
-    port_owners,
-    refused,
 )
+from spark.ports import port_owners
 
 # host.data keys that pyinfra and its connectors read themselves: they pass unchecked and
 # are never echoed (`_sudo_password`, `ssh_password` are secrets).
@@ -384,19 +380,17 @@ class HostSettings(BaseModel):
         is reported under the field the user edits. The context may give the host's SSH port
         (pyinfra's own `ssh_port`), which no lane may take."""
         ssh_port = (info.context or {}).get("ssh_port", 22)
+        box = memory.budget(self.lanes, self.unified_memory_gib)  # a worker's rank: cross-host
         problems = {
             "fabric_hcas": _device_problems(self.fabric_addresses, self.fabric_hcas),
             "fabric_link_speed_mbps": _speed_problems(
                 self.fabric_link_speed_mbps, self.fabric_topology
             ),
             "fabric_mtu": _mtu_problems(self.fabric_mtu, self.fabric_mtu_below_9000_because),
-            "lanes": budget_problems(
-                self.lanes,
-                self.unified_memory_gib,
-                port_owners(self.ray_port, ssh_port),
-            ),
-            "memory_guard_min_available_gib": _guard_problems(
-                self.memory_guard_min_available_gib, self.unified_memory_gib, self.lanes
+            "lanes": clash_problems(self.lanes, port_owners(self.ray_port, ssh_port))
+            + box.problems(),
+            "memory_guard_min_available_gib": box.guard_problems(
+                self.memory_guard_min_available_gib
             ),
             "front_tls_key_file": (
                 ["front_tls_certificate_file and front_tls_key_file: give both, or neither"]
@@ -459,19 +453,6 @@ def _mtu_problems(mtu: int, because: str | None) -> list[str]:
             " why in fabric_mtu_below_9000_because"
         ]
     return []
-
-
-def _guard_problems(floor_gib: float, unified_gib: float, lanes: list[Lane]) -> list[str]:
-    """The guard's floor below what the lanes leave free once loaded: at or above it, it would
-    stop a lane each time all of them are up (the OS takes its part of the rest too)."""
-    free = unified_gib * (1 - sum(lane.memory_fraction for lane in lanes))
-    if floor_gib < free:
-        return []
-    return [
-        f"{floor_gib:g} GiB is not below the {free:.1f} GiB the lanes leave free (of"
-        f" {unified_gib:g}); the guard would stop a lane whenever all are loaded; lower it (8"
-        " leaves the kernel, docker and sshd room) or the lanes' memory_fraction"
-    ]
 
 
 def _ifname_problems(ifname: str) -> list[str]:
@@ -901,18 +882,19 @@ def _cluster_lane_problems(hosts: tuple[HostConfig, ...]) -> list[str]:
     for host in hosts:
         if host.role == "head":
             continue  # the head's lanes, the cluster lane among them, were checked together
-        total = round(sum(own.memory_fraction for own in host.lanes) + lane.memory_fraction, 6)
-        shares = ", ".join(
-            [f"{own.name} {own.memory_fraction:g}" for own in host.lanes]
-            + [f"the cluster lane {lane.name} {lane.memory_fraction:g}"]
-        )
-        if total > FRACTION_LIMIT:
-            problems.append(
-                f"{host.name}: lanes: the memory fractions add up to {total:g} ({shares}),"
-                f" above {FRACTION_LIMIT}: the cluster lane takes its memory_fraction of every"
-                f" box; lower them to a total of {FRACTION_WARNING} or less, or remove lanes"
-            )
+        box = _budget(host, lane)
+        problems += [f"{host.name}: lanes: {problem}" for problem in box.problems()]
+        problems += [
+            f"{host.name}: memory_guard_min_available_gib: {problem}"
+            for problem in box.guard_problems(host.memory_guard_min_available_gib)
+        ]
     return problems
+
+
+def _budget(host: HostConfig, cluster: Lane | None) -> memory.Budget:
+    """A box's memory: its own lanes and, on a worker, the cluster lane's rank."""
+    rank = cluster if host.role != "head" else None
+    return memory.budget(host.lanes, host.unified_memory_gib, rank)
 
 
 def _fabric_problems(hosts: tuple[HostConfig, ...]) -> list[str]:
@@ -1081,13 +1063,13 @@ def load_from_dicts(
     if problems:
         raise ConfigError(problems)
     # A cluster lane takes its share of every box: the workers' totals count it too.
-    cluster = [
-        lane for host in configs if host.role == "head" for lane in host.lanes if lane.is_cluster
-    ]
+    cluster = next(
+        (lane for host in configs if host.role == "head" for lane in host.lanes if lane.is_cluster),
+        None,
+    )
     warnings = tuple(
         f"{host.name}: lanes: {warning}"
         for host in configs
-        for warning in budget_warnings([*host.lanes, *(cluster if host.role == "worker" else [])])
-        + context_warnings(host.lanes)
+        for warning in _budget(host, cluster).warnings() + context_warnings(host.lanes)
     )
     return SparkConfig(hosts=tuple(configs), warnings=warnings)

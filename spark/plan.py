@@ -14,7 +14,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict
 
 from spark.inventory import Driver, FabricLink, HostConfig, SparkConfig, Toolkit
-from spark.lanes import Lane, MpRank
+from spark.lane import Lane, MpRank
 from spark.paths import HF_CACHE_IN_CONTAINER, HF_TOKEN, MODELS_DIR
 from spark.ports import listen_ports
 

@@ -23,7 +23,7 @@ from operations.lanes import (
 from operations.memguard import SERVICE, stop_order
 
 if TYPE_CHECKING:
-    from spark.lanes import Lane
+    from spark.lane import Lane
     from tests.compliance.conftest import Box
 
 

@@ -38,7 +38,7 @@ pytestmark = pytest.mark.lab
 INVENTORY = "tests/e2e/cluster_inventory.py"
 LANE_UNIT = lanes.unit_name(CLUSTER_LANE["name"])
 PORT = CLUSTER_LANE["port"]
-# vLLM itself, behind the front, on the head's loopback (recipes: port + 1000 by default).
+# vLLM itself, behind the front, on the head's loopback (spark/lane.py: port + 1000 by default).
 VLLM_PORT = PORT + 1000
 HEAD_IP, WORKER_IP = "192.168.100.10", "192.168.100.11"  # inventories/sim.py's first twin
 IMAGE = "nvcr.io/nvidia/vllm:26.04-py3"

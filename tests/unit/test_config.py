@@ -1,4 +1,4 @@
-"""operations/config.py: validated host data, the cluster environment, the pre-connect check."""
+"""spark/inventory.py: validated host data, the cluster environment, the pre-connect check."""
 
 from __future__ import annotations
 
@@ -345,7 +345,7 @@ def test_cli_with_good_data_goes_on_to_the_operations(tmp_path: Path) -> None:
     output = run.stdout + run.stderr
 
     assert "problem(s)" not in output
-    assert "--> Starting operation: dpkg: nothing left half installed" in output
+    assert "--> Starting operation: Host layer | dpkg: nothing left half installed" in output
 
 
 def test_started_elsewhere_the_deploy_refuses_to_run_unchecked(tmp_path: Path) -> None:
@@ -361,7 +361,9 @@ def test_started_elsewhere_the_deploy_refuses_to_run_unchecked(tmp_path: Path) -
     assert "Starting operation" not in output
 
     run = run_pyinfra(tmp_path, TWO_SPARKS, elsewhere, "--chdir", str(REPO), "deploy.py")
-    assert "--> Starting operation: dpkg: nothing left half installed" in run.stdout + run.stderr
+    assert "--> Starting operation: Host layer | dpkg: nothing left half installed" in (
+        run.stdout + run.stderr
+    )
     assert "problem(s)" not in output
 
 
@@ -436,7 +438,13 @@ def test_a_workers_lanes_and_the_cluster_lanes_share_must_fit_the_worker() -> No
     assert cluster_problems([BIG], [fast]) == [
         "spark-2: lanes: the memory fractions add up to 1 (fast 0.2, the cluster lane big 0.8),"
         " above 0.9: the cluster lane takes its memory_fraction of every box; lower them to a"
-        " total of 0.87 or less, or remove lanes"
+        " total of 0.87 or less, or remove lanes",
+        # 121.69 x (1 - 0.2 - 0.8) = 0 GiB left: the default floor of 8 stops the rank too
+        "spark-2: memory_guard_min_available_gib: 8 GiB is not below the 0.0 GiB the lanes"
+        " leave free (of 121.69 GiB: fast 0.2, the cluster lane big 0.8); the guard would stop"
+        " a lane whenever all are loaded (the cluster lane's rank counted: on executor mp the"
+        " guard stops it, and the cluster lane with it); lower it (8 leaves the kernel, docker"
+        " and sshd room) or the lanes' memory_fraction",
     ]
     assert cluster_problems([BIG], [fast | {"memory_fraction": 0.07}]) == []
 

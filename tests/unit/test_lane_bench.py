@@ -21,7 +21,7 @@ import pytest
 
 from operations import lanes
 from spark import paths as box_paths
-from spark.lanes import CATALOG, catalog
+from spark.catalog import CATALOG, catalog
 from tests.unit.harness import run_op
 from tests.unit.test_config import REPO, TWO_SPARKS, run_pyinfra
 from tests.unit.test_lanes import lane_host, lane_unit, paths

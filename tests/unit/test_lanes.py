@@ -42,8 +42,9 @@ from pyinfra.facts.systemd import SystemdEnabled, SystemdStatus
 
 from operations import lanes, memguard, util
 from spark import paths as box_paths
+from spark.catalog import ModelSpec
 from spark.inventory import ConfigError, load_from_dicts
-from spark.lanes import Lane, ModelSpec, MpRank
+from spark.lane import Lane, MpRank
 from tests.unit.harness import FakeHost, captured, file_facts, process, run_op
 from tests.unit.test_config import TWO_SPARKS, merged
 

@@ -1,6 +1,6 @@
-"""operations/llamacpp.py and a llama.cpp lane (issue 16): its settings read as llama.cpp's own
+"""spark/llamacpp.py and a llama.cpp lane (issue 16): its settings read as llama.cpp's own
 parser reads them (the option list of the commit the data file holds, read from that commit's
-common/arg.cpp), the field's defaults, the refusals, the memory estimate, and how config.py
+common/arg.cpp), the field's defaults, the refusals, the memory estimate, and how spark/inventory.py
 reports them before any host is contacted."""
 
 from __future__ import annotations
@@ -14,8 +14,10 @@ import pytest
 
 from operations import lanes
 from spark import llamacpp
-from spark.lanes import CATALOG, Lane
+from spark.catalog import CATALOG
+from spark.lane import Lane
 from spark.llamacpp_release import DEFAULT_COMMIT
+from spark.memory import estimate
 
 from .test_recipes import SPARK_GIB, accepted, lane, problems
 
@@ -69,14 +71,14 @@ def test_extra_args_replace_a_default_and_keep_llama_cpps_names() -> None:
 
 def test_the_memory_estimate_is_the_files_size_and_a_q8_0_cache_of_the_context() -> None:
     (served,) = accepted(gguf())
-    estimate = served.estimate(SPARK_GIB)
-    assert estimate.weights_gib == CATALOG[served.catalog_key].weights_gib == 46.2
+    need = estimate(served, SPARK_GIB)
+    assert need.weights_gib == CATALOG[served.catalog_key].weights_gib == 46.2
     # 12 full-attention layers x 2 KV heads x 256 x (K and V) x 34/32 bytes x 131072 tokens
-    assert estimate.kv_cache_gib == pytest.approx(2 * 12 * 2 * 256 * 34 / 32 * 131072 / 2**30)
-    assert estimate.fits
+    assert need.kv_cache_gib == pytest.approx(2 * 12 * 2 * 256 * 34 / 32 * 131072 / 2**30)
+    assert need.fits
     (f16,) = accepted(gguf(kv_cache_dtype="f16"))
-    f16_gib = f16.estimate(SPARK_GIB).kv_cache_gib
-    assert f16_gib == pytest.approx(2 * estimate.kv_cache_gib * 16 / 17)
+    f16_gib = estimate(f16, SPARK_GIB).kv_cache_gib
+    assert f16_gib == pytest.approx(2 * need.kv_cache_gib * 16 / 17)
     too_small = problems(gguf(memory_fraction=0.35))
     assert len(too_small) == 1 and "gguf" in too_small[0] and "GiB" in too_small[0], too_small
 

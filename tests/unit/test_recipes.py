@@ -1,5 +1,6 @@
-"""operations/recipes.py: the lane model, its vllm serve arguments, the SM121 rules, the memory
-budget; and how operations/config.py reports them before any host is contacted."""
+"""spark/lane.py, spark/sm121.py, spark/catalog.py: the lane model, its vllm serve arguments,
+the SM121 rules, the catalog, a lane's memory estimate; and how spark/inventory.py reports them
+before any host is contacted (a box's memory budget: test_memory.py)."""
 
 from __future__ import annotations
 
@@ -11,18 +12,13 @@ from typing import Annotated, Any
 import pytest
 from pydantic import BaseModel, ValidationError
 
+from spark.catalog import CATALOG
+from spark.checks import matching, refused
 from spark.inventory import ConfigError, load_from_dicts
-from spark.lanes import (
-    CATALOG,
-    DATA,
-    SM121_ADDITIONS,
-    SM121_RULES,
-    Lane,
-    MpRank,
-    matching,
-    parse_options,
-    refused,
-)
+from spark.lane import Lane, MpRank, parse_options
+from spark.memory import estimate
+from spark.sm121 import SM121_ADDITIONS, SM121_RULES
+from spark.vllm_release import DATA
 
 from .test_config import PROBLEM_LINE, group_defaults, merged, run_pyinfra
 
@@ -305,7 +301,7 @@ def test_the_harmless_value_of_force_fp8_marlin_passes() -> None:
 def test_the_fractions_are_of_what_cuda_reports_on_a_spark() -> None:
     # vLLM wanted 105.87 GiB at 0.87 on a Spark (MiaAI-Lab/GLM-5.3-Flash-EXL3-2x-DGX-Sparks#47).
     (probe,) = accepted(lane(memory_fraction=0.87))
-    assert round(probe.estimate(SPARK_GIB).share_gib, 2) == 105.87
+    assert round(estimate(probe, SPARK_GIB).share_gib, 2) == 105.87
 
 
 def test_coder_next_kv_cache_grows_only_in_its_full_attention_layers() -> None:
@@ -313,12 +309,12 @@ def test_coder_next_kv_cache_grows_only_in_its_full_attention_layers() -> None:
     (bf16,) = accepted(lane(max_model_len=262144))
     (fp8,) = accepted(lane(max_model_len=262144, kv_cache_dtype="fp8"))
 
-    assert bf16.estimate(SPARK_GIB).kv_cache_gib == 6.0
-    assert fp8.estimate(SPARK_GIB).kv_cache_gib == 3.0
+    assert estimate(bf16, SPARK_GIB).kv_cache_gib == 6.0
+    assert estimate(fp8, SPARK_GIB).kv_cache_gib == 3.0
 
 
 def test_lane_a_fits_its_045_share_as_in_the_field() -> None:
-    coder = accepted(*DEFAULTS["lanes"])[0].estimate(SPARK_GIB)
+    coder = estimate(accepted(*DEFAULTS["lanes"])[0], SPARK_GIB)
 
     assert coder.weights_gib == 40  # ~40 GB (seed 003)
     # 40 GB of weights (seed 003) + 3 GiB of bf16 KV cache for 128K tokens (24 KiB a token)
@@ -328,7 +324,7 @@ def test_lane_a_fits_its_045_share_as_in_the_field() -> None:
 
 
 def test_lane_b_fits_its_035_share_as_in_the_field() -> None:
-    fast = accepted(*DEFAULTS["lanes"])[1].estimate(SPARK_GIB)
+    fast = estimate(accepted(*DEFAULTS["lanes"])[1], SPARK_GIB)
 
     assert fast.weights_gib == 20  # NVFP4 ~20 GB (seed 003)
     assert fast.fits and fast.share_gib == pytest.approx(42.59, abs=0.01)
@@ -337,10 +333,10 @@ def test_lane_b_fits_its_035_share_as_in_the_field() -> None:
 def test_gpt_oss_120b_needs_about_61_gb_plus_its_cache() -> None:
     at_060 = lane(model="openai/gpt-oss-120b", memory_fraction=0.6, max_model_len=131072)
     (fitting,) = accepted(at_060)
-    estimate = fitting.estimate(SPARK_GIB)
+    need = estimate(fitting, SPARK_GIB)
 
-    assert estimate.weights_gib == 61  # seed 004
-    assert estimate.kv_cache_gib == 4.5  # 18 full-attention layers x 8 x 64, bf16, 128K
+    assert need.weights_gib == 61  # seed 004
+    assert need.kv_cache_gib == 4.5  # 18 full-attention layers x 8 x 64, bf16, 128K
     assert problems(at_060 | {"memory_fraction": 0.55}) == [
         "spark-1: lanes: probe: needs ~69.5 GiB (weights 61 + KV cache 4.5 for 131072 tokens +"
         " 4 overhead) but memory_fraction 0.55 of 121.69 GiB gives 66.9; lower max_model_len to"
@@ -351,7 +347,7 @@ def test_gpt_oss_120b_needs_about_61_gb_plus_its_cache() -> None:
 def test_qwen35_122b_nvfp4_loaded_at_73_gib_fits_a_box_not_a_small_share() -> None:
     big = lane(model="RedHatAI/Qwen3.5-122B-A10B-NVFP4", memory_fraction=0.85, max_model_len=32768)
 
-    assert accepted(big)[0].estimate(SPARK_GIB).weights_gib == 73  # seed 003
+    assert estimate(accepted(big)[0], SPARK_GIB).weights_gib == 73  # seed 003
     (refusal,) = problems(big | {"memory_fraction": 0.6})
     assert "weights 73 " in refusal and refusal.endswith("raise memory_fraction to 0.64")
 
@@ -388,7 +384,7 @@ def test_an_unknown_model_gives_its_own_sizes() -> None:
     (mine,) = accepted(unknown | {"model_spec": spec | {"quantization": "bf16"}})
     # 2 x 32 layers x 8 heads x 128 x 2 bytes = 128 KiB a token: 8 GiB for 65536 tokens.
     # 10 GiB of weights + 8 GiB of KV cache + 4 GiB of overhead (the project's estimate).
-    assert mine.estimate(SPARK_GIB).total_gib == 22
+    assert estimate(mine, SPARK_GIB).total_gib == 22
 
 
 def test_max_model_len_beyond_the_model_is_refused_unless_allowed() -> None:
@@ -633,9 +629,9 @@ def test_a_cluster_lane_adds_tensor_parallelism_over_ray_and_counts_one_boxs_sha
     args = big.vllm_args()
     assert args[args.index("--tensor-parallel-size") + 1] == "2"
     assert args[args.index("--distributed-executor-backend") + 1] == "ray"
-    estimate = big.estimate(121.69)
-    assert estimate.weights_gib == 57.64  # seed 004: per node at TP=2
-    assert estimate.fits
+    need = estimate(big, 121.69)
+    assert need.weights_gib == 57.64  # seed 004: per node at TP=2
+    assert need.fits
     single = big.model_copy(update={"tensor_parallel_size": 1})
     assert "--tensor-parallel-size" not in single.vllm_args()
 
@@ -710,7 +706,7 @@ def test_a_plaintext_key_given_as_api_key_is_never_shown():
     assert "SENTINEL" not in refusal
 
 
-# Lanes follow their image's vLLM release (operations/vllm_release.py).
+# Lanes follow their image's vLLM release (spark/vllm_release.py).
 
 ON_2610 = {"image": "nvcr.io/nvidia/vllm:26.10-py3"}
 

@@ -1,38 +1,39 @@
-"""What a lane may run on SM121: the lane model, the model catalog, the rules.
+"""A lane: one model server on a box, its settings, and what it may run.
 
 A lane is one model server in a container (`vllm serve`, or llama.cpp's `llama-server` for a
-GGUF: operations/llamacpp.py), on its own port, with its own share of the box's unified memory.
+GGUF: spark/llamacpp.py), on its own port, with its own share of the box's unified memory.
 Everything here is checked before any host is contacted: the options against the own option list
-of the release the lane's image carries (vLLM's: operations/vllm_release.py; llama.cpp's:
-operations/llamacpp_release.py), the settings known to break the GB10 (SM121) against the rules
-table, each in that release's terms, and the memory each lane needs against its share.
+of the release the lane's image carries (vLLM's: spark/vllm_release.py; llama.cpp's:
+spark/llamacpp_release.py), the settings known to break the GB10 (SM121) against the rules of
+spark/sm121.py, each in that release's terms; the model's figures come from spark/catalog.py,
+and the memory each lane needs is spark/memory.py's.
 """
 
 from __future__ import annotations
 
 import difflib
 import json
-import math
 import re
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Annotated, Any, Literal, TypeVar
+from typing import Annotated, Any, Literal
 
 from pydantic import (
-    AfterValidator,
     BaseModel,
     ConfigDict,
     Field,
-    ValidationError,
     field_validator,
     model_validator,
 )
 
 from spark import llamacpp
+from spark.catalog import CATALOG, ModelSpec
+from spark.checks import HF_ID, matching, refused
 from spark.llamacpp_release import DEFAULT_COMMIT
-from spark.ports import MASTER_PORT, port_owners
+from spark.memory import FRACTION_LIMIT
+from spark.ports import MASTER_PORT
+from spark.sm121 import SM121_ADDITIONS, SM121_RULES
 from spark.vllm_release import (
-    DATA,
     DEFAULT_IMAGE,
     Release,
     image_has_ray,
@@ -43,27 +44,6 @@ from spark.vllm_release import (
     release,
 )
 
-T = TypeVar("T")
-
-
-def refused(value: T, problems: list[str]) -> T:
-    """``value``, unless there are ``problems``: pydantic reports them (one a line) under the
-    field, or the model, that the validator checks."""
-    if problems:
-        raise ValueError("\n".join(problems))
-    return value
-
-
-def matching(pattern: re.Pattern[str], problem: str) -> AfterValidator:
-    """A field's check that all of its value matches ``pattern``, else ``problem`` ("{!r}" is
-    the value), which pydantic reports under the field."""
-
-    def check(value: str) -> str:
-        return refused(value, [] if pattern.fullmatch(value) else [problem.format(value)])
-
-    return AfterValidator(check)
-
-
 SLUG = re.compile(r"[a-z0-9][a-z0-9-]{0,31}")
 ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")  # a shell's and systemd's variable name
 # registry/repository:tag (a digest may follow the tag); the registry may carry a port.
@@ -71,7 +51,6 @@ IMAGE = re.compile(
     r"[a-z0-9]+(?:[._-][a-z0-9]+)*(?::\d+)?(?:/[a-z0-9]+(?:[._-][a-z0-9]+)*)+"
     r":(?P<tag>[A-Za-z0-9_][A-Za-z0-9._-]{0,127})(?:@sha256:[0-9a-f]{64})?"
 )
-HF_ID = re.compile(r"(?P<org>[A-Za-z0-9][A-Za-z0-9._-]{0,95})/[A-Za-z0-9][A-Za-z0-9._-]{0,95}")
 MODEL_PATH = re.compile(r"(/[A-Za-z0-9_.-]+)+")
 SERVED_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:/-]{0,127}")
 LINE_BREAK = re.compile(r"[\n\r\0]")  # would split the unit or env file that carries it
@@ -83,26 +62,11 @@ INTEGER = re.compile(r"[+-]?\d+")
 FLOAT = re.compile(r"[+-]?(\d+\.?\d*|\.\d+)([eE][+-]?\d+)?")
 HUMAN_INTEGER = re.compile(r"\d+|\d+(\.\d+)?[kmgt]|\d+[KMGT]")
 
-# The sum of the lanes' fractions: never above 0.90, 0.85-0.87 safe (seed 001). vLLM checks at
-# each start that fraction x total is free, and a Spark shows only ~102 of 121.69 GiB free
-# after boot (MiaAI-Lab/GLM-5.3-Flash-EXL3-2x-DGX-Sparks#47): above 0.87 a later lane may not
-# start, and an overcommitted box freezes whole (seed 003).
-FRACTION_LIMIT = 0.90
-FRACTION_WARNING = 0.87
-# What vLLM holds beside weights and KV cache: CUDA context and cuBLAS/Marlin workspaces, the
-# CUDA graph pools, the activation peak of its profiling run. An estimate (no field figure
-# splits it out), on the side of refusing a lane that might just have fitted.
-OVERHEAD_GIB = 4.0
-# NGC images whose vLLM fails to import fastsafetensors (field-facts, "vLLM on SM121").
-IMAGES_WITHOUT_FASTSAFETENSORS = frozenset(
-    {"nvcr.io/nvidia/vllm:26.03-py3", "nvcr.io/nvidia/vllm:26.04-py3"}
-)
 # Agent clients refuse a shorter context: Hermes Agent says "below the minimum 64,000 required"
 # (seed 003); 65536 is the 64K the field gives its lanes (seed 003's lane B).
 AGENT_CONTEXT = 65536
 # Variables beside vLLM's own that a lane may set: libraries vLLM runs on.
 ENV_PREFIXES = ("CUDA_", "NCCL_", "HF_", "TORCH_", "PYTORCH_", "TRITON_", "TRANSFORMERS_", "OMP_")
-GEMM_VARIABLE = "VLLM_NVFP4_GEMM_BACKEND"  # NVFP4's GEMM kernel up to vLLM 0.20.1
 # Kernel variables vLLM 0.31.0 dropped for options (vllm-option-changes.md, its watch list).
 REPLACED_BY = {
     "VLLM_NVFP4_GEMM_BACKEND": "--linear-backend",
@@ -163,158 +127,6 @@ class MpRank:
         return self.node_rank > 0
 
 
-# The concurrencies the throughput probe measures (templates/spark-lane-bench.j2), as seed 004
-# reports its cluster: 1 (serial), 2 and 4 concurrent requests of 256 completion tokens.
-CONCURRENCIES = (1, 2, 4)
-# Where a figure comes from: a seed ("seed 004: ...") or a public address (https://..., or
-# owner/repo#123).
-FIGURE_SOURCE = re.compile(r"(?i).*(\bseed \d{3}\b|https?://\S+|\b[\w.-]+/[\w.-]+#\d+).*", re.S)
-
-
-class Figure(BaseModel):
-    """A decode rate the field gives for a model at one concurrency, and where it comes from."""
-
-    model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
-
-    tok_s: float = Field(
-        gt=0,
-        le=5000,
-        description="aggregate decode tokens per second of all the concurrent requests (0 < x"
-        " <= 5000)",
-    )
-    kind: Literal["measured", "reported", "expected"] = Field(
-        description="measured (a measurement whose source gives its setup), reported (a rate a"
-        " source states from use, without its setup) or expected (a guide's expectation)"
-    )
-    source: Annotated[
-        str,
-        matching(
-            FIGURE_SOURCE,
-            "{!r} names no source; say where the figure comes from: a seed (seed 004: ...) or"
-            " a public address (https://..., or owner/repo#123)",
-        ),
-    ] = Field(description="where the figure comes from, and its setup")
-
-
-class Throughput(BaseModel):
-    """The field's figures for a model, which the throughput probe compares a lane with."""
-
-    model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
-
-    decode_tok_s: dict[int, Figure] = Field(
-        min_length=1,
-        description="by concurrency (1, 2 or 4 requests at once): {tok_s, kind, source}",
-    )
-
-    @field_validator("decode_tok_s", mode="before")
-    @classmethod
-    def _concurrencies(cls, value: Any) -> Any:
-        if not isinstance(value, dict):
-            return value  # pydantic says what it wants
-        figures, problems = {}, []
-        for key, figure in value.items():
-            concurrency = int(key) if isinstance(key, str) and key.isdigit() else key
-            if concurrency not in CONCURRENCIES:
-                problems.append(
-                    f"concurrency {key!r}: the probe measures at"
-                    f" {', '.join(map(str, CONCURRENCIES))} requests at once; give figures for"
-                    " those only"
-                )
-            figures[concurrency] = figure
-        return refused(figures, problems)
-
-    def for_probe(self) -> str:
-        """The figures as the probe's --figures takes them: JSON, by concurrency."""
-        return json.dumps(
-            {str(c): figure.model_dump() for c, figure in sorted(self.decode_tok_s.items())}
-        )
-
-
-class ModelSpec(BaseModel):
-    """What the memory estimate and the rules need to know of a checkpoint (its config.json
-    and the size of its weights), and the field's throughput figures for it."""
-
-    model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
-
-    weights_gib: float = Field(gt=0, le=1024, description="GiB the weights take once loaded")
-    attention_layers: int = Field(
-        ge=1,
-        le=1024,
-        description="layers whose KV cache grows with the context: every layer of a plain"
-        " transformer, only the full-attention ones of a hybrid (Gated DeltaNet, sliding window)",
-    )
-    kv_heads: int = Field(ge=1, le=1024, description="num_key_value_heads of config.json")
-    head_dim: int = Field(ge=1, le=4096, description="head_dim of config.json")
-    quantization: Literal[
-        "bf16", "fp8", "awq", "gptq", "mxfp4", "nvfp4", "nvfp4-modelopt", "gguf"
-    ] = Field(
-        description="the checkpoint's format: bf16, fp8, awq, gptq, mxfp4, nvfp4"
-        " (compressed-tensors, from llm-compressor), nvfp4-modelopt (NVIDIA ModelOpt) or gguf"
-        " (llama.cpp's file, any of its quantizations: weights_gib is the file's size)"
-    )
-    max_context: int | None = Field(
-        None, ge=1, description="max_position_embeddings of config.json (None: not checked)"
-    )
-    throughput: Throughput | None = Field(
-        None,
-        description="the field's decode rates for the model, by concurrency, each with its kind"
-        " and source: {decode_tok_s: {1: {tok_s, kind, source}, 2: ..., 4: ...}} (None: none"
-        " known; the probe then only measures)",
-    )
-
-    def kv_bytes_per_token(self, kv_cache_dtype: str | None) -> float:
-        """Keys and values of one token in every attention layer; "auto" keeps the model's
-        bf16 activations (2 bytes), the fp8 kinds take 1, llama.cpp's cache types their own
-        (llamacpp.KV_CACHE_BYTES: q8_0 34 bytes per 32 values)."""
-        dtype = kv_cache_dtype or "auto"
-        size = llamacpp.KV_CACHE_BYTES.get(dtype) or (1 if dtype.startswith("fp8") else 2)
-        return 2 * self.attention_layers * self.kv_heads * self.head_dim * size
-
-
-def catalog(models: dict[str, Any]) -> dict[str, ModelSpec]:
-    """The catalog's entries validated, or ValueError naming each entry and field at fault."""
-    specs, problems = {}, []
-    for name, entry in models.items():
-        try:
-            specs[name] = ModelSpec.model_validate(
-                {key: value for key, value in entry.items() if key != "source"}
-            )
-        except ValidationError as error:
-            for item in error.errors():
-                where = ".".join(str(part) for part in item["loc"])
-                what = item["ctx"]["error"] if item["type"] == "value_error" else item["msg"]
-                problems += [
-                    f"model-catalog.json: {name}: {where}: {line}"
-                    for line in str(what).splitlines()
-                ]
-    return refused(specs, problems)
-
-
-# Known checkpoints: the field's figures and the models' config.json, each entry with its source.
-CATALOG: dict[str, ModelSpec] = catalog(
-    json.loads((DATA / "model-catalog.json").read_text())["models"]
-)
-
-
-class MemoryEstimate(BaseModel):
-    """What a lane needs against what its memory fraction gives it, in GiB."""
-
-    model_config = ConfigDict(frozen=True)
-
-    weights_gib: float
-    kv_cache_gib: float  # one sequence of max_model_len: vLLM refuses to start without it
-    overhead_gib: float
-    share_gib: float
-
-    @property
-    def total_gib(self) -> float:
-        return self.weights_gib + self.kv_cache_gib + self.overhead_gib
-
-    @property
-    def fits(self) -> bool:
-        return self.total_gib <= self.share_gib
-
-
 class Lane(BaseModel):
     """One model server: a container of `image` serving `model` on `port`, with vLLM or, for a
     GGUF file, llama.cpp."""
@@ -335,7 +147,7 @@ class Lane(BaseModel):
     vllm_version: str | None = Field(
         None,
         description="the vLLM release the image carries, for an image the table of"
-        " operations/vllm_release.py does not list (e.g. 0.20.1); None: the table's",
+        " spark/vllm_release.py does not list (e.g. 0.20.1); None: the table's",
     )
     model: str = Field(
         description='a Hugging Face id "org/name" or an absolute path (llama.cpp: the GGUF'
@@ -541,7 +353,7 @@ class Lane(BaseModel):
         return [*args, *self.extra_args]
 
     def llama_args(self) -> list[str]:
-        """Everything after llama-server (operations/llamacpp.py), on 127.0.0.1 behind the
+        """Everything after llama-server (spark/llamacpp.py), on 127.0.0.1 behind the
         box's front as a vLLM lane."""
         return llamacpp.server_args(
             served_name=self.served_name,
@@ -571,24 +383,6 @@ class Lane(BaseModel):
         for addition in SM121_ADDITIONS:
             environment |= addition.env(self)
         return environment
-
-    def estimate(self, unified_memory_gib: float) -> MemoryEstimate:
-        """Weights, the KV cache of one max_model_len sequence and the overhead, against
-        memory_fraction of the box's unified memory (the total CUDA reports). A cluster lane's
-        figures are one box's: its share of the weights (seed 004: 57.64 GiB per node at TP=2)
-        and of the KV heads (each rank holds its own heads, all of them where there are fewer
-        heads than ranks)."""
-        spec = self.spec
-        assert spec is not None  # a validated lane has one
-        default = llamacpp.DEFAULT_KV_CACHE if self.engine == "llama.cpp" else None
-        per_token = spec.kv_bytes_per_token(self.kv_cache_dtype or default)
-        ranks = self.tensor_parallel_size
-        return MemoryEstimate(
-            weights_gib=spec.weights_gib / ranks,
-            kv_cache_gib=per_token * self.max_model_len / min(ranks, spec.kv_heads) / 2**30,
-            overhead_gib=OVERHEAD_GIB,
-            share_gib=self.memory_fraction * unified_memory_gib,
-        )
 
 
 def _vllm_problems(lane: Lane) -> list[str]:
@@ -863,312 +657,14 @@ def _retired(vllm: Release, name: str) -> str:
     return f" (vLLM {older[-1]} did; {vllm.label} warns and ignores it{instead})"
 
 
-def _is_gpt_oss(lane: Lane) -> bool:
-    return "gpt-oss" in lane.model.lower()
-
-
-def _is_qwen3(lane: Lane) -> bool:
-    """Qwen3 and its successors (3.5, 3.6, Next, Coder-Next)."""
-    return "qwen3" in lane.model.rsplit("/", 1)[-1].lower()
-
-
-def _quantization(lane: Lane) -> str | None:
-    spec = lane.spec
-    return spec.quantization if spec else None
-
-
-def _is_modelopt_nvfp4(lane: Lane) -> bool:
-    """NVIDIA's own FP4 checkpoints are ModelOpt exports (nvidia/Llama-3.3-70B-Instruct-NVFP4,
-    seed 003; nvidia/Qwen3.6-35B-A3B-NVFP4, its model card)."""
-    match = HF_ID.fullmatch(lane.model)
-    by_name = bool(match) and match["org"] == "nvidia" and "FP4" in lane.model.upper()
-    return (
-        by_name
-        or _quantization(lane) == "nvfp4-modelopt"
-        or lane.option("--quantization") == "modelopt_fp4"
-    )
-
-
-def _uses_cutlass_fp4(lane: Lane) -> bool:
-    gemm = lane.environment.get("VLLM_NVFP4_GEMM_BACKEND")
-    linear = lane.option("--linear-backend")
-    moe = lane.option("--moe-backend")
-    nvfp4 = _quantization(lane) in ("nvfp4", "nvfp4-modelopt")
-    return (gemm is not None and gemm != "marlin") or (
-        nvfp4 and (linear not in (None, "marlin") or moe in ("cutlass", "flashinfer_cutlass"))
-    )
-
-
-def _uses_flashinfer_moe(lane: Lane) -> bool:
-    """VLLM_USE_FLASHINFER_MOE_FP4 has its own rule: there =0 breaks too (seed 003)."""
-    switches = [
-        value
-        for name, value in lane.environment.items()
-        if name.startswith("VLLM_USE_FLASHINFER_MOE_") and name != "VLLM_USE_FLASHINFER_MOE_FP4"
-    ]
-    moe_backend = str(lane.option("--moe-backend") or "")
-    return moe_backend.startswith("flashinfer_") or any(value != "0" for value in switches)
-
-
-def _offloads(lane: Lane) -> bool:
-    return any(
-        lane.option(name) is not None
-        for name in ("--cpu-offload-gb", "--kv-offloading-size", "--enable-sleep-mode")
-    )
-
-
-def marlin_setting(vllm: Release) -> str:
-    """How ``vllm`` is told to run NVFP4's GEMMs on Marlin: the variable up to 0.20.1, the
-    option that replaced it in 0.31.0 (vllm-option-changes.md)."""
-    return f"{GEMM_VARIABLE}=marlin" if vllm.reads(GEMM_VARIABLE) else "--linear-backend marlin"
-
-
-def _marlin_args(lane: Lane) -> list[str]:
-    wanted = _quantization(lane) == "nvfp4" and not lane.release.reads(GEMM_VARIABLE)
-    return ["--linear-backend", "marlin"] if wanted and not lane.option("--linear-backend") else []
-
-
-def _marlin_env(lane: Lane) -> dict[str, str]:
-    wanted = _quantization(lane) == "nvfp4" and lane.release.reads(GEMM_VARIABLE)
-    return {GEMM_VARIABLE: "marlin"} if wanted else {}
-
-
-def _turns_cuda_graphs_off(lane: Lane) -> bool:
-    """--enforce-eager, or what comes to the same: optimization level 0, a compilation config
-    with cudagraph_mode NONE, no capture sizes, or a compilation mode other than VLLM_COMPILE
-    (3) without full graphs, which vLLM overrides to no graphs (vLLM 0.19.0,
-    vllm/config/vllm.py VllmConfig.__post_init__: "Overriding to NONE")."""
-    if lane.option("--enforce-eager") is True or lane.option("--max-cudagraph-capture-size") == "0":
-        return True
-    if str(lane.option("--optimization-level") or "").upper() in ("0", "O0"):
-        return True
-    config = lane.option("--compilation-config")
-    settings = json.loads(config) if isinstance(config, str) and config.strip() else {}
-    graphs = str(settings.get("cudagraph_mode", "")).upper()
-    mode = settings.get("mode", settings.get("level"))
-    compiles = mode is None or str(mode).upper() in ("3", "VLLM_COMPILE")
-    return (
-        graphs in ("NONE", "0")
-        or (not compiles and graphs not in ("FULL", "FULL_DECODE_ONLY", "2"))
-        or settings.get("max_cudagraph_capture_size") == 0
-        or settings.get("cudagraph_capture_sizes") == []
-    )
-
-
-@dataclass(frozen=True)
-class Rule:
-    """A setting refused on the GB10: what, what to do instead, where we know it from, and the
-    vLLM release that source ran. ``refused`` and ``instead`` may name {marlin}: how the lane's
-    release keeps NVFP4 on Marlin (marlin_setting)."""
-
-    name: str
-    refused: str
-    instead: str
-    source: str
-    seen_on: str
-    breaks: Callable[[Lane], bool]
-
-    def problem(self, vllm: Release) -> str:
-        """The refusal in ``vllm``'s terms; on a later release than its source saw, it says so
-        (a rule holds until a source says the release fixed it)."""
-        text = f"{self.refused}; {self.instead} ({self.source}".format(marlin=marlin_setting(vllm))
-        if newer(vllm.version, self.seen_on):
-            text += f", seen on vLLM {self.seen_on}; no source says {vllm.label} fixed it"
-        return text + ")"
-
-
-# Each rule's seen_on is the vLLM its source ran: seed 004 vLLM 0.19.0 (NGC 26.04-py3); seed 001
-# NGC 26.03/26.04 (0.19.0 the later); seed 003 NGC 26.05.post1-py3, the 26.05 line (vLLM 0.20.1,
-# NGC's release notes). Where two seeds saw it, the later release.
-# Field rules weighed and not made rules here (each option exists in vLLM 0.19.0's list):
-# - `--moe-backend marlin` "required for MoE models" (seed 001, a GPTQ-Int4 cluster): not added.
-#   vLLM already runs these builds' experts on Marlin (gptq_marlin, awq_marlin, and NVFP4 with
-#   VLLM_NVFP4_GEMM_BACKEND=marlin: seeds 003, 004), and seed 003 served both default lanes
-#   without it; forcing it would also force it on builds Marlin has no MoE kernel for (bf16).
-#   A lane may still set it; what is refused is the FlashInfer MoE backends (rule below).
-# - `--max-cudagraph-capture-size 2048` "required for full throughput" (seed 001): not added.
-#   vLLM 0.19.0 captures up to min(2 x max_num_seqs, 512) by default: "prevents capture of many
-#   large graphs (>512) that would greatly increase startup time with limited performance
-#   benefit" (CompilationConfig's own docstring). Seed 001's 2048 serves a batch of that size; a
-#   lane serving a few agents (seed 003: 3 at once) batches far below 512, and every graph costs
-#   memory in the lane's share and minutes at each start (~5 min capture on seed 001's cluster).
-#   A lane wanting it sets it in extra_args (its value is checked as an integer).
-# - FP8 KV cache: seeds 001, 002 and 004 call `--kv-cache-dtype fp8` safe and recommended; the
-#   model card of ig1/Qwen3.5-35B-A3B-NVFP4 reports gibberish with FP8 KV on Qwen3.5's hybrid
-#   attention, which the Qwen3.5/3.6/Next models of the default lanes share. The project
-#   follows the model card: the default lanes keep the model's bf16 cache (group_data); fp8 stays
-#   open to a lane that asks (seed 004's 235B cluster lane, a plain transformer, runs it).
-SM121_RULES = (
-    Rule(
-        "flashinfer-attention",
-        "--attention-backend FLASHINFER* is refused: FlashInfer has no sm_121 kernels",
-        "leave --attention-backend out: the lane adds TRITON_ATTN",
-        "seed 003; seed 004",
-        "0.20.1",
-        lambda lane: str(lane.option("--attention-backend") or "").startswith("FLASHINFER"),
-    ),
-    Rule(
-        "cutlass-fp4",
-        "CUTLASS FP4 (an NVFP4 GEMM backend other than {marlin}; --moe-backend cutlass or"
-        " flashinfer_cutlass on an NVFP4 checkpoint) is refused: silent garbage on SM121, which"
-        " lacks the TMEM it needs",
-        "leave both out: the lane sets {marlin} for NVFP4",
-        "seed 003; seed 004",
-        "0.20.1",
-        _uses_cutlass_fp4,
-    ),
-    Rule(
-        "enforce-eager",
-        "CUDA graphs off (--enforce-eager, --optimization-level 0, a --compilation-config with"
-        " cudagraph_mode NONE, no capture sizes, or a mode other than 3) is refused: without"
-        " CUDA graphs SM121 loses ~55% of its throughput",
-        "leave them on; size them with --max-cudagraph-capture-size",
-        "seed 001",
-        "0.19.0",
-        _turns_cuda_graphs_off,
-    ),
-    Rule(
-        "fastsafetensors",
-        "--load-format fastsafetensors is refused on NGC vLLM 26.03/26.04: ImportError",
-        "leave --load-format out (safetensors), or use an image that ships fastsafetensors",
-        "seed 004",
-        "0.19.0",
-        lambda lane: (
-            lane.option("--load-format") == "fastsafetensors"
-            and lane.image in IMAGES_WITHOUT_FASTSAFETENSORS
-        ),
-    ),
-    Rule(
-        "mxfp4-beyond-gpt-oss",
-        "mxfp4 on a checkpoint other than gpt-oss is refused: it breaks on BF16 checkpoints",
-        "keep mxfp4 for openai/gpt-oss-*; use an AWQ, GPTQ or compressed-tensors NVFP4 build",
-        "seed 004",
-        "0.19.0",
-        lambda lane: (
-            "mxfp4" in (lane.option("--quantization"), _quantization(lane))
-            and not _is_gpt_oss(lane)
-        ),
-    ),
-    Rule(
-        "flashinfer-moe-fp4",
-        "VLLM_USE_FLASHINFER_MOE_FP4 is refused: =0 raises a ValueError on Qwen models, =1 picks"
-        " FlashInfer's CUTLASS FP4 MoE",
-        "leave it unset: {marlin} is the one setting NVFP4 needs",
-        "seed 003; seed 004",
-        "0.20.1",
-        lambda lane: "VLLM_USE_FLASHINFER_MOE_FP4" in lane.environment,
-    ),
-    Rule(
-        "flashinfer-moe",
-        "the FlashInfer MoE backends (--moe-backend flashinfer_*; VLLM_USE_FLASHINFER_MOE_FP8,"
-        " _FP16, _INT4 or _MXFP4_* other than 0) are refused: FlashInfer's MoE kernels are absent"
-        " on SM121",
-        "leave them out: vLLM picks Marlin's MoE kernels for the GPTQ, AWQ and NVFP4 builds, or"
-        " set --moe-backend marlin",
-        "seed 001",
-        "0.19.0",
-        _uses_flashinfer_moe,
-    ),
-    Rule(
-        "force-fp8-marlin",
-        "VLLM_TEST_FORCE_FP8_MARLIN=1 is refused: it crashes on merged linear layers",
-        "leave it unset",
-        "seed 003",
-        "0.20.1",
-        lambda lane: lane.environment.get("VLLM_TEST_FORCE_FP8_MARLIN", "0") != "0",
-    ),
-    Rule(
-        "modelopt-nvfp4",
-        "a ModelOpt NVFP4 checkpoint is refused: it loads and answers gibberish on SM121",
-        "use a compressed-tensors NVFP4 build (llm-compressor, e.g. RedHatAI's) or AWQ/GPTQ",
-        "seed 003",
-        "0.20.1",
-        _is_modelopt_nvfp4,
-    ),
-    Rule(
-        "qwen3-generation-config",
-        "--generation-config other than vllm on a Qwen3 model is refused: thinking mode hides"
-        " its tool calls",
-        "leave --generation-config out: the lane adds --generation-config vllm",
-        "seed 003",
-        "0.20.1",
-        lambda lane: _is_qwen3(lane) and lane.option("--generation-config") not in (None, "vllm"),
-    ),
-    Rule(
-        "offload-on-unified-memory",
-        "--cpu-offload-gb, --kv-offloading-size and --enable-sleep-mode are refused: CPU and"
-        " GPU share one memory, offloading frees nothing",
-        "leave them out; size the lane with memory_fraction and max_model_len",
-        "seed 003",
-        "0.20.1",
-        _offloads,
-    ),
-)
-
-
-@dataclass(frozen=True)
-class Addition:
-    """A setting the lane adds on the GB10, and where we know it from."""
-
-    name: str
-    source: str
-    args: Callable[[Lane], list[str]]
-    env: Callable[[Lane], dict[str, str]]
-
-
-def _no_args(lane: Lane) -> list[str]:
-    return []
-
-
-def _no_env(lane: Lane) -> dict[str, str]:
-    return {}
-
-
-SM121_ADDITIONS = (
-    Addition(
-        # --attention-backend TRITON_ATTN, unless extra_args choose another (e.g. TRITON_MLA)
-        "triton-attention",
-        "seed 003; seed 004",
-        lambda lane: (
-            [] if lane.option("--attention-backend") else ["--attention-backend", "TRITON_ATTN"]
-        ),
-        _no_env,
-    ),
-    Addition(
-        # NVFP4 GEMMs on Marlin (marlin_setting): the variable, or --linear-backend from 0.31.0
-        "marlin-nvfp4",
-        "seed 003; vllm-option-changes.md",
-        _marlin_args,
-        _marlin_env,
-    ),
-    Addition(
-        # --generation-config vllm for Qwen3 models
-        "qwen3-generation-config",
-        "seed 003",
-        lambda lane: (
-            ["--generation-config", "vllm"]
-            if _is_qwen3(lane) and lane.option("--generation-config") is None
-            else []
-        ),
-        _no_env,
-    ),
-)
-
-
 def _same_port(lanes: list[Lane], users: list[tuple[str, str]]) -> bool:
     names = {name for name, _ in users}
     return len({lane.port for lane in lanes if lane.name in names}) == 1
 
 
-def budget_problems(
-    lanes: Iterable[Lane],
-    unified_memory_gib: float,
-    owners: list[tuple[int, int, str]] | None = None,
-) -> list[str]:
-    """What one host's lanes break together: names, ports (``owners``: ranges no lane may
-    take, as port_owners gives them), the memory they add up to, and each lane's fit in its
-    share."""
-    owners = port_owners(6379) if owners is None else owners
+def clash_problems(lanes: Iterable[Lane], owners: list[tuple[int, int, str]]) -> list[str]:
+    """What one host's lanes clash in: names, ports, and ports of others (``owners``: ranges no
+    lane may take, as spark.ports.port_owners gives them). Their memory is spark.memory's."""
     lanes = list(lanes)
     problems = []
     names: dict[str, list[str]] = {}
@@ -1203,28 +699,7 @@ def budget_problems(
             owner = next((o for low, high, o in owners if low <= port <= high), None)
             if owner:
                 problems.append(f"{lane.name}: {key} {port} is {owner}; pick another port")
-    total = round(sum(lane.memory_fraction for lane in lanes), 6)
-    if total > FRACTION_LIMIT:
-        problems.append(
-            f"the memory fractions add up to {total:g} ({_fractions(lanes)}), above"
-            f" {FRACTION_LIMIT}: an out-of-memory on unified memory freezes the whole box;"
-            f" lower them to a total of {FRACTION_WARNING} or less"
-        )
-    problems += [_fit_problem(lane, unified_memory_gib) for lane in lanes]
-    return [problem for problem in problems if problem]
-
-
-def budget_warnings(lanes: Iterable[Lane]) -> list[str]:
-    """What is allowed but risky: a total above the 0.85-0.87 the field runs safely."""
-    lanes = list(lanes)
-    total = round(sum(lane.memory_fraction for lane in lanes), 6)
-    if FRACTION_WARNING < total <= FRACTION_LIMIT:
-        return [
-            f"the memory fractions add up to {total:g} ({_fractions(lanes)}), above"
-            f" {FRACTION_WARNING}: a Spark has ~102 GiB free after boot, a later lane may not"
-            f" start; a total of {FRACTION_WARNING} or less is safe"
-        ]
-    return []
+    return problems
 
 
 def context_warnings(lanes: Iterable[Lane]) -> list[str]:
@@ -1236,35 +711,3 @@ def context_warnings(lanes: Iterable[Lane]) -> list[str]:
         for lane in lanes
         if lane.max_model_len < AGENT_CONTEXT
     ]
-
-
-def _fractions(lanes: list[Lane]) -> str:
-    return ", ".join(f"{lane.name} {lane.memory_fraction:g}" for lane in lanes)
-
-
-def _fit_problem(lane: Lane, unified_memory_gib: float) -> str:
-    estimate = lane.estimate(unified_memory_gib)
-    if estimate.fits:
-        return ""
-    spec = lane.spec
-    assert spec is not None
-    per_token_gib = spec.kv_bytes_per_token(lane.kv_cache_dtype) / 2**30
-    room = estimate.share_gib - estimate.weights_gib - estimate.overhead_gib
-    longest = int(room / per_token_gib) // 1024 * 1024 if room > 0 else 0
-    needed = math.ceil(estimate.total_gib / unified_memory_gib * 100) / 100
-    remedies = [f"lower max_model_len to {longest} or less"] if longest >= 1024 else []
-    if needed <= FRACTION_LIMIT:
-        remedies.append(f"raise memory_fraction to {needed:g}")
-    else:
-        remedies.append(
-            "pick a smaller build, or spread it over the boxes of a cluster with"
-            " tensor_parallel_size (a cluster lane)"
-            if not lane.is_cluster
-            else "pick a smaller build: its share does not fit one box"
-        )
-    return (
-        f"{lane.name}: needs ~{estimate.total_gib:.1f} GiB (weights {estimate.weights_gib:g}"
-        f" + KV cache {estimate.kv_cache_gib:.1f} for {lane.max_model_len} tokens +"
-        f" {estimate.overhead_gib:g} overhead) but memory_fraction {lane.memory_fraction:g} of"
-        f" {unified_memory_gib:g} GiB gives {estimate.share_gib:.1f}; {', or '.join(remedies)}"
-    )
