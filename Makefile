@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed-$(shell sha256sum requirements.txt | cut -c1-12)
 
 INVENTORY ?= inventories/lab.py
 
-.PHONY: demo test unit compliance lane-bench lab-up lab-down bench
+.PHONY: demo test unit plan compliance lane-bench lab-up lab-down bench
 
 $(STAMP): requirements.txt
 	@command -v python3 >/dev/null && python3 -c 'import venv, ensurepip' 2>/dev/null \
@@ -37,6 +37,11 @@ test: $(STAMP)
 
 unit: $(STAMP)
 	$(PY) -m pytest -m "not lab" tests
+
+# What a deploy will do to each box, from the inventory alone (no box is contacted);
+# BOX=<name> for one box, JSON=1 for the plan as JSON.
+plan: $(STAMP)
+	$(PY) -m stages.show_plan --inventory $(INVENTORY) $(if $(BOX),--box $(BOX)) $(if $(JSON),--json)
 
 # Is every box still what the inventory says? Read-only; INVENTORY=inventories/sim.py for the lab.
 compliance: $(STAMP)

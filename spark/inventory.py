@@ -882,7 +882,7 @@ def _cluster_lane_problems(hosts: tuple[HostConfig, ...]) -> list[str]:
     for host in hosts:
         if host.role == "head":
             continue  # the head's lanes, the cluster lane among them, were checked together
-        box = _budget(host, lane)
+        box = box_budget(host, lane)
         problems += [f"{host.name}: lanes: {problem}" for problem in box.problems()]
         problems += [
             f"{host.name}: memory_guard_min_available_gib: {problem}"
@@ -891,7 +891,7 @@ def _cluster_lane_problems(hosts: tuple[HostConfig, ...]) -> list[str]:
     return problems
 
 
-def _budget(host: HostConfig, cluster: Lane | None) -> memory.Budget:
+def box_budget(host: HostConfig, cluster: Lane | None) -> memory.Budget:
     """A box's memory: its own lanes and, on a worker, the cluster lane's rank."""
     rank = cluster if host.role != "head" else None
     return memory.budget(host.lanes, host.unified_memory_gib, rank)
@@ -1070,6 +1070,6 @@ def load_from_dicts(
     warnings = tuple(
         f"{host.name}: lanes: {warning}"
         for host in configs
-        for warning in _budget(host, cluster).warnings() + context_warnings(host.lanes)
+        for warning in box_budget(host, cluster).warnings() + context_warnings(host.lanes)
     )
     return SparkConfig(hosts=tuple(configs), warnings=warnings)

@@ -8,12 +8,11 @@ plan holds no state of the box: facts read that (the box is the state, as pyinfr
 
 from __future__ import annotations
 
-from ipaddress import IPv4Address
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict
 
-from spark.inventory import Driver, FabricLink, HostConfig, SparkConfig, Toolkit
+from spark.inventory import Driver, FabricLink, HostConfig, SparkConfig, Toolkit, box_budget
 from spark.lane import Lane, MpRank
 from spark.paths import HF_CACHE_IN_CONTAINER, HF_TOKEN, MODELS_DIR
 from spark.ports import listen_ports
@@ -45,7 +44,7 @@ class Fabric(Record):
     gid_index: int  # where NVIDIA's design puts the RoCE v2 IPv4 entry; NCCL finds it anywhere
     peers: tuple[Peer, ...]
     # A ring's rendezvous and sockets go over the management network: its address checked.
-    management: tuple[str, IPv4Address] | None
+    management: tuple[str, str] | None
 
 
 class Environment(Record):
@@ -106,6 +105,22 @@ class Front(Record):
     lanes: tuple[FrontLane, ...]
     allow_networks: tuple[str, ...]
     tls: tuple[str, str] | None  # certificate and key files on the controller
+
+
+class Share(Record):
+    """One lane's part of the box's unified memory (a cluster lane's: its rank here)."""
+
+    lane: str
+    rank: bool  # the rank of the cluster lane served from the head
+    fraction: float
+    share_gib: float
+    needs_gib: float  # weights, one sequence's KV cache and vLLM's overhead (spark/memory.py)
+
+
+class Memory(Record):
+    unified_gib: float
+    shares: tuple[Share, ...]
+    free_gib: float  # what the lanes leave once every one is loaded
 
 
 class MemoryGuard(Record):
@@ -199,6 +214,7 @@ class BoxPlan(Record):
     fabric: Fabric | None
     environment: Environment
     # Lanes and front
+    memory: Memory
     memory_guard: MemoryGuard
     hf_token_file: str | None  # on the controller
     lane_units: tuple[str, ...]  # every lane unit the box keeps (others are removed)
@@ -238,7 +254,7 @@ def fabric(me: HostConfig, spark: SparkConfig) -> Fabric | None:
     cluster = len(spark.hosts) > 1
     management = None
     if cluster and me.shape.neighbours_only and me.management_address is not None:
-        management = (me.management_ifname, me.management_address)
+        management = (me.management_ifname, str(me.management_address))
     return Fabric(
         shape=me.topology,
         links=me.fabric,
@@ -423,6 +439,24 @@ def cluster(me: HostConfig, spark: SparkConfig, after: str | None) -> Cluster | 
     )
 
 
+def memory(me: HostConfig, spark: SparkConfig) -> Memory:
+    budget = box_budget(me, spark.cluster_lane)
+    return Memory(
+        unified_gib=budget.unified_memory_gib,
+        shares=tuple(
+            Share(
+                lane=share.lane.name,
+                rank=share.rank,
+                fraction=share.lane.memory_fraction,
+                share_gib=round(share.estimate.share_gib, 2),
+                needs_gib=round(share.estimate.total_gib, 2),
+            )
+            for share in budget.shares
+        ),
+        free_gib=round(budget.free_gib, 2),
+    )
+
+
 def box_plan(me: HostConfig, spark: SparkConfig) -> BoxPlan:
     lanes = own_lanes(me, spark)
     units = spark.units(me.name)
@@ -438,6 +472,7 @@ def box_plan(me: HostConfig, spark: SparkConfig) -> BoxPlan:
             variables=me.cluster_environment(spark.head),
             notes=me.environment_notes(),
         ),
+        memory=memory(me, spark),
         memory_guard=MemoryGuard(
             floor_gib=me.memory_guard_min_available_gib,
             lanes=tuple((lane.name, lane.priority or 0) for lane in units),

@@ -3,20 +3,43 @@
 from __future__ import annotations
 
 import weakref
+from pathlib import Path
 
 from pyinfra import logger
 from pyinfra.api.arguments import all_argument_meta
 from pyinfra.api.connectors import get_all_connectors
 from pyinfra.api.exceptions import PyinfraError
 from pyinfra.api.inventory import Inventory
+from pyinfra.api.state import State
+from pyinfra.context import ctx_state
 
 from spark.inventory import ConfigError, SparkConfig, load_from_dicts
 from spark.plan import Plan
 from spark.plan import plan as spark_plan
 
+COLLECTION = Path(__file__).resolve().parents[1]  # where pyinfra starts: group_data/ is there
+
 
 class InventoryRefused(PyinfraError):
     """The inventory's problems, shown by pyinfra as its own error (no traceback)."""
+
+
+def read_inventory(path: str, state: State | None = None) -> Inventory:
+    """The inventory as `pyinfra <path> ...` run from the collection builds it (group_data/
+    included), without connecting to any host; InventoryRefused when it cannot be read."""
+    # pyinfra's CLI reads inventory files; imported here only, as its own tools do.
+    from pyinfra_cli.exceptions import UnexpectedExternalError
+    from pyinfra_cli.inventory import make_inventory
+
+    if not Path(path).is_file():
+        raise InventoryRefused(f"{path}: no such inventory file")
+    try:
+        with ctx_state.use(state or State()):  # pyinfra reads inventory files under a state
+            return make_inventory(path, cwd=str(COLLECTION))
+    except SystemExit as error:  # inventories/sim.py exits when no lab is up
+        raise InventoryRefused(f"{path}: {error}") from None
+    except UnexpectedExternalError as error:
+        raise InventoryRefused(f"{error.filename}: {error.get_exception().strip()}") from None
 
 
 def pyinfra_keys() -> list[str]:

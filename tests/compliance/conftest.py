@@ -33,21 +33,19 @@ from pyinfra.api import Config, State
 from pyinfra.api.exceptions import NoGroupError, PyinfraError
 from pyinfra.api.host import Host as PyinfraHost
 from pyinfra.api.inventory import Inventory
-from pyinfra.context import ctx_state
 from testinfra.backend.base import CommandResult
 from testinfra.backend.paramiko import ParamikoBackend
 from testinfra.host import Host as TestinfraHost
 
 from spark.inventory import FabricLink, HostConfig, SparkConfig
-from stages.settings import InventoryRefused
+from stages.settings import InventoryRefused, read_inventory
 from stages.settings import load as load_config
 
 # pyinfra_cli's __init__ monkey-patches the whole process for gevent, and pytest-xdist's workers
 # then hang (their queue waits on a gevent event fed by a real thread). The inventory loader
 # needs no patching: pyinfra's API runs unpatched, one connection at a time here.
 with mock.patch("gevent.monkey.patch_all"):
-    from pyinfra_cli.exceptions import UnexpectedExternalError
-    from pyinfra_cli.inventory import make_inventory
+    import pyinfra_cli  # noqa: F401 - stages.settings.read_inventory uses it, unpatched
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[1]
@@ -176,19 +174,6 @@ def pytest_ignore_collect(collection_path: Path, config: pytest.Config) -> bool 
     return None  # not False: that would overrule every other plugin's ignoring
 
 
-def load_inventory(path: str, state: State) -> Inventory:
-    """The inventory as `pyinfra <path> ...` run from the repository root builds it."""
-    if not Path(path).is_file():
-        raise pytest.UsageError(f"--inventory {path}: no such file")
-    try:
-        with ctx_state.use(state):  # the CLI's state, which pyinfra reads inventory files under
-            return make_inventory(path, cwd=str(REPO))
-    except SystemExit as error:  # inventories/sim.py exits when no lab is up
-        raise pytest.UsageError(f"--inventory {path}: {error}") from None
-    except UnexpectedExternalError as error:
-        raise pytest.UsageError(f"{error.filename}: {error.get_exception().strip()}") from None
-
-
 def limited(inventory: Inventory, patterns: list[str]) -> list[PyinfraHost]:
     """The hosts --limit picks, as pyinfra's --limit does (a group, else a name glob)."""
     patterns = [pattern for option in patterns for pattern in option.split(",") if pattern]
@@ -212,8 +197,8 @@ def pytest_configure(config: pytest.Config) -> None:
         return
     state = State()
     state.cwd = str(REPO)  # relative ssh_key paths resolve as for the deploy
-    inventory = load_inventory(config.getoption("inventory"), state)
     try:
+        inventory = read_inventory(config.getoption("inventory"), state)
         # The whole inventory: a worker box's environment names the head even under --limit.
         spark = load_config(inventory)
     except InventoryRefused as error:

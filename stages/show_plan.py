@@ -1,0 +1,161 @@
+"""Print each box's plan from the inventory, contacting no box: what a deploy will do.
+
+    .venv/bin/python -m stages.show_plan [--inventory inventories/lab.py] [--box NAME] [--json]
+
+`make plan` runs it. The JSON is spark/plan.py's Plan, which reads back as the same plan.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from spark.plan import BoxPlan, Cluster, Plan, ServedLane
+from stages.settings import InventoryRefused, load, read_inventory
+from stages.settings import plan as inventory_plan
+
+
+def rows(title: str, lines: list[str]) -> list[str]:
+    """``lines`` under a title in the left column."""
+    return [f"  {title if n == 0 else '':<12}{line}" for n, line in enumerate(lines or ["-"])]
+
+
+def served_line(served: ServedLane) -> str:
+    lane = served.lane
+    where = f"port {lane.port} (loopback {lane.backend_port})"
+    if served.rank is not None and served.rank.headless:
+        where = f"headless rank {served.rank.node_rank}, master {served.rank.master_addr}"
+    after = f", after {served.after}" if served.after else ""
+    return (
+        f"{lane.name}: {lane.engine} {lane.model} as {lane.served_name}, {where},"
+        f" {lane.image}, memory {lane.memory_fraction:g}, key {'yes' if lane.api_key else 'no'}"
+        f"{after}"
+    )
+
+
+def cluster_lines(cluster: Cluster) -> list[str]:
+    lines = [f"members {', '.join(cluster.members)}"]
+    if cluster.firewall is not None:
+        subnets = ", ".join(f"{ifname} {net}" for ifname, net in cluster.firewall.fabric.items())
+        lines.append(
+            f"firewall: cluster ports from {subnets} only; open {list(cluster.firewall.open_ports)}"
+        )
+    if cluster.ray is not None:
+        ray = cluster.ray
+        lines.append(
+            f"Ray {ray.role} at {ray.node_ip}, head {ray.head_ip}:{ray.port},"
+            f" token auth {'on' if ray.auth else 'off'}, image {ray.image}"
+        )
+    if cluster.ray_removed:
+        lines.append("no Ray node (the cluster lane runs on vLLM's own multi-node mode)")
+    if cluster.firewall is None and cluster.ray is None:
+        lines.append("no Ray and no firewall: no address reaches every box")
+    if cluster.nccl_test is not None:
+        run = cluster.nccl_test
+        lines.append(
+            f"NCCL test: rank {run.rank} of {run.world} in {run.image}, on {', '.join(run.hcas)};"
+            f" passes at {run.min_busbw_gbs:g} GB/s of all_gather at {run.max_bytes} B"
+        )
+    if cluster.lane is not None:
+        lane = cluster.lane
+        if lane.served is not None:
+            lines.append(f"cluster lane {served_line(lane.served)}")
+        else:
+            lines.append(f"cluster lane {lane.name}: its rank in this box's Ray node")
+        if lane.copied is not None and not lane.copied.serves:
+            lines.append(f"  its model copied from {lane.copied.head} ({lane.copied.address})")
+    return lines
+
+
+def box_text(box: BoxPlan) -> str:
+    out = [f"{box.name} ({box.role}), reached at {box.address}"]
+    out += rows(
+        "host layer",
+        [
+            f"driver {box.driver.package} (branch {box.driver.branch}) held, apt pinned",
+            f"NVIDIA container toolkit {box.toolkit.version}, docker's nvidia runtime",
+        ],
+    )
+    fabric = []
+    if box.fabric is not None:
+        plan = box.fabric
+        fabric.append(
+            f"{plan.shape}, MTU {plan.mtu}, {plan.link_speed_mbps} Mb/s ({plan.link_speed_low}"
+            f" below), RoCE v2 IPv4 entry expected at {plan.gid_index}"
+        )
+        for link in plan.links:
+            peers = ", ".join(
+                f"{peer.box} {peer.address}" for peer in plan.peers if peer.ifname == link.ifname
+            )
+            fabric.append(
+                f"{link.ifname} {link.address} ({link.hca}, port {link.port}) -> {peers or '-'}"
+            )
+        if plan.management is not None:
+            fabric.append(f"management {plan.management[1]} on {plan.management[0]}")
+    out += rows("fabric", fabric)
+    out += rows(
+        "environment",
+        [box.environment.path]
+        + [f"{key}={value}" for key, value in sorted(box.environment.variables.items())],
+    )
+    memory = box.memory
+    out += rows(
+        "memory",
+        [
+            f"{memory.unified_gib:g} GiB; the lanes leave {memory.free_gib:g} GiB free; the"
+            f" guard stops a lane below {box.memory_guard.floor_gib:g} GiB available"
+        ]
+        + [
+            f"{'rank of ' if share.rank else ''}{share.lane}: {share.fraction:g} ="
+            f" {share.share_gib:g} GiB, needs ~{share.needs_gib:g} GiB"
+            for share in memory.shares
+        ],
+    )
+    out += rows("lanes", [served_line(lane.served) for lane in box.lanes])
+    front = box.front
+    out += rows(
+        "front",
+        [
+            "nginx: "
+            + (", ".join(f"{lane.name} {lane.port}" for lane in front.lanes) or "no lane")
+            + f"; TLS {'on' if front.tls else 'off'}"
+            + (f"; from {', '.join(front.allow_networks)} only" if front.allow_networks else "")
+        ],
+    )
+    out += rows("cluster", cluster_lines(box.cluster) if box.cluster else [])
+    return "\n".join(out)
+
+
+def text(plan: Plan) -> str:
+    parts = [box_text(box) for box in plan.boxes]
+    if plan.warnings:
+        parts.append("warnings:\n" + "\n".join(f"  {warning}" for warning in plan.warnings))
+    return "\n\n".join(parts) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--inventory", default="inventories/lab.py")
+    parser.add_argument("--box", action="append", help="only this box (again for more)")
+    parser.add_argument("--json", action="store_true", help="the plan as JSON")
+    args = parser.parse_args(argv)
+    try:
+        inventory = read_inventory(args.inventory)
+        load(inventory)  # the inventory's problems first, every one
+        plan = inventory_plan(inventory)
+    except InventoryRefused as error:
+        print(error, file=sys.stderr)
+        return 2
+    if args.box:
+        unknown = sorted(set(args.box) - {box.name for box in plan.boxes})
+        if unknown:
+            names = ", ".join(box.name for box in plan.boxes)
+            print(f"--box {', '.join(unknown)}: no such box ({names})", file=sys.stderr)
+            return 2
+        plan = plan.model_copy(update={"boxes": tuple(plan.box(name) for name in args.box)})
+    print(plan.model_dump_json(indent=2) if args.json else text(plan), end="")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

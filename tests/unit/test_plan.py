@@ -1,0 +1,288 @@
+"""spark/plan.py: each box's plan from the validated inventory, for every fabric shape and lane mix.
+
+The expected values are written here from the sources the planner follows, each named beside
+it (NVIDIA's spark_cluster_setup.py, vLLM's docs, the field's seeds, group_data/all.py's
+defaults), never read back from the planner. group_data's defaults in play: the two lanes of
+seed 003 (coder on 10101 at 0.45, fast on 10102 at 0.35), ray_port 6379, ray_image
+nvcr.io/nvidia/vllm:26.04-py3, the NCCL test up to 1 GiB.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from typing import Any
+
+import pytest
+
+from spark.inventory import load_from_dicts
+from spark.lane import MpRank
+from spark.plan import BoxPlan, Plan, Share, plan
+from tests.e2e.cluster_lane import CLUSTER_LANE
+from tests.unit.test_config import REPO, TWO_SPARKS, merged
+from tests.unit.test_topology import boxes, ring
+
+NGC = "nvcr.io/nvidia/vllm:26.04-py3"  # group_data's ray_image and the default lanes' image
+# Seed 002's GGUF on llama.cpp, beside the coder lane (as tests/e2e/llama_inventory.py).
+GGUF_LANE = {
+    "name": "gguf",
+    "engine": "llama.cpp",
+    "image": "ghcr.io/ardge-labs/llama-cpp-dgx-spark:server",
+    "model": "unsloth/Qwen3-Coder-Next-GGUF",
+    "gguf_file": "Qwen3-Coder-Next-UD-Q4_K_XL.gguf",
+    "served_name": "qwen3-coder-next-gguf",
+    "port": 10103,
+    "memory_fraction": 0.45,
+    "max_model_len": 131072,
+}
+
+
+def planned(hosts: dict[str, dict[str, Any]]) -> Plan:
+    return plan(load_from_dicts(hosts))
+
+
+def box(hosts: dict[str, dict[str, Any]], name: str) -> BoxPlan:
+    return planned(hosts).box(name)
+
+
+# Fabric shapes.
+
+
+def test_a_pair_worker_reaches_the_head_on_each_twin_and_joins_its_ray() -> None:
+    worker = box(merged(TWO_SPARKS), "spark-2")
+
+    assert worker.fabric is not None and worker.cluster is not None
+    # Each twin's peer is the head's twin on the same /24 (NVIDIA's two-Spark plan).
+    assert [(p.ifname, p.box, p.address) for p in worker.fabric.peers] == [
+        ("enp1s0f1np1", "spark-1", "192.168.100.10"),
+        ("enP2p1s0f1np1", "spark-1", "192.168.101.10"),
+    ]
+    assert worker.fabric.ports == (("enp1s0f1np1", 1), ("enP2p1s0f1np1", 1))  # a pair: port 1
+    assert worker.fabric.management is None  # only a ring's rendezvous goes over it
+    # torch's rendezvous at the head's first twin, vLLM's own address the box's (vLLM docs).
+    assert worker.environment.variables["MASTER_ADDR"] == "192.168.100.10"
+    assert worker.environment.variables["VLLM_HOST_IP"] == "192.168.100.11"
+    assert worker.environment.variables["RAY_memory_monitor_refresh_ms"] == "0"  # seed 001
+    ray = worker.cluster.ray
+    assert ray is not None
+    assert (ray.role, ray.node_ip, ray.head_ip, ray.port, ray.auth, ray.image) == (
+        "worker",
+        "192.168.100.11",
+        "192.168.100.10",
+        6379,
+        True,
+        NGC,
+    )
+    firewall = worker.cluster.firewall
+    assert firewall is not None
+    assert firewall.fabric == {
+        "enp1s0f1np1": "192.168.100.0/24",
+        "enP2p1s0f1np1": "192.168.101.0/24",
+    }
+    assert firewall.open_ports == (22, 10101, 10102)  # SSH and seed 003's two lanes
+    # Ray's GCS at 6379 and its six ports after it, the dashboard, the client server, the
+    # workers' 20000-20999 (spark/ports.py, from Ray's own port options).
+    assert firewall.ports == ((6379, 6385), (8265, 8265), (10001, 10001), (20000, 20999))
+    run = worker.cluster.nccl_test
+    assert run is not None
+    # NVIDIA's MIN_NCCL_TEST_BW (spark_cluster_setup.py), group_data's 1 GiB.
+    assert (run.rank, run.world, run.min_busbw_gbs, run.max_bytes) == (1, 2, 21.875, 1 << 30)
+    assert run.image == NGC and run.boxes == ("spark-1", "spark-2")
+    assert run.hcas == ("rocep1s0f1", "roceP2p1s0f1")
+    assert worker.cluster.nccl_image is None  # Ray's node pulls its image
+    assert worker.cluster.lane is None
+
+
+def test_a_ring_goes_over_the_management_network_without_ray_or_firewall() -> None:
+    # spark_cluster_setup.py run_nccl_test: a ring's ranks at the nodes' management addresses,
+    # NCCL's sockets on enP7s7; its pass mark MIN_NCCL_TEST_BW_RING = 10.
+    second = box(ring(), "spark-2")
+
+    assert second.fabric is not None and second.cluster is not None
+    assert second.fabric.management == ("enP7s7", "10.0.0.22")  # the inventory's enP7s7
+    # Box 2's port 1 meets box 1's port 0, its port 0 box 3's port 1 (connect-three-sparks).
+    assert {(p.ifname, p.box) for p in second.fabric.peers} == {
+        ("enp1s0f1np1", "spark-1"),
+        ("enP2p1s0f1np1", "spark-1"),
+        ("enp1s0f0np0", "spark-3"),
+        ("enP2p1s0f0np0", "spark-3"),
+    }
+    variables = second.environment.variables
+    assert variables["MASTER_ADDR"] == "10.0.0.21"
+    assert variables["VLLM_HOST_IP"] == "10.0.0.22"
+    assert variables["NCCL_SOCKET_IFNAME"] == "enP7s7"
+    assert variables["NCCL_IB_MERGE_NICS"] == "0" and variables["NCCL_NET_PLUGIN"] == "none"
+    assert second.cluster.firewall is None and second.cluster.ray is None
+    assert second.cluster.nccl_image == NGC  # no Ray node pulls it there
+    run = second.cluster.nccl_test
+    assert run is not None and (run.rank, run.world, run.min_busbw_gbs) == (1, 3, 10.0)
+
+
+def test_every_box_of_a_switch_has_a_peer_per_other_box_on_each_twin() -> None:
+    fourth = box(boxes(4, fabric_topology="switch"), "spark-4")
+
+    assert fourth.fabric is not None and fourth.cluster is not None
+    # One /24 per twin, the fourth box .13 (spark_cluster_setup.py LAST_OCTET_START = 10).
+    assert [str(link.address) for link in fourth.fabric.links] == [
+        "192.168.100.13/24",
+        "192.168.101.13/24",
+    ]
+    assert len(fourth.fabric.peers) == 2 * 3
+    assert {p.address for p in fourth.fabric.peers if p.ifname == "enp1s0f1np1"} == {
+        "192.168.100.10",
+        "192.168.100.11",
+        "192.168.100.12",
+    }
+    assert fourth.environment.variables["NCCL_IB_SUBNET_AWARE_ROUTING"] == "1"
+    run = fourth.cluster.nccl_test
+    assert run is not None and (run.rank, run.world) == (3, 4)
+
+
+def test_a_pair_on_two_cables_uses_all_four_twins() -> None:
+    second = box(boxes(2, fabric_topology="pair-dual"), "spark-2")
+
+    assert second.fabric is not None
+    assert second.fabric.ports == (
+        ("enp1s0f1np1", 1),
+        ("enP2p1s0f1np1", 1),
+        ("enp1s0f0np0", 0),
+        ("enP2p1s0f0np0", 0),
+    )
+    assert second.environment.variables["NCCL_IB_HCA"] == (
+        "rocep1s0f1,roceP2p1s0f1,rocep1s0f0,roceP2p1s0f0"
+    )
+
+
+def test_a_lone_box_has_no_fabric_and_no_cluster() -> None:
+    lone = box(merged({"spark-1": {}}), "spark-1")
+
+    assert lone.fabric is None and lone.cluster is None
+    assert lone.environment.variables == {"RAY_memory_monitor_refresh_ms": "0"}
+    assert lone.lane_units == ("coder", "fast")
+    # One lane loads at a time (seed 003): fast after coder.
+    assert [(lane.served.lane.name, lane.served.after) for lane in lone.lanes] == [
+        ("coder", None),
+        ("fast", "coder"),
+    ]
+    assert lone.images == (NGC,)
+    assert lone.front.lanes[0].port == 10101 and lone.front.lanes[0].backend_port == 11101
+
+
+# Lane mixes.
+
+
+def cluster_pair(executor: str) -> dict[str, dict[str, Any]]:
+    lane = CLUSTER_LANE | {"executor": executor} if executor == "mp" else CLUSTER_LANE
+    hosts = merged(TWO_SPARKS)
+    hosts["spark-1"]["lanes"] = [lane]
+    hosts["spark-2"]["lanes"] = []
+    return hosts
+
+
+def test_a_cluster_lane_on_ray_runs_from_the_head_and_its_rank_counts_on_the_worker() -> None:
+    both = planned(cluster_pair("ray"))
+    head, worker = both.box("spark-1"), both.box("spark-2")
+
+    assert head.cluster is not None and worker.cluster is not None
+    lane = head.cluster.lane
+    assert lane is not None and lane.served is not None
+    assert lane.served.ray_address == "192.168.100.10:6379"  # the head's GCS on its first twin
+    assert lane.served.after is None  # no lane of its own before it
+    assert lane.weights is not None  # fetched onto the head, from the hub once
+    assert lane.copied is not None and lane.copied.serves
+    on_worker = worker.cluster.lane
+    assert on_worker is not None
+    assert on_worker.served is None  # the worker's Ray node holds its rank
+    assert on_worker.weights is None
+    assert on_worker.copied is not None and not on_worker.copied.serves
+    assert on_worker.copied.address == "192.168.100.10"
+    # The test proves the fabric in the lane's own image, before the lane starts.
+    assert worker.cluster.nccl_test is not None and worker.cluster.nccl_test.image == NGC
+    # Seed 004's 0.87 of each box: on the worker, its rank's share of 121.69 GiB, 105.87 GiB.
+    # It needs seed 004's 57.64 GiB of weights per node; its fp8 KV cache for 40960 tokens,
+    # 2 (K and V) x 94 layers x 2 KV heads (4 over 2 ranks) x 128 x 1 byte = 48128 B a token,
+    # 1.836 GiB; and 4 GiB beside them (spark/memory.py OVERHEAD_GIB): 63.48 GiB.
+    assert worker.memory.shares == (
+        Share(lane="big", rank=True, fraction=0.87, share_gib=105.87, needs_gib=63.48),
+    )
+    # 121.69 x (1 - 0.87) = 15.82 GiB free once loaded.
+    assert worker.memory.free_gib == 15.82
+    assert worker.lane_units == ()  # on Ray the rank has no unit of its own
+
+
+def test_a_cluster_lane_on_mp_has_a_rank_unit_on_every_box() -> None:
+    both = planned(cluster_pair("mp"))
+    head, worker = both.box("spark-1"), both.box("spark-2")
+
+    assert head.cluster is not None and worker.cluster is not None
+    assert head.cluster.ray is None and head.cluster.ray_removed
+    head_lane, worker_lane = head.cluster.lane, worker.cluster.lane
+    assert head_lane is not None and worker_lane is not None
+    assert head_lane.served is not None and worker_lane.served is not None
+    # vLLM's multi-node mode: node rank 0 serves, the others are headless, all meeting at the
+    # head's first twin on the master port 29501 (vLLM's default).
+    assert head_lane.served.rank == MpRank(0, "192.168.100.10", 29501)
+    assert worker_lane.served.rank == MpRank(1, "192.168.100.10", 29501)
+    assert head_lane.served.peers == ("192.168.100.11",)
+    assert worker_lane.served.peers == ("192.168.100.10",)
+    assert worker.lane_units == ("big",)  # the guard watches the rank's unit too
+    assert [lane for lane, _ in worker.memory_guard.lanes] == ["big"]
+
+
+def test_a_llama_cpp_lane_is_fetched_in_a_vllm_image_which_the_box_then_needs() -> None:
+    coder = merged({"spark-1": {}})["spark-1"]["lanes"][0]
+    hosts = merged({"spark-1": {"lanes": [coder, GGUF_LANE], "fetch_weights": True}})
+    lone = box(hosts, "spark-1")
+
+    gguf = lone.lanes[1]
+    # A llama.cpp image carries no `hf`: the GGUF comes through the vLLM lane's image.
+    assert gguf.weights.image == NGC
+    assert gguf.weights.files == ("Qwen3-Coder-Next-UD-Q4_K_XL.gguf",)
+    assert lone.images == (NGC, "ghcr.io/ardge-labs/llama-cpp-dgx-spark:server")
+
+
+# The plan as data.
+
+
+def test_the_plans_json_reads_back_as_the_same_plan() -> None:
+    for hosts in (merged(TWO_SPARKS), cluster_pair("mp"), ring()):
+        whole = planned(hosts)
+        assert Plan.model_validate_json(whole.model_dump_json()) == whole
+
+
+def show(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "stages.show_plan", *args],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+
+def test_make_plan_prints_every_box_of_the_owners_inventory_without_reaching_one() -> None:
+    # inventories/lab.py names spark-1.local and spark-2.local: no such box answers here.
+    shown = show("--inventory", "inventories/lab.py")
+
+    assert shown.returncode == 0, shown.stderr
+    assert "spark-1.local (head), reached at spark-1.local" in shown.stdout
+    assert "spark-2.local (worker), reached at spark-2.local" in shown.stdout
+    as_json = show("--inventory", "inventories/lab.py", "--json", "--box", "spark-2.local")
+    read = Plan.model_validate_json(as_json.stdout)
+    assert [each.name for each in read.boxes] == ["spark-2.local"]
+    assert json.loads(as_json.stdout)["boxes"][0]["role"] == "worker"
+
+
+@pytest.mark.parametrize(
+    ("args", "said"),
+    [
+        (["--box", "spark-9"], "--box spark-9: no such box (spark-1.local, spark-2.local)"),
+        (["--inventory", "inventories/none.py"], "inventories/none.py: no such inventory file"),
+    ],
+)
+def test_make_plan_refuses_what_it_cannot_show(args: list[str], said: str) -> None:
+    shown = show(*args)
+
+    assert shown.returncode == 2
+    assert said in shown.stderr
