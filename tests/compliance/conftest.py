@@ -38,7 +38,8 @@ from testinfra.backend.paramiko import ParamikoBackend
 from testinfra.host import Host as TestinfraHost
 
 from spark.inventory import FabricLink, HostConfig, SparkConfig
-from stages.settings import InventoryRefused, read_inventory
+from spark.plan import BoxPlan
+from stages.settings import InventoryRefused, plan, read_inventory
 from stages.settings import load as load_config
 
 # pyinfra_cli's __init__ monkey-patches the whole process for gevent, and pytest-xdist's workers
@@ -76,16 +77,14 @@ class InventoryBackend(ParamikoBackend):
 
 
 class Box:
-    """One box of the inventory: its validated configuration and a lazy testinfra host."""
+    """One box of the inventory: its plan (the values the deploy made it to), its validated
+    configuration, and a lazy testinfra host."""
 
-    def __init__(self, host: PyinfraHost, spark: SparkConfig):
+    def __init__(self, host: PyinfraHost, spark: SparkConfig, plan: BoxPlan):
         self.name = host.name
+        self.plan = plan
         self.config: HostConfig = spark.host(host.name)
-        self.head: HostConfig = spark.head
-        self.cluster: tuple[HostConfig, ...] = spark.hosts  # every box, also under --limit
-        self.ranks = spark.ranks  # node-rank order: the head first
         self.cluster_lane = spark.cluster_lane
-        self.units = spark.units(host.name)  # its own lanes, and an mp cluster lane's rank
         self._pyinfra_host = host
         self._testinfra: TestinfraHost | None = None
         self._failure: str | None = None
@@ -207,7 +206,8 @@ def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "xdist_group(name): run these tests on one xdist worker")
     state.init(inventory, Config())  # gives each host its SSH connector
     hosts = limited(inventory, config.getoption("limit"))
-    config.stash[BOXES] = [Box(host, spark) for host in hosts]
+    planned = plan(inventory)
+    config.stash[BOXES] = [Box(host, spark, planned.box(host.name)) for host in hosts]
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
@@ -226,7 +226,7 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
         params = [
             _param(box, link, test_id=f"{box.name}-{link.ifname}")
             for box in boxes
-            for link in box.config.fabric
+            for link in (box.plan.fabric.links if box.plan.fabric else ())
         ]
         metafunc.parametrize(("box", "link"), params)
     elif "box" in metafunc.fixturenames:

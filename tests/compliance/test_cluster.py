@@ -14,21 +14,22 @@ from typing import TYPE_CHECKING
 import pytest
 
 from operations import firewall, lanes, nccl, ray
-from spark.ports import BACKEND_PORTS, MASTER_PORT, listen_ports
+from spark.ports import BACKEND_PORTS, MASTER_PORT
 
 if TYPE_CHECKING:
     from tests.compliance.conftest import Box
 
 
-# What a ring has of the cluster: the NCCL test, no Ray nor its firewall (deploy.py).
-ON_A_RING = {"test_nccl_test"}
+# What a box without a firewall (a ring: no address reaches every box) has of the cluster: the
+# NCCL test (spark/plan.py cluster).
+WITHOUT_A_FIREWALL = {"test_nccl_test"}
 
 
 @pytest.fixture(autouse=True)
 def _cluster_only(box: Box, request: pytest.FixtureRequest) -> None:
-    if len(box.cluster) < 2:
+    if box.plan.cluster is None:
         pytest.skip("a single box: no Ray cluster")
-    if box.config.topology == "ring3" and request.node.originalname not in ON_A_RING:
+    if box.plan.cluster.firewall is None and request.node.originalname not in WITHOUT_A_FIREWALL:
         pytest.skip("a ring: no Ray cluster yet, nor its firewall (README, Fabric shapes)")
 
 
@@ -55,15 +56,17 @@ def test_ray_nodes(box: Box, found: Callable[[object], None]) -> None:
     """Ray nodes all joined"""
     # Asked on every box (any node's `ray status` reads the head's GCS); waits a minute at most
     # for a worker that is (re)joining: it retries every 10 s.
-    result = box.run(f"{ray.NODES_COMMAND} {len(box.cluster)} 60 2>&1")
+    result = box.run(f"{ray.NODES_COMMAND} {len(box.plan.cluster.members)} 60 2>&1")
     said = result.stdout.strip().splitlines()[0] if result.stdout.strip() else f"rc {result.rc}"
     found(said)
-    assert result.rc == 0, f"expected {len(box.cluster)} Ray nodes alive, found: {said}"
+    assert result.rc == 0, (
+        f"expected {len(box.plan.cluster.members)} Ray nodes alive, found: {said}"
+    )
 
 
 def test_nccl_test(box: Box, found: Callable[[object], None]) -> None:
     """NCCL test passed"""
-    if box.config.nccl_test is None:
+    if box.plan.cluster is None or box.plan.cluster.nccl_test is None:
         pytest.skip("nccl_test is off")
     state = nccl.NcclTestState()
     now = state.process(box.run(state.command()).stdout.splitlines())
@@ -82,9 +85,10 @@ def test_nccl_test(box: Box, found: Callable[[object], None]) -> None:
 def test_firewall_table(box: Box, found: Callable[[object], None]) -> None:
     """firewall table as deployed"""
     low, high = box.run("cat /proc/sys/net/ipv4/ip_local_port_range").stdout.split()
-    ports = [*listen_ports(box.config.ray.port), *BACKEND_PORTS]
-    fabric = {link.ifname: str(link.address.network) for link in box.config.fabric}
-    rules = firewall.ruleset(fabric, firewall.merged([*ports, (int(low), int(high))]))
+    assert box.plan.cluster is not None and box.plan.cluster.firewall is not None
+    planned = box.plan.cluster.firewall
+    ports = [*planned.ports, *BACKEND_PORTS]
+    rules = firewall.ruleset(planned.fabric, firewall.merged([*ports, (int(low), int(high))]))
     want = firewall.DIGEST.search(rules)[1]
     loaded = firewall.DIGEST.search(box.run(f"nft list table {firewall.TABLE}").stdout)
     # The comment alone would pass a flushed chain: the rules themselves are compared with
@@ -127,7 +131,7 @@ def test_cluster_lane(box: Box, found: Callable[[object], None]) -> None:
         return _mp_ranks_joined(box, found)
     lane = next((lane for lane in box.config.lanes if lane.is_cluster), None)
     if lane is None:  # nothing of it to be on this box: a worker holds only Ray's ranks
-        found("none on this box" if box.config.role == "head" else "served from the head")
+        found("none on this box" if box.plan.role == "head" else "served from the head")
         return
     unit = lanes.unit_name(lane.name)
     active = box.run(f"systemctl is-active {unit}").stdout.strip() or "no unit"
@@ -162,12 +166,14 @@ def _mp_ranks_joined(box: Box, found: Callable[[object], None]) -> None:
         for line in listing.splitlines()
         if line.split()
     }
-    others = box.ranks[1:] if box.config.role == "head" else box.ranks[:1]
-    want = {str(other.fabric[0].address.ip) for other in others}
+    assert box.plan.cluster is not None and box.plan.cluster.lane is not None
+    served = box.plan.cluster.lane.served
+    assert served is not None  # on mp every box has the rank's unit
+    want = set(served.peers)
     joined = ", ".join(sorted(peers)) or "none"
     state = f"{lane.name} {active}, rendezvous {MASTER_PORT} with {joined}"
     healthy = True
-    if box.config.role == "head":
+    if box.plan.role == "head":
         health = box.run(
             f"curl -s -o /dev/null -w '%{{http_code}}' --max-time 10"
             f" http://127.0.0.1:{lane.backend_port}/health"
@@ -177,5 +183,5 @@ def _mp_ranks_joined(box: Box, found: Callable[[object], None]) -> None:
     found(state)
     assert active == "active" and want <= peers and healthy, (
         f"expected {unit} active, joined on port {MASTER_PORT} with {', '.join(sorted(want))}"
-        f"{' and /health 200' if box.config.role == 'head' else ''}, found: {state}"
+        f"{' and /health 200' if box.plan.role == 'head' else ''}, found: {state}"
     )

@@ -28,7 +28,7 @@ def _family(name: str) -> bool:
 
 def test_driver_packages_held(box: Box, found: Callable[[object], None]) -> None:
     """driver packages on the branch, held"""
-    branch = box.config.driver.branch
+    branch = box.plan.driver.branch
     installed = box.packages(*DRIVER_FAMILY)
     off_branch = [f"{n} {v}" for n, (v, _) in installed.items() if not v.startswith(f"{branch}.")]
     unheld = [name for name, (_, held) in installed.items() if not held]
@@ -48,7 +48,7 @@ def test_driver_packages_held(box: Box, found: Callable[[object], None]) -> None
 
 def test_nvidia_smi_reports_the_branch(box: Box, found: Callable[[object], None]) -> None:
     """nvidia-smi driver branch"""
-    branch = box.config.driver.branch
+    branch = box.plan.driver.branch
     smi = box.run("nvidia-smi --query-gpu=driver_version --format=csv,noheader")
     version = smi.stdout.strip() if smi.rc == 0 else f"nvidia-smi failed: {smi.stderr.strip()}"
     found(version)
@@ -57,7 +57,7 @@ def test_nvidia_smi_reports_the_branch(box: Box, found: Callable[[object], None]
 
 def test_apt_would_not_install_another_branch(box: Box, found: Callable[[object], None]) -> None:
     """apt refuses other driver branches"""
-    branch = box.config.driver.branch
+    branch = box.plan.driver.branch
     others = []
     for simulation in SIMULATIONS:
         # A package apt cannot install (pinned away, or unknown) prints no Inst line.
@@ -77,7 +77,7 @@ def test_apt_would_not_install_another_branch(box: Box, found: Callable[[object]
 
 def test_apt_pin_file(box: Box, found: Callable[[object], None]) -> None:
     """apt pin file for the branch"""
-    branch = box.config.driver.branch
+    branch = box.plan.driver.branch
     pin = box.host.file(PIN_PATH)
     text = pin.content_string if pin.is_file else ""
     lines = [f"Pin: version {branch}.*", "Pin-Priority: -1"]  # prefer the branch, refuse others

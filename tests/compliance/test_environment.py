@@ -31,8 +31,8 @@ def parse(text: str) -> dict[str, str]:
 
 def test_contents(box: Box, found: Callable[[object], None]) -> None:
     """cluster env contents"""
-    path = box.config.env_file
-    want = box.config.cluster_environment(box.head)
+    path = box.plan.environment.path
+    want = box.plan.environment.variables
     file = box.host.file(path)
     have = parse(file.content_string) if file.is_file else {}
     differences = [
@@ -49,7 +49,7 @@ def test_contents(box: Box, found: Callable[[object], None]) -> None:
 
 def test_owner_and_mode(box: Box, found: Callable[[object], None]) -> None:
     """cluster env owner and mode"""
-    path = box.config.env_file
+    path = box.plan.environment.path
     file = box.host.file(path)
     state = f"{file.user}:{file.group} {file.mode:04o}" if file.exists else "absent"
     found(state)

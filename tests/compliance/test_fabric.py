@@ -79,7 +79,8 @@ def test_autoconnect(box: Box, link: FabricLink, found: Callable[[object], None]
 
 def test_mtu(box: Box, link: FabricLink, found: Callable[[object], None]) -> None:
     """fabric MTU {ifname}"""
-    mtu = str(box.config.mtu)
+    assert box.plan.fabric is not None  # the twins' checks are made for a box with a fabric
+    mtu = str(box.plan.fabric.mtu)
     live = _sys(box, link, "mtu")
     profile = _profile(box, link).get("802-3-ethernet.mtu", "no profile")
     state = f"link {live}, profile {profile}"
@@ -109,7 +110,8 @@ def test_roce_v2_entry(
     }
     state = "; ".join(f"{index}: RoCE v2 {ip} on {link.ifname}" for index, ip in ipv4.items())
     found(state or f"no RoCE v2 IPv4 entry on {link.ifname}")
-    expected = box.config.gid_index
+    assert box.plan.fabric is not None
+    expected = box.plan.fabric.gid_index
     if list(ipv4) != [expected]:
         note(f"at {', '.join(map(str, ipv4))}, not {expected}: NCCL selects it")
     # NCCL takes the one IPv4 RoCE v2 entry of each device (roce.py): it must be this twin's.

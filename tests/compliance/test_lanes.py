@@ -32,7 +32,7 @@ def _http(box: Box, lane: Lane, path: str, with_key: bool) -> tuple[str, str]:
     when sent, is read from its file on the box and given to curl on its standard input (`-H
     @-`, curl 7.55 and later), so it is in no command line (ps shows argv) and never in this
     process. With TLS the certificate is not checked: it names the box, not 127.0.0.1."""
-    scheme = "https" if box.config.front_tls else "http"
+    scheme = "https" if box.plan.front.tls else "http"
     url = shlex.quote(f"{scheme}://127.0.0.1:{lane.port}{path}")
     curl = "curl -s -k --max-time 10 -w '\\n%{http_code}'"
     if with_key:
@@ -51,14 +51,14 @@ def _report(found: Callable[[object], None], problems: list[str], what: str) -> 
 def test_lanes_enabled_active_in_order(box: Box, found: Callable[[object], None]) -> None:
     """lanes enabled, serving, in order"""
     problems, previous = [], None
-    for lane in box.units:  # an mp cluster lane's rank too, after the box's own lanes
-        shown = box.run(f"systemctl show -p ActiveState,UnitFileState,After {unit_name(lane.name)}")
+    for name in box.plan.lane_units:  # an mp cluster lane's rank too, after the box's own lanes
+        shown = box.run(f"systemctl show -p ActiveState,UnitFileState,After {unit_name(name)}")
         state = dict(line.split("=", 1) for line in shown.stdout.splitlines() if "=" in line)
         if (state.get("ActiveState"), state.get("UnitFileState")) != ("active", "enabled"):
-            problems.append(f"{lane.name} {state.get('ActiveState')} {state.get('UnitFileState')}")
+            problems.append(f"{name} {state.get('ActiveState')} {state.get('UnitFileState')}")
         if previous and unit_name(previous) not in state.get("After", "").split():
-            problems.append(f"{lane.name} not after {previous}")
-        previous = lane.name
+            problems.append(f"{name} not after {previous}")
+        previous = name
     _report(found, problems, "every lane's unit enabled, active and after the lane before it")
 
 
@@ -69,7 +69,7 @@ def test_no_lane_beyond_the_inventory(box: Box, found: Callable[[object], None])
         path.rpartition("/")[2].removeprefix(PREFIX).removesuffix(".service").removesuffix(".env")
         for path in listed.split()
     }
-    extra = sorted(names - {lane.name for lane in box.units})
+    extra = sorted(names - set(box.plan.lane_units))
     _report(found, [f"{name} is not in the inventory" for name in extra], "only configured lanes")
 
 
@@ -171,10 +171,10 @@ def test_memory_guard_watching(box: Box, found: Callable[[object], None]) -> Non
         config = json.loads(text)
     except ValueError:
         config = {}
-    threshold = box.config.memory_guard_min_available_gib
+    threshold = box.plan.memory_guard.floor_gib
     if config.get("min_available_gib") != threshold:
         problems.append(f"threshold {config.get('min_available_gib')} (want {threshold})")
-    order = stop_order([(lane.name, lane.priority) for lane in box.units])
+    order = stop_order(list(box.plan.memory_guard.lanes))
     if config.get("lanes") != order:
         problems.append("stop order differs from the inventory's priorities")
     _report(found, problems, f"{SERVICE} enabled and active, with the inventory's threshold")

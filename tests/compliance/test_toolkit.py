@@ -14,7 +14,7 @@ if TYPE_CHECKING:
 
 def test_packages_at_version_and_held(box: Box, found: Callable[[object], None]) -> None:
     """toolkit packages at version, held"""
-    version = box.config.toolkit.version
+    version = box.plan.toolkit.version
     installed = box.packages(*PACKAGES)
     absent = [name for name in PACKAGES if name not in installed]
     other = [f"{name} {have}" for name, (have, _) in installed.items() if have != version]
