@@ -1,7 +1,7 @@
 """pyinfra CLI configuration, read from the directory pyinfra starts in.
 
 Nothing here changes how pyinfra runs by default: the inventory is validated by deploy.py before
-any operation (operations/config.py), and pyinfra reads facts one command each, as it always does.
+any operation (spark/inventory.py), and pyinfra reads facts one command each, as it always does.
 SPARK_FACTCACHE=on opts in to batched fact reads (operations/factcache.py), which replaces parts
 of pyinfra's own objects and is therefore switched on only for the pyinfra release it was written
 against (requirements.txt pins it).

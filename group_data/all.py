@@ -1,6 +1,6 @@
 """Defaults for every host; an inventory's host data overrides them key by key.
 
-Every key here is checked by operations/config.py (HostSettings) before any host is
+Every key here is checked by spark/inventory.py (HostSettings) before any host is
 contacted. Per host, the inventory sets `spark_role` ("head"/"worker") and
 `fabric_addresses` ({ifname: "A.B.C.D/prefix"}).
 """
@@ -28,7 +28,7 @@ fabric_hcas = {
 # "ring3" (three boxes, port 0 of each to port 1 of the next: NVIDIA's connect-three-sparks)
 # or "switch" (2 to 8 boxes on one switch: NVIDIA's multi-sparks-through-switch). With no
 # fabric_addresses in the inventory, each box's are derived from its place in it
-# (operations/topology.py); given ones are checked against the shape.
+# (spark/topology.py); given ones are checked against the shape.
 fabric_topology = "pair"
 # The ports cabled to the switch ("switch" only): [1], [0] or [1, 0].
 fabric_switch_ports = [1]

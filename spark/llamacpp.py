@@ -4,7 +4,7 @@ checked against the own argument table of the llama.cpp the image was built from
 A llama.cpp lane serves one GGUF file from a Hugging Face repository in the box's cache, on
 127.0.0.1 behind the box's front as every lane. Its settings come from the field (each with its
 source below); the options a lane's own keys give, and the ones that break or slow the GB10,
-are refused in extra_args. The option list is llama.cpp's (operations/llamacpp_release.py).
+are refused in extra_args. The option list is llama.cpp's (spark/llamacpp_release.py).
 """
 
 from __future__ import annotations

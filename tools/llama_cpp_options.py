@@ -1,4 +1,4 @@
-"""Write operations/data/llama.cpp-<commit>-server-options.json from llama.cpp's common/arg.cpp.
+"""Write spark/data/llama.cpp-<commit>-server-options.json from llama.cpp's common/arg.cpp.
 
 Every option `llama-server` accepts, as llama.cpp's own argument table declares it: each
 `add_opt(common_arg({names}, [{negative names}], ["VALUE" ["VALUE2"]], help, handler)...)` in
@@ -21,7 +21,7 @@ then, from the repository root:
 
     python3 tools/llama_cpp_options.py \\
         <dir>/llama_cpp_python-0.3.36/vendor/llama.cpp/common/arg.cpp 0c1e57098 \\
-        operations/data/llama.cpp-0c1e57098-server-options.json
+        spark/data/llama.cpp-0c1e57098-server-options.json
 
 Each option in the output: "names" (as declared, short first), "negatives" (the `--no-...`
 names of a boolean pair), "value" and "value_2" (the hints of the values it takes, null for

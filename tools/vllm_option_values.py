@@ -1,4 +1,4 @@
-"""Write operations/data/vllm-<version>-option-values.json for the installed vLLM.
+"""Write spark/data/vllm-<version>-option-values.json for the installed vLLM.
 
 What the value of each `vllm serve` option must be, where it is more than a string: the
 type of every field of EngineArgs and FrontendArgs as vLLM's own `_compute_kwargs` turns it
@@ -26,7 +26,7 @@ Run it with the Python of a venv of its own (Python 3.11) that holds, no GPU nee
 then, from the repository root:
 
     <venv>/bin/python tools/vllm_option_values.py \
-        --out operations/data/vllm-<version>-option-values.json
+        --out spark/data/vllm-<version>-option-values.json
 
 DeviceConfig.__post_init__ is bypassed (it cannot infer a device without a GPU) and vLLM's
 platform reports device type 'cuda' while the parser is built, as for the serve-options

@@ -22,7 +22,7 @@ from tests.simlab import lab as simlab
 pytestmark = [pytest.mark.lab, pytest.mark.recabled]
 
 TWINS = ("enp1s0f1np1", "enP2p1s0f1np1", "enp1s0f0np0", "enP2p1s0f0np0")
-# Derived: one /24 per twin per cable, port 1's cable first (operations/topology.py).
+# Derived: one /24 per twin per cable, port 1's cable first (spark/topology.py).
 SUBNETS = dict(
     zip(TWINS, ("192.168.100", "192.168.101", "192.168.102", "192.168.103"), strict=True)
 )

@@ -1,4 +1,4 @@
-"""Fabric shapes (operations/topology.py, through operations/config.py): the addresses each
+"""Fabric shapes (spark/topology.py, through spark/inventory.py): the addresses each
 box gets from its place in the inventory, the ones given checked, the NCCL settings."""
 
 from __future__ import annotations
