@@ -5,33 +5,18 @@ from __future__ import annotations
 import shlex
 import weakref
 from collections import defaultdict
-from collections.abc import Iterable
 
 from pyinfra import host, logger, state
 from pyinfra.api import FactBase, operation
 from pyinfra.api.exceptions import OperationError
 from pyinfra.api.inventory import Inventory
 
-from spark.inventory import HostConfig
 from spark.paths import HF_CACHE_IN_CONTAINER
 
 IP_ICMP_HEADERS = 28  # a ping's payload is the MTU less the IPv4 (20) and ICMP (8) headers
 WAIT_SECONDS = 10  # a profile brought up moments before may still be resolving its peer
 
 Peer = tuple[str, str, str]  # (twin, the other box's name, its address on that twin)
-
-
-def peers_of(me: HostConfig, hosts: Iterable[HostConfig]) -> list[Peer]:
-    """Every other box's address on the subnet of each of this box's twins: the same twin on a
-    pair or a switch, the twin at the cable's other end on a ring (its port 1 meets port 0)."""
-    return [
-        (link.ifname, other.name, str(theirs.address.ip))
-        for link in me.fabric
-        for other in hosts
-        if other.name != me.name
-        for theirs in other.fabric
-        if theirs.address.network == link.address.network
-    ]
 
 
 def _ping(ifname: str, address: str, size: int) -> str:
@@ -303,7 +288,8 @@ def fabric_peers(peers: list[Peer], mtu: int = 9000):
     """
     Check that each twin reaches the same twin of every other box with full-size frames.
 
-    + peers: (twin, other box, its address on that twin), as ``peers_of`` lists them
+    + peers: (twin, other box, its address on that twin), as the plan lists them
+      (spark/plan.py peers)
     + mtu: the fabric MTU; each ping carries ``mtu`` - 28 bytes, unfragmented, so a link or
       hop with a smaller MTU fails here instead of stalling NCCL later
 

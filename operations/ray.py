@@ -18,6 +18,7 @@ from pyinfra.api.exceptions import OperationError
 from pyinfra.facts.files import File
 
 from operations import util
+from spark.paths import SECRETS_DIR
 from spark.ports import DASHBOARD_PORT, PORT_OPTIONS, WORKER_PORTS
 
 UNIT = "spark-ray.service"  # what the cluster lane orders itself after
@@ -25,7 +26,7 @@ CONTAINER = "spark-ray"
 UNIT_PATH = f"/etc/systemd/system/{UNIT}"
 # `spark-ray-nodes N [SECONDS]`: exits 0 once N Ray nodes are alive (waiting up to SECONDS).
 NODES_COMMAND = "/usr/local/sbin/spark-ray-nodes"
-TOKEN_PATH = "/etc/spark/secrets/ray-auth-token"
+TOKEN_PATH = f"{SECRETS_DIR}/ray-auth-token"
 TOKEN_IN_CONTAINER = "/run/secrets/ray-auth-token"
 # Ray's session directory (/tmp/ray in its container), kept on the box: a cluster lane's driver
 # finds the raylet's sockets there (and the raylet itself in the Ray container's processes).

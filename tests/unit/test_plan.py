@@ -101,13 +101,6 @@ def test_a_ring_goes_over_the_management_network_without_ray_or_firewall() -> No
 
     assert second.fabric is not None and second.cluster is not None
     assert second.fabric.management == ("enP7s7", "10.0.0.22")  # the inventory's enP7s7
-    # Box 2's port 1 meets box 1's port 0, its port 0 box 3's port 1 (connect-three-sparks).
-    assert {(p.ifname, p.box) for p in second.fabric.peers} == {
-        ("enp1s0f1np1", "spark-1"),
-        ("enP2p1s0f1np1", "spark-1"),
-        ("enp1s0f0np0", "spark-3"),
-        ("enP2p1s0f0np0", "spark-3"),
-    }
     variables = second.environment.variables
     assert variables["MASTER_ADDR"] == "10.0.0.21"
     assert variables["VLLM_HOST_IP"] == "10.0.0.22"
@@ -119,6 +112,20 @@ def test_a_ring_goes_over_the_management_network_without_ray_or_firewall() -> No
     assert run is not None and (run.rank, run.world, run.min_busbw_gbs) == (1, 3, 10.0)
 
 
+def test_a_rings_peers_are_the_other_ends_of_each_cable() -> None:
+    second = box(ring(), "spark-2")
+
+    assert second.fabric is not None
+    # spark-2's port 1 meets spark-1's port 0, its port 0 spark-3's port 1 (connect-three-
+    # sparks); one /24 per twin per cable, counted from 192.168.100.0 (eugr's NETWORKING.md).
+    assert [(p.ifname, p.box, p.address) for p in second.fabric.peers] == [
+        ("enp1s0f1np1", "spark-1", "192.168.100.10"),
+        ("enP2p1s0f1np1", "spark-1", "192.168.101.10"),
+        ("enp1s0f0np0", "spark-3", "192.168.102.12"),
+        ("enP2p1s0f0np0", "spark-3", "192.168.103.12"),
+    ]
+
+
 def test_every_box_of_a_switch_has_a_peer_per_other_box_on_each_twin() -> None:
     fourth = box(boxes(4, fabric_topology="switch"), "spark-4")
 
@@ -128,12 +135,15 @@ def test_every_box_of_a_switch_has_a_peer_per_other_box_on_each_twin() -> None:
         "192.168.100.13/24",
         "192.168.101.13/24",
     ]
-    assert len(fourth.fabric.peers) == 2 * 3
-    assert {p.address for p in fourth.fabric.peers if p.ifname == "enp1s0f1np1"} == {
-        "192.168.100.10",
-        "192.168.100.11",
-        "192.168.100.12",
-    }
+    # The same twin on every other box, in the inventory's order.
+    assert [(p.ifname, p.box, p.address) for p in fourth.fabric.peers] == [
+        ("enp1s0f1np1", "spark-1", "192.168.100.10"),
+        ("enp1s0f1np1", "spark-2", "192.168.100.11"),
+        ("enp1s0f1np1", "spark-3", "192.168.100.12"),
+        ("enP2p1s0f1np1", "spark-1", "192.168.101.10"),
+        ("enP2p1s0f1np1", "spark-2", "192.168.101.11"),
+        ("enP2p1s0f1np1", "spark-3", "192.168.101.12"),
+    ]
     assert fourth.environment.variables["NCCL_IB_SUBNET_AWARE_ROUTING"] == "1"
     run = fourth.cluster.nccl_test
     assert run is not None and (run.rank, run.world) == (3, 4)

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import os
 import subprocess
-from ipaddress import IPv4Interface
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -81,25 +80,6 @@ def test_a_single_box_has_no_peer_to_reach() -> None:
     host = FakeHost({})
     assert run_op(preflight.fabric_peers, [], host=host) == []
     assert host.noops == ["no other box in the inventory: no fabric peer to reach"]
-
-
-def test_peers_are_the_same_twin_on_every_other_box() -> None:
-    boxes = [
-        SimpleNamespace(
-            name=f"spark-{n}",
-            fabric=[
-                SimpleNamespace(ifname=twin, address=IPv4Interface(f"192.168.{net}.{9 + n}/24"))
-                for twin, net in ((A, 100), (B, 101))
-            ],
-        )
-        for n in (1, 2, 3)
-    ]
-    assert preflight.peers_of(boxes[0], boxes) == [
-        (A, "spark-2", "192.168.100.11"),
-        (A, "spark-3", "192.168.100.12"),
-        (B, "spark-2", "192.168.101.11"),
-        (B, "spark-3", "192.168.101.12"),
-    ]
 
 
 STUBS = {
@@ -311,21 +291,6 @@ def test_an_image_that_differs_is_refused_naming_the_boxes() -> None:
 def test_a_box_failed_in_this_run_stops_the_others_before_the_cluster_lane() -> None:
     with pytest.raises(OperationError, match=r"spark-1: the cluster lane needs every box, and"):
         agree({"spark-1": "ab", "spark-2": "ab"}, "spark-1", failed=("spark-2",))
-
-
-def test_a_rings_peers_are_the_other_ends_of_each_cable() -> None:
-    from spark.inventory import load_from_dicts
-    from tests.unit.test_topology import ring
-
-    spark = load_from_dicts(ring())
-
-    # spark-2's port 1 meets spark-1's port 0, its port 0 meets spark-3's port 1.
-    assert preflight.peers_of(spark.host("spark-2"), spark.hosts) == [
-        ("enp1s0f1np1", "spark-1", "192.168.100.10"),
-        ("enP2p1s0f1np1", "spark-1", "192.168.101.10"),
-        ("enp1s0f0np0", "spark-3", "192.168.102.12"),
-        ("enP2p1s0f0np0", "spark-3", "192.168.103.12"),
-    ]
 
 
 # `ip -4 -o address show dev enP7s7` on a box with a DHCP lease (iproute2's one-line form).
