@@ -24,17 +24,7 @@ def model_on_box(weights: ModelOnBox, what: str) -> None:
 def serve(served: ServedLane) -> None:
     lanes.serving(
         name=f"Lane {served.lane.name}: {served.title}",
-        unit=lanes.LaneUnit(
-            lane=served.lane,
-            environment=served.environment,
-            after=served.after,
-            hf_token=served.hf_token,
-            start_timeout_s=served.start_timeout_s,
-            ray_address=served.ray_address,
-            ray_token=served.ray_token,
-            rank=served.rank,
-            peers=served.peers,
-        ),
+        unit=lanes.LaneUnit(**dict(served)),  # the plan's fields, as LaneUnit names them
     )
 
 

@@ -21,21 +21,10 @@ from spark.lane import MpRank
 from spark.plan import BoxPlan, Plan, Share, plan
 from tests.e2e.cluster_lane import CLUSTER_LANE
 from tests.unit.test_config import REPO, TWO_SPARKS, merged
+from tests.unit.test_llamacpp import SEED_002
 from tests.unit.test_topology import boxes, ring
 
 NGC = "nvcr.io/nvidia/vllm:26.04-py3"  # group_data's ray_image and the default lanes' image
-# Seed 002's GGUF on llama.cpp, beside the coder lane (as tests/e2e/llama_inventory.py).
-GGUF_LANE = {
-    "name": "gguf",
-    "engine": "llama.cpp",
-    "image": "ghcr.io/ardge-labs/llama-cpp-dgx-spark:server",
-    "model": "unsloth/Qwen3-Coder-Next-GGUF",
-    "gguf_file": "Qwen3-Coder-Next-UD-Q4_K_XL.gguf",
-    "served_name": "qwen3-coder-next-gguf",
-    "port": 10103,
-    "memory_fraction": 0.45,
-    "max_model_len": 131072,
-}
 
 
 def planned(hosts: dict[str, dict[str, Any]]) -> Plan:
@@ -242,7 +231,7 @@ def test_a_cluster_lane_on_mp_has_a_rank_unit_on_every_box() -> None:
 
 def test_a_llama_cpp_lane_is_fetched_in_a_vllm_image_which_the_box_then_needs() -> None:
     coder = merged({"spark-1": {}})["spark-1"]["lanes"][0]
-    hosts = merged({"spark-1": {"lanes": [coder, GGUF_LANE], "fetch_weights": True}})
+    hosts = merged({"spark-1": {"lanes": [coder, SEED_002], "fetch_weights": True}})
     lone = box(hosts, "spark-1")
 
     gguf = lone.lanes[1]
