@@ -15,9 +15,9 @@ from pyinfra.api import State
 from pyinfra.api.host import Host
 from pyinfra.api.state import BaseStateCallback, StateStage
 
+from spark.box_paths import SECRETS_DIR, key_path
 from spark.inventory import HostConfig
 from spark.lane import AGENT_CONTEXT
-from spark.paths import SECRETS_DIR, key_path
 
 
 class Endpoint(NamedTuple):

@@ -18,7 +18,7 @@ from pyinfra.operations import files
 
 from operations import debpkg, util
 from operations.lanes import FRONT, key_made
-from spark.paths import SECRETS_DIR, key_path
+from spark.box_paths import SECRETS_DIR, key_path
 
 PACKAGE = FRONT
 UNIT = f"{FRONT}.service"

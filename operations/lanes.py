@@ -17,8 +17,8 @@ from pyinfra.facts.files import Sha1File
 from operations import ray, util
 from operations.preflight import hf_cache_dir
 from spark import llamacpp
+from spark.box_paths import HF_CACHE_IN_CONTAINER, HF_TOKEN, MODELS_DIR, SECRETS_DIR, key_path
 from spark.lane import ENV_NAME, SLUG, Lane, MpRank
-from spark.paths import HF_CACHE_IN_CONTAINER, HF_TOKEN, MODELS_DIR, SECRETS_DIR, key_path
 from spark.sm121 import is_modelopt_nvfp4, is_qwen3, quantization, uses_cutlass_fp4
 
 UNIT_DIR = "/etc/systemd/system"

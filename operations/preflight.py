@@ -11,7 +11,7 @@ from pyinfra.api import FactBase, operation
 from pyinfra.api.exceptions import OperationError
 from pyinfra.api.inventory import Inventory
 
-from spark.paths import HF_CACHE_IN_CONTAINER
+from spark.box_paths import HF_CACHE_IN_CONTAINER
 
 IP_ICMP_HEADERS = 28  # a ping's payload is the MTU less the IPv4 (20) and ICMP (8) headers
 WAIT_SECONDS = 10  # a profile brought up moments before may still be resolving its peer

@@ -18,7 +18,7 @@ from pyinfra.api.exceptions import OperationError
 from pyinfra.facts.files import File
 
 from operations import util
-from spark.paths import SECRETS_DIR
+from spark.box_paths import SECRETS_DIR
 from spark.ports import DASHBOARD_PORT, PORT_OPTIONS, WORKER_PORTS
 
 UNIT = "spark-ray.service"  # what the cluster lane orders itself after

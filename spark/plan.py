@@ -12,9 +12,9 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict
 
+from spark.box_paths import HF_CACHE_IN_CONTAINER, HF_TOKEN, MODELS_DIR
 from spark.inventory import Driver, FabricLink, HostConfig, SparkConfig, Toolkit, box_budget
 from spark.lane import Lane, MpRank
-from spark.paths import HF_CACHE_IN_CONTAINER, HF_TOKEN, MODELS_DIR
 from spark.ports import listen_ports
 
 

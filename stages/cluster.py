@@ -6,7 +6,7 @@ from pyinfra import logger
 from pyinfra.api import deploy
 
 from operations import firewall, lanes, nccl, preflight, ray, weights
-from spark.paths import MODELS_DIR
+from spark.box_paths import MODELS_DIR
 from spark.plan import BoxPlan, NcclRun
 from stages.lanes_front import model_on_box, serve
 

@@ -5,7 +5,7 @@ asks each lane's key on every path. None of it needs another box."""
 from pyinfra.api import deploy
 
 from operations import front, lanes, memguard, preflight
-from spark.paths import MODELS_DIR
+from spark.box_paths import MODELS_DIR
 from spark.plan import BoxPlan, ModelOnBox, ServedLane
 
 

@@ -23,7 +23,7 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 
 from operations import lanes, nccl, preflight, ray
-from spark import paths
+from spark import box_paths
 from spark.ports import DASHBOARD_PORT
 from tests.conftest import pyinfra, reimage_all, run_on
 from tests.e2e import test_fabric_down as fabric_down
@@ -90,7 +90,7 @@ def connects(host_ip: str, port: int, source: simlab.Host | None = None) -> str:
 # The model as `hf download` leaves it in the cache (huggingface_hub's layout: blobs named by
 # their hash, the snapshot's files linking to them): a config.json and WEIGHTS bytes of weights,
 # zeros written sparse (the stand-in loads nothing; a copy to another box moves every byte).
-CACHE = preflight.hf_cache_dir(paths.MODELS_DIR, CLUSTER_LANE["model"])
+CACHE = preflight.hf_cache_dir(box_paths.MODELS_DIR, CLUSTER_LANE["model"])
 CONFIG = b"{}\n"
 CONFIG_ID = hashlib.sha1(b"blob %d\0" % len(CONFIG) + CONFIG).hexdigest()
 WEIGHTS = 1 << 30
@@ -218,7 +218,7 @@ def test_the_cluster_lane_serves_with_one_bundle_on_each_box(cluster: simlab.Lab
     assert ray.UNIT in unit.split("Requires=")[1], unit
     assert ray.UNIT in unit.split("After=")[1].split("\n")[0], unit
     # A request answered through the cluster lane, from the management network, with its key.
-    key = run_on(head, f"sudo cat {paths.key_path(CLUSTER_LANE['name'])}").strip()
+    key = run_on(head, f"sudo cat {box_paths.key_path(CLUSTER_LANE['name'])}").strip()
     body = json.dumps(
         {"model": CLUSTER_LANE["served_name"], "messages": [{"role": "user", "content": "hi"}]}
     )
@@ -493,7 +493,7 @@ def journal(host: simlab.Host, since: str) -> str:
 def answers(head: simlab.Host) -> int:
     """The HTTP status of a chat request through the head's front, from the management network,
     with the lane's key (a head that lost a rank still answers /health, not this)."""
-    key = run_on(head, f"sudo cat {paths.key_path(CLUSTER_LANE['name'])}").strip()
+    key = run_on(head, f"sudo cat {box_paths.key_path(CLUSTER_LANE['name'])}").strip()
     body = json.dumps(
         {"model": CLUSTER_LANE["served_name"], "messages": [{"role": "user", "content": "hi"}]}
     )

@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 
 from operations import preflight
-from spark import paths
+from spark import box_paths
 from tests.conftest import Deployed, pyinfra, run_on
 from tests.e2e.test_compliance import compliance, not_passing
 from tests.e2e.test_host_layer import changes
@@ -338,7 +338,7 @@ def test_a_lane_whose_model_is_missing_stops_each_box_before_the_lane_changes(
     b_before = {host.name: container_id(host, B) for host in hosts}
     model = "Qwen/Qwen3-0.6B"  # in the catalog; taken off the boxes first
     for host in hosts:
-        run_on(host, f"sudo rm -rf {preflight.hf_cache_dir(paths.MODELS_DIR, model)}")
+        run_on(host, f"sudo rm -rf {preflight.hf_cache_dir(box_paths.MODELS_DIR, model)}")
     changed = lanes_data(A, B | {"model": model, "max_model_len": 32768})
     refused = pyinfra(INVENTORY, "deploy.py", "--data", "fetch_weights=False", "--data", changed,
                       check=False)  # fmt: skip

@@ -24,7 +24,7 @@ from typing import Any
 import pytest
 
 from operations import ray
-from spark import paths
+from spark import box_paths
 from tests.conftest import pyinfra, reimage_all, run_on
 from tests.e2e.runs import INVENTORY, output_of
 from tests.simlab import lab as simlab
@@ -72,8 +72,8 @@ def deployed(lab: simlab.Lab) -> Iterator[dict[str, Any]]:
             for lane in LANES:
                 key = f"SENTINEL-{host.name}-{lane['name']}-{secrets.token_hex(16)}"
                 planted[f"{host.name} {lane['name']}"] = key
-                as_root(host, f"install -d -m 700 {paths.SECRETS_DIR}; umask 077;"
-                              f" cat > {paths.key_path(lane['name'])}", key)  # fmt: skip
+                as_root(host, f"install -d -m 700 {box_paths.SECRETS_DIR}; umask 077;"
+                              f" cat > {box_paths.key_path(lane['name'])}", key)  # fmt: skip
         output = output_of(pyinfra(INVENTORY, "deploy.py"))
     finally:
         HF_TOKEN_FILE.unlink()
@@ -90,11 +90,11 @@ def test_secrets_are_in_their_files_and_nowhere_else(deployed: dict[str, Any]) -
     for host in hosts:
         for lane in LANES:
             assert (
-                run_on(host, f"sudo cat {paths.key_path(lane['name'])}").strip()
+                run_on(host, f"sudo cat {box_paths.key_path(lane['name'])}").strip()
                 == (deployed["planted"][f"{host.name} {lane['name']}"])
             )
-    keys = [paths.key_path(lane["name"]) for lane in LANES]
-    secret_files = {f"secret file {path}" for path in (ray.TOKEN_PATH, paths.HF_TOKEN, *keys)}
+    keys = [box_paths.key_path(lane["name"]) for lane in LANES]
+    secret_files = {f"secret file {path}" for path in (ray.TOKEN_PATH, box_paths.HF_TOKEN, *keys)}
     for host in hosts:
         places = as_root(host, SEARCH, "".join(f"{secret}\n" for secret in every)).splitlines()
         assert set(places) == secret_files, f"{host.name}: secrets found in {places}"

@@ -10,7 +10,7 @@ import shlex
 import subprocess
 import sys
 
-from spark import paths
+from spark import box_paths
 from tests.simlab import lab
 from tests.simlab.paths import REPO, STATE, log
 
@@ -58,7 +58,7 @@ def sample_request(host: lab.Host) -> str:
     )
     command = (
         f"curl -s http://{host.mgmt_ip}:{first['port']}/v1/chat/completions "
-        f'-H "Authorization: Bearer $(sudo cat {paths.key_path(first["name"])})" '
+        f'-H "Authorization: Bearer $(sudo cat {box_paths.key_path(first["name"])})" '
         f"-H 'Content-Type: application/json' -d {shlex.quote(body)}"
     )
     answer = lab.ssh(host, command, check=False)

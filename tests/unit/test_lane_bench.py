@@ -20,7 +20,7 @@ import jinja2
 import pytest
 
 from operations import lanes
-from spark import paths as box_paths
+from spark import box_paths
 from spark.catalog import CATALOG, catalog
 from tests.unit.harness import run_op
 from tests.unit.test_config import REPO, TWO_SPARKS, run_pyinfra

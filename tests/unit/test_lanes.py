@@ -41,7 +41,7 @@ from pyinfra.facts.files import File, Sha1File
 from pyinfra.facts.systemd import SystemdEnabled, SystemdStatus
 
 from operations import lanes, memguard, util
-from spark import paths as box_paths
+from spark import box_paths
 from spark.catalog import ModelSpec
 from spark.inventory import ConfigError, load_from_dicts
 from spark.lane import Lane, MpRank
