@@ -268,6 +268,12 @@ def fabric(me: HostConfig, spark: SparkConfig) -> Fabric | None:
     )
 
 
+def head_address(spark: SparkConfig) -> str:
+    """The head's first twin: Ray's GCS, vLLM's --master-addr, where the workers copy a cluster
+    lane's model from (a shape where one address reaches every box: spark/topology.py)."""
+    return str(spark.head.fabric[0].address.ip)
+
+
 def hf_image(me: HostConfig) -> str:
     """Where huggingface_hub's `hf` fetches a lane's weights: a vLLM image of the box's lanes,
     else Ray's (group_data's NGC image); a llama.cpp image has no `hf`."""
@@ -300,7 +306,7 @@ def served(
     rank: MpRank | None = None,
 ) -> ServedLane:
     on_ray = lane.cluster_executor == "ray"
-    head_ip = str(spark.head.fabric[0].address.ip) if lane.is_cluster else ""
+    head_ip = head_address(spark) if lane.is_cluster else ""
     others = spark.ranks[1:] if me.role == "head" else (spark.head,)
     return ServedLane(
         lane=lane,
@@ -363,7 +369,7 @@ def cluster_lane(me: HostConfig, spark: SparkConfig, after: str | None) -> Clust
     if lane is None:
         return None
     head = spark.head
-    head_address = str(head.fabric[0].address.ip)
+    address = head_address(spark)
     mine = me.role == "head" or lane.model.startswith("/")  # fetched here, or the owner's copy
     copied = None
     if not lane.model.startswith("/"):
@@ -373,12 +379,12 @@ def cluster_lane(me: HostConfig, spark: SparkConfig, after: str | None) -> Clust
             image=lane.image,
             token_path=HF_TOKEN if me.hf_token_file else None,
             head=head.name,
-            address=head_address,
+            address=address,
             fetch=me.fetch_weights,
             serves=me.role == "head",
         )
     if lane.cluster_executor == "mp":
-        unit = served(me, spark, lane, after, MpRank(spark.node_rank(me.name), head_address))
+        unit = served(me, spark, lane, after, MpRank(spark.node_rank(me.name), address))
     else:  # on Ray: the head's unit only; every box's Ray node holds a rank
         unit = served(me, spark, lane, after) if me.role == "head" else None
     return ClusterLane(
@@ -398,7 +404,7 @@ def cluster(me: HostConfig, spark: SparkConfig, after: str | None) -> Cluster | 
     lane = spark.cluster_lane
     executor = lane.cluster_executor if lane else None
     reachable = me.shape.one_address_for_all
-    head_ip = str(spark.head.fabric[0].address.ip)
+    head_ip = head_address(spark)
     environment = me.cluster_environment(spark.head)
     firewall = None
     ray = None
