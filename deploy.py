@@ -32,6 +32,7 @@ if Path.cwd().resolve() != COLLECTION:
     )
 
 import endpoints
+import summary
 from operations import (
     debpkg,
     driver,
@@ -53,6 +54,7 @@ from spark.lanes import Lane, MpRank
 from spark.ports import listen_ports
 from stages import settings
 
+summary.register(state)  # after the run, one line per box: converged, or where it stopped and why
 spark = settings.load(inventory)  # validated once for the whole inventory, then cached
 me = spark.host(host.name)
 # A cluster lane (on the head) runs a rank on every box: on vLLM's own multi-node mode
@@ -245,6 +247,7 @@ elif len(spark.hosts) > 1:
             port=me.ray.port,
             token=ray.controller_token() if me.ray.auth else None,
             models=ray_models,
+            head=spark.head.name,
         )
 
 
