@@ -147,14 +147,14 @@ STOPPED = {
     "spark-3": (
         "Lanes and front | Lane coder: qwen3-coder-next on port 10101",
         "spark-3: port 10101 of lane coder is taken by python3; stop that service or give the"
-        " lane another port",
+        " lane another port in group_data `lanes`",
     )
 }
 # What the boxes waiting for it say, "spark-3: " left out (the line names the box).
 WAITS = (
     "waits for spark-3, stopped at Lanes and front | Lane coder: qwen3-coder-next on port 10101:"
     " port 10101 of lane coder is taken by python3; stop that service or give the lane another"
-    " port"
+    " port in group_data `lanes`"
 )
 
 

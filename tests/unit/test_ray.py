@@ -364,7 +364,7 @@ HEAD_STOPPED = {
     "spark-1": (
         "Lanes and front | Lane coder: qwen3-coder-next on port 10101",
         "spark-1: port 10101 of lane coder is taken by python3; stop that service or give the"
-        " lane another port",
+        " lane another port in group_data `lanes`",
     )
 }
 
@@ -377,7 +377,7 @@ def test_a_worker_whose_head_stopped_waits_for_it_and_touches_nothing() -> None:
     assert refusal(commands) == (
         "spark-test: this Ray worker waits for spark-1, stopped at Lanes and front | Lane coder:"
         " qwen3-coder-next on port 10101: port 10101 of lane coder is taken by python3; stop that"
-        " service or give the lane another port"
+        " service or give the lane another port in group_data `lanes`"
     )
     assert host.uploads == {}
 

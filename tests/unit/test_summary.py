@@ -15,7 +15,7 @@ from tests.unit.harness import Box, run_state
 
 TAKEN = (
     "spark-4: port 10101 of lane coder is taken by python3; stop that service or give the lane"
-    " another port"
+    " another port in group_data `lanes`"
 )
 LANE = "Lanes and front | Lane coder: qwen3-coder-next on port 10101"
 
@@ -39,6 +39,7 @@ def test_every_box_of_the_run_converged_or_stopped_where_and_why() -> None:
         "spark-4": (
             "stopped at Lanes and front | Lane coder: qwen3-coder-next on port 10101: port 10101"
             " of lane coder is taken by python3; stop that service or give the lane another port"
+            " in group_data `lanes`"
         ),
     }
 
