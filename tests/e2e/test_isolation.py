@@ -7,7 +7,11 @@ ends with the table of the boxes. With the listener gone, the next run converges
 
 Times (2-core machine, another lab's tests beside it): TIMES.
 
-Tests in this module run in order: the last one removes the listener.
+Then a second fault on the same boot: spark-3 powered off. pyinfra cannot connect to it; the
+others have nothing to change and wait for it at the NCCL test, the table saying so.
+
+Tests in this module run in order: the third removes the listener, the last cuts spark-3's
+power (the next module's reimage_all boots the session's boxes again).
 """
 
 from __future__ import annotations
@@ -22,7 +26,7 @@ import pytest
 
 from operations import ray
 from tests.conftest import PYINFRA, cabled, pyinfra, run_on
-from tests.e2e.runs import host_results, output_of
+from tests.e2e.runs import host_results, output_of, power_cut
 from tests.e2e.test_lanes import key_of, request
 from tests.e2e.test_switch import BOXES
 from tests.simlab import lab as simlab
@@ -45,7 +49,9 @@ NCCL_OP = "NCCL test: NET/IB on every twin, all_gather at 0.05 GB/s or more at 4
 def deploy() -> tuple[subprocess.CompletedProcess, str, float]:
     start = time.monotonic()
     result = pyinfra(INVENTORY, "deploy.py", check=False)
-    return result, output_of(result), time.monotonic() - start
+    output = output_of(result)
+    print(output[output.find("--> Boxes:") :])  # the table (with -s), for the docstring
+    return result, output, time.monotonic() - start
 
 
 def boxes_table(output: str) -> dict[str, str]:
@@ -138,3 +144,23 @@ def test_with_the_port_free_the_next_run_converges_all_four(taken: dict[str, Any
     assert boxes_table(output) == {host.name: "converged" for host in hosts}
     assert serves(hosts[-1])
     assert alive(hosts[0], BOXES) == f"{BOXES} of {BOXES} Ray nodes are alive"
+
+
+def test_a_box_powered_off_is_named_and_the_others_wait_for_it(taken: dict[str, Any]) -> None:
+    hosts = taken["lab"].hosts
+    power_cut(hosts[2])
+    result, output, seconds = deploy()
+    print(f"isolation: the run with spark-3 off took {seconds:.0f} s")
+    assert result.returncode == 1, output
+    assert "Traceback" not in output, output
+    assert f"[{hosts[2].name}] Could not connect" in output, output
+    unreached = "connecting: not reached (pyinfra's error above)"
+    waits = (
+        f"{NCCL_OP}: the NCCL test runs a rank on every box: it waits for {hosts[2].name},"
+        f" stopped at {unreached}; it runs once every box is back"
+    )
+    table = boxes_table(output)
+    assert list(table) == [host.name for host in hosts], output
+    assert table[hosts[2].name] == f"stopped at {unreached}"
+    for host in (hosts[0], hosts[1], hosts[3]):
+        assert re.fullmatch(rf"stopped at (?:[^|]+ \| )?{re.escape(waits)}", table[host.name])
