@@ -4,11 +4,28 @@ lane with pyinfra's own error lines and no traceback; the other three bring up t
 front, and Ray (head and two workers: none of them needs spark-4), and then stop where the
 cluster needs spark-4 (the NCCL test runs a rank on every box), saying so; the run exits 1 and
 ends with the table of the boxes. With the listener gone, the next run converges all four.
-
-Times (2-core machine, another lab's tests beside it): TIMES.
-
 Then a second fault on the same boot: spark-3 powered off. pyinfra cannot connect to it; the
 others have nothing to change and wait for it at the NCCL test, the table saying so.
+
+The first run's table (its lines wrapped here):
+
+    --> Boxes:
+        spark-1  stopped at NCCL test: NET/IB on every twin, all_gather at 0.05 GB/s or more at
+                 4194304 B: the NCCL test runs a rank on every box: it waits for spark-4, stopped
+                 at Lane coder: qwen3-coder-next on port 10101: port 10101 of lane coder is taken
+                 by python3; stop that service or give the lane another port in group_data
+                 `lanes`; it runs once every box is back
+        spark-2  (as spark-1)
+        spark-3  (as spark-1)
+        spark-4  stopped at Lane coder: qwen3-coder-next on port 10101: port 10101 of lane coder
+                 is taken by python3; ...
+    --> pyinfra error: No hosts remaining!
+
+then "converged" for all four; with spark-3 off, spark-3 "stopped at connecting: not reached
+(pyinfra's error above)" and the others "stopped at NCCL test: ...: it waits for spark-3,
+stopped at connecting: ...". Times (2-core machine, in three module runs): the run with the port
+taken 37-40 s, the one with it free 22-30 s, the one with spark-3 off 8-11 s; the module 2 min
+18 s to 2 min 47 s (two lab boots, the --dry run, the four runs).
 
 Tests in this module run in order: the third removes the listener, the last cuts spark-3's
 power (the next module's reimage_all boots the session's boxes again).
