@@ -33,12 +33,13 @@ if Path.cwd().resolve() != COLLECTION:
     )
 
 import endpoints
-from stages import settings
+from stages import run_summary, settings
 from stages.cluster import cluster
 from stages.fabric import fabric
 from stages.host_layer import host_layer
 from stages.lanes_front import lanes_and_front
 
+run_summary.register(state)  # after the run, one line per box: converged, or where it stopped
 box = settings.plan(inventory).box(host.name)  # every box's plan, computed once per run
 
 host_layer(box)

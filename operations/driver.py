@@ -79,15 +79,15 @@ def _names_other_branch(name: str, branch: int) -> bool:
     return named is not None and named[1] != str(branch)
 
 
-def _refuse_other_smi_version(branch: int) -> dict[str, str] | None:
-    smi = host.get_fact(NvidiaSmi)
+def _other_smi_version(smi: dict[str, str] | None, branch: int) -> str | None:
+    """Why this box is refused when nvidia-smi reports a driver of another branch; None if not."""
     if smi and not _on_branch(smi["driver_version"], branch):
-        raise OperationError(
+        return (
             f"{host.name}: nvidia-smi reports driver {smi['driver_version']} loaded, not branch"
             f" {branch}. If the {branch} packages were just installed, reboot; otherwise another"
             f" driver is loaded: remove it, install the {branch} package and reboot."
         )
-    return smi
+    return None
 
 
 @operation()
@@ -125,14 +125,17 @@ def branch_held(
     }
     if others:
         listed = ", ".join(f"{name} {version}" for name, version in sorted(others.items()))
-        raise OperationError(
+        yield from util.refused(
             f"{host.name}: driver packages not on branch {branch} are installed: {listed}."
             f" Branch {branch} is required (590 deadlocks CUDA graphs on GB10); this deploy"
             " will not downgrade a driver by itself. To go back: apt-get purge"
             f" {' '.join(sorted(others))}; apt-get install {package}; reboot; run the deploy"
             " again."
         )
-    _refuse_other_smi_version(branch)
+        return
+    if other := _other_smi_version(host.get_fact(NvidiaSmi), branch):
+        yield from util.refused(other)
+        return
 
     # The pin first, so that the install below cannot pull another branch.
     yield from util.template(
@@ -168,7 +171,10 @@ def running(branch: int):
     in a dry run) it yields a check that runs after the install: it passes when the driver
     answers then and fails otherwise, asking for the reboot a fresh install needs on real boxes.
     """
-    smi = _refuse_other_smi_version(branch)
+    smi = host.get_fact(NvidiaSmi)
+    if other := _other_smi_version(smi, branch):
+        yield from util.refused(other)
+        return
     if smi:
         host.noop(f"{smi['name']} runs driver {smi['driver_version']}")
         return

@@ -10,7 +10,6 @@ from ipaddress import IPv4Network
 from jinja2 import Template
 from pyinfra import host
 from pyinfra.api import FactBase, operation
-from pyinfra.api.exceptions import OperationError
 from pyinfra.operations import files
 
 from operations import debpkg, util
@@ -125,12 +124,13 @@ def cluster_ports_fabric_only(
     ranges = merged([*ports, *BACKEND_PORTS, state["ephemeral"]])
     closed = [port for port in open_ports if any(low <= port <= high for low, high in ranges)]
     if closed:
-        raise OperationError(
+        yield from util.refused(
             f"{host.name}: port(s) {', '.join(map(str, sorted(closed)))} must stay open (SSH,"
             " a lane's API) but fall among the cluster's ports"
             f" ({', '.join(f'{low}-{high}' for low, high in ranges)}); move them out of these"
             " ranges (a lane's `port`, ray_port, the kernel's net.ipv4.ip_local_port_range)"
         )
+        return
     rules = ruleset(fabric, ranges)
     if not state["nft"]:
         yield debpkg.apt_install("nftables")

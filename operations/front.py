@@ -110,8 +110,10 @@ class FrontState(FactBase):
             ]
         )
 
-    def process(self, output: list[str]) -> dict:
-        state: dict = {
+    @staticmethod
+    def default() -> dict:
+        """What a box without nginx answers (and pyinfra gives for no output at all)."""
+        return {
             "installed": False,
             "active": None,
             "enabled": None,
@@ -120,6 +122,9 @@ class FrontState(FactBase):
             "map_files": [],
             "key_maps": {},
         }
+
+    def process(self, output: list[str]) -> dict:
+        state = self.default()
         for line in output:
             kind, _, rest = line.partition(" ")
             if kind == "package":

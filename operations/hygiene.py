@@ -8,7 +8,6 @@ import shlex
 
 from pyinfra import host
 from pyinfra.api import FactBase, operation
-from pyinfra.api.exceptions import OperationError
 
 from operations import util
 from operations.util import CAP_SYS_RESOURCE
@@ -87,11 +86,12 @@ def logind_keep_ipc(path: str = "/etc/systemd/logind.conf.d/spark-keep-ipc.conf"
     later = _read_after(host.get_fact(LogindRemoveIpc), path)
     if later and later[-1][1] != "no":
         file, value = later[-1]
-        raise OperationError(
+        yield from util.refused(
             f"{host.name}: {file} sets RemoveIPC={value} and is read after {path}, so logind"
             " would remove a logged-out worker's semaphores (a hung Ray/vLLM cluster): remove"
             " that setting, then run the deploy again"
         )
+        return
     changes = util.template("logind-removeipc.conf.j2", path)
     yield from changes
     if changes or host.get_fact(LogindRunningRemoveIpc):

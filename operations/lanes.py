@@ -486,7 +486,8 @@ def serving(unit: LaneUnit):
     state = host.get_fact(LaneServing)
     problem = None if unit.headless else _port_owner_problem(state, lane)
     if problem:
-        raise OperationError(problem)
+        yield from util.refused(problem)
+        return
     with_key = lane.api_key and not unit.headless
     commands, new_key = _secret_commands(state, lane.name) if with_key else ([], False)
     yield from commands
@@ -536,7 +537,8 @@ def serving(unit: LaneUnit):
         # garbage since, its weights replaced under it, say).
         wrong = host.get_fact(LaneAnswer, lane=lane.name, port=lane.backend_port)
         if wrong:
-            raise OperationError(f"{host.name}: lane {lane.name} serves wrong answers:\n{wrong}")
+            yield from util.refused(f"{host.name}: lane {lane.name} serves wrong answers:\n{wrong}")
+            return
         host.noop(f"lane {lane.name} is serving on port {lane.port}, answering right")
 
 

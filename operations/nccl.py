@@ -9,11 +9,10 @@ from pathlib import Path
 
 from pyinfra import host, state
 from pyinfra.api import FactBase, operation
-from pyinfra.api.exceptions import OperationError
 from pyinfra.api.inventory import Inventory
 from pyinfra.operations import files
 
-from operations import preflight, util
+from operations import util
 
 CHECK_SOURCE = Path(__file__).parents[1] / "files" / "nccl_check.py"
 CHECK_PATH = "/usr/local/lib/spark/nccl_check.py"
@@ -158,11 +157,12 @@ def passed(boxes: list[str]):
 
     A run that leaves a box out (``--limit``) runs no rank: the others would wait for it.
     """
-    if failed := preflight.failed_others(boxes):
-        raise OperationError(
-            f"{host.name}: the NCCL test runs a rank on every box, and {', '.join(failed)}"
-            " stopped in this run (see its error above); it runs once every box is back"
+    if stopped := util.missing(boxes):
+        yield from util.refused(
+            f"{host.name}: the NCCL test runs a rank on every box: it {util.waits_for(stopped)};"
+            " it runs once every box is back"
         )
+        return
     said = _due.get(state.inventory, {})
     if absent := [box for box in boxes if box not in said]:
         host.noop(f"the NCCL test needs every box in the run; {', '.join(absent)} not in it")

@@ -7,7 +7,8 @@ from ipaddress import IPv4Interface
 
 from pyinfra import host
 from pyinfra.api import FactBase, operation
-from pyinfra.api.exceptions import OperationError
+
+from operations import util
 
 # What ethernet() manages, plus where a profile is active (the GENERAL.* lines appear only then).
 FIELDS = (
@@ -149,11 +150,12 @@ def ethernet(
     """
     foreign = host.get_fact(ForeignNetplanFiles, ifname=ifname)
     if foreign:
-        raise OperationError(
+        yield from util.refused(
             f"{host.name}: {', '.join(foreign)} configure(s) {ifname} outside NetworkManager. "
             f"NetworkManager owns the fabric interfaces on these boxes (netplan's networkd "
             f"renderer does nothing there): remove {ifname} from those files, then run again."
         )
+        return
 
     # nmcli's own text for each value, so the live text compares as it is.
     want = {
@@ -170,19 +172,21 @@ def ethernet(
     strays = [p for p in profiles if p["connection.id"] != con_name and _bound_to(p, ifname)]
     if len(named) > 1:
         uuids = ", ".join(profile["connection.uuid"] for profile in named)
-        raise OperationError(
+        yield from util.refused(
             f"{host.name}: several NetworkManager profiles are named {con_name!r} ({uuids}); "
             "delete all but one (nmcli connection delete uuid <uuid>), then run again."
         )
+        return
 
     if named:
         profile = named[0]
         uuid = profile["connection.uuid"]
         if profile["connection.type"] != "802-3-ethernet":
-            raise OperationError(
+            yield from util.refused(
                 f"{host.name}: NetworkManager profile {con_name!r} is of type "
                 f"{profile['connection.type']}, not ethernet; delete or rename it, then run again."
             )
+            return
         changes = {field: value for field, value in want.items() if profile.get(field) != value}
         if changes:
             yield _nmcli("connection", "modify", "uuid", uuid, *_pairs(changes))

@@ -8,9 +8,9 @@ from collections import defaultdict
 
 from pyinfra import host, logger, state
 from pyinfra.api import FactBase, operation
-from pyinfra.api.exceptions import OperationError
 from pyinfra.api.inventory import Inventory
 
+from operations import util
 from spark.box_paths import HF_CACHE_IN_CONTAINER
 
 IP_ICMP_HEADERS = 28  # a ping's payload is the MTU less the IPv4 (20) and ICMP (8) headers
@@ -121,11 +121,12 @@ def management_address(ifname: str, address: str):
     """
     found = host.get_fact(Ipv4Addresses, ifname=ifname)
     if address not in found:
-        raise OperationError(
+        yield from util.refused(
             f"{host.name}: management_address: {address} is not on {ifname}, which has"
             f" {', '.join(found) or 'no IPv4 address'}; give the box's address there (a ring's"
             " rendezvous and sockets use it)"
         )
+        return
     host.noop(f"{address} is on {ifname}")
     yield from ()  # a check: it changes nothing, but pyinfra runs operations as generators
 
@@ -162,7 +163,7 @@ def fabric_ports_cabled(twins: list[tuple[str, int | None]]):
         if ifname not in speeds:
             missing[port].append(ifname)
     if missing:
-        raise OperationError(
+        yield from util.refused(
             "; ".join(
                 f"{host.name}: no cable on port {port} (or its ConnectX missing):"
                 f" {' and '.join(ifnames)} do not exist; a port shows its interfaces only once"
@@ -170,6 +171,7 @@ def fabric_ports_cabled(twins: list[tuple[str, int | None]]):
                 for port, ifnames in missing.items()
             )
         )
+        return
     host.noop(f"every twin is there ({', '.join(ifname for ifname, _ in twins)})")
     yield from ()  # a check: it changes nothing, but pyinfra runs operations as generators
 
@@ -237,7 +239,8 @@ def link_speeds(ifnames: list[str], expected_mbps: int, low: str = "refuse"):
     if slow:
         message = "; ".join(slow) + f"; usual causes: {SLOW_CAUSES}"
         if low == "refuse":
-            raise OperationError(message + " (fabric_link_speed_low = 'warn' lets the deploy on)")
+            yield from util.refused(f"{message} (fabric_link_speed_low = 'warn' lets it go on)")
+            return
         logger.warning(message)
     unknown = [ifname for ifname in ifnames if speeds.get(ifname, -1) < 0]
     if unknown:
@@ -330,15 +333,15 @@ def fabric_peers(peers: list[Peer], mtu: int = 9000):
 @operation()
 def cluster_whole(members: list[str]):
     """
-    Stop this box before the cluster stage when another box of the cluster failed in this run.
+    Say, before the cluster stage, which boxes of the cluster stopped in this run and where.
 
     + members: every box of the cluster, as the inventory names them
 
-    pyinfra leaves out a box it could not reach, or that stopped on an error, and goes on with
-    the others: right for the host layer, which needs nothing of the other boxes, wrong for the
-    cluster, whose Ray head without its worker (or worker without its head) and firewall would
-    look done and not be. So every box still running fails here with a message naming the
-    missing ones; once they are back, the next run finishes the stage.
+    pyinfra leaves out a box it could not reach, or that stopped on a problem of its own, and
+    goes on with the others. This box goes on too, with what does not need the missing boxes
+    (its firewall, a Ray head, a worker whose head is here); each cluster operation that needs
+    one stops this box there, saying which box it waits for (``util.missing``). Once they are
+    back, the next run finishes the stage. This changes nothing.
 
     **Example:**
 
@@ -346,18 +349,12 @@ def cluster_whole(members: list[str]):
 
         preflight.cluster_whole(name="Every box of the cluster", members=["spark-1", "spark-2"])
     """
-    failed = {failed_host.name for failed_host in state.failed_hosts}
-    missing = [name for name in members if name in failed and name != host.name]
-    if not missing:
+    stopped = util.missing(members)
+    if not stopped:
         host.noop(f"every box of the cluster is in this run ({', '.join(members)})")
-        return
-    boxes = ", ".join(missing)
-    message = (
-        f"{host.name}: the cluster (firewall, Ray, cluster lane) needs every box, and {boxes}"
-        f" failed in this run (unreachable, or stopped on an error shown above): bring {boxes}"
-        " back, then run the deploy again; this box's host layer and own lanes are done"
-    )
-    yield f"echo {shlex.quote(message)} >&2; exit 1"
+    else:
+        host.noop(f"the cluster goes on without {', '.join(stopped)}: {util.waits_for(stopped)}")
+    yield from ()  # a check: it changes nothing, but pyinfra runs operations as generators
 
 
 # --- a cluster lane: the same image and the model's weights on every box ----------------------
@@ -442,12 +439,13 @@ def model_present(
         host.noop(f"{model} is on this box")
         return
     if model.startswith("/"):
-        raise OperationError(f"{host.name}: {model} has no config.json; copy the model there")
+        yield from util.refused(f"{host.name}: {model} has no config.json; copy the model there")
+        return
     command = fetch_command(model, image, models_dir, token_path, files)
     if fetch:
         yield command
         return
-    raise OperationError(
+    yield from util.refused(
         f"{host.name}: {model} is not on this box ({hf_cache_dir(models_dir, model)}); a lane"
         f" loads it from the box's disk and downloads nothing: fetch it first on {host.name}"
         f" (or set fetch_weights = True): {command}"
@@ -495,11 +493,6 @@ def image_read(image: str):
     yield  # an operation is a generator
 
 
-def failed_others(boxes: list[str]) -> list[str]:
-    """The boxes of ``boxes`` other than this one that failed in this run, sorted."""
-    return sorted({failed.name for failed in state.failed_hosts} & set(boxes) - {host.name})
-
-
 @operation()
 def image_agrees(image: str, boxes: list[str]):
     """
@@ -511,22 +504,25 @@ def image_agrees(image: str, boxes: list[str]):
     + image: the serving image of the cluster lane
     + boxes: every box of the cluster
     """
-    if failed := failed_others(boxes):
-        raise OperationError(
-            f"{host.name}: the cluster lane needs every box, and {', '.join(failed)} stopped in"
-            " this run (see its error above); nothing of the cluster lane starts until it passes"
+    if stopped := util.missing(boxes):
+        yield from util.refused(
+            f"{host.name}: the cluster lane needs every box: it {util.waits_for(stopped)};"
+            " nothing of the cluster lane starts until it passes"
         )
+        return
     seen = _seen.get(state.inventory, {})
     mine = seen.get(host.name)
     if mine is None:
-        raise OperationError(f"{host.name}: {image} is not on this box; pull it first")
+        yield from util.refused(f"{host.name}: {image} is not on this box; pull it first")
+        return
     others = [box for box in boxes if box != host.name and seen.get(box) not in (None, mine)]
     if others:
-        raise OperationError(
+        yield from util.refused(
             f"{host.name}: {image} differs from {', '.join(others)}'s (other layers): the same"
             f" tag was pulled at different times; pull {image} again on every box (or pin it"
             " by digest, tag@sha256:...)"
         )
+        return
     host.noop(f"{image} is the same as on the other boxes")
     return
     yield  # an operation is a generator

@@ -210,6 +210,7 @@ def node(
     port: int = 6379,
     token: Secret | None = None,
     models: tuple[tuple[str, str], ...] = (),
+    head: str | None = None,
 ):
     """
     Run this box's Ray node (the head, or a worker joining it) as ``spark-ray.service``.
@@ -224,6 +225,8 @@ def node(
     + token: Ray's token authentication with this token (Ray 2.52 or later); None: without
     + models: (directory on the box, its path in the container) the cluster lane's workers
       read the weights from
+    + head: the head's name: a worker whose head stopped in this run stops here, saying so (a
+      head needs no worker, and a worker no other worker)
 
     A worker started before its head keeps retrying (Restart=always, no start limit); one that
     lost its head (the head restarted) exits, and systemd starts it again: it rejoins. A change
@@ -236,6 +239,9 @@ def node(
         ray.node(name="Ray", role="head", node_ip="192.168.100.10", head_ip="192.168.100.10",
                  image="nvcr.io/nvidia/vllm:26.04-py3", environment=env, token=token)
     """
+    if role == "worker" and (stopped := util.missing([head] if head else [])):
+        yield from util.refused(f"{host.name}: this Ray worker {util.waits_for(stopped)}")
+        return
     state = host.get_fact(RayNode, image=image)
     changes: list = []
     if state["image"] is None:
@@ -243,16 +249,18 @@ def node(
         yield pull(image)
         yield record_ray_version(image)
     elif state["ray"] is None:
-        raise OperationError(
+        yield from util.refused(
             f"{host.name}: {image} has no Ray (some NGC vLLM images ship without it:"
             " dgx-spark-playbooks#109); set ray_image to an image whose `ray --version` works"
         )
+        return
     elif token is not None and state["ray"] < TOKEN_AUTH_SINCE:
-        raise OperationError(
+        yield from util.refused(
             f"{host.name}: {image} has Ray {'.'.join(map(str, state['ray']))}, without token"
             " authentication (Ray 2.52 and later); use an image with a newer Ray, or set"
             " ray_auth = False (then only the firewall keeps others off Ray's ports)"
         )
+        return
     elif not state["checked"]:
         yield record_ray_version(image)
     if token is not None:

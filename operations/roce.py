@@ -8,7 +8,8 @@ from typing import TypedDict
 
 from pyinfra import host
 from pyinfra.api import FactBase, operation
-from pyinfra.api.exceptions import OperationError
+
+from operations import util
 
 SYSFS = "/sys/class/infiniband"
 ZERO_GID = "0000:0000:0000:0000:0000:0000:0000:0000"
@@ -123,8 +124,8 @@ def roce_v2_entry(ifname: str, address: str, expected_index: int = 3):
 
     - one RoCE v2 entry for the address: nothing to do (the note says where it is);
     - the address has entries but none of RoCE v2, or the interface has another IPv4
-      address's RoCE v2 entry (NCCL could take either): fail at once (OperationError) with
-      the table and what to do;
+      address's RoCE v2 entry (NCCL could take either): stop this box at once
+      (``util.refused``) with the table and what to do;
     - the address has no entry yet: yield a command that polls the port for up to
       WAIT_SECONDS (15) and, if the entry never comes, prints the tables and fails the host.
 
@@ -143,11 +144,12 @@ def roce_v2_entry(ifname: str, address: str, expected_index: int = 3):
             f"{hca}: {' '.join(sorted({e['ndev'] for e in entries}))}"
             for hca, entries in sorted(tables.items())
         )
-        raise OperationError(
+        yield from util.refused(
             f"{host.name}: expected one RDMA device port with {ifname} as its netdev, found "
             f"{len(ports)} ({found or f'no RDMA devices under {SYSFS}'}). Check that {ifname} "
             "is a ConnectX fabric interface and that its RDMA driver (mlx5_ib) is loaded."
         )
+        return
     hca, port = ports[0]
     entries = [e for e in tables[hca] if e["port"] == port]
     gid = ipv4_gid(address)
@@ -192,4 +194,4 @@ def roce_v2_entry(ifname: str, address: str, expected_index: int = 3):
     else:
         found = f"{address} has no RoCE v2 entry"
         todo = f"Find out why the port has no RoCE v2 GID for {address} (RoCE v2 disabled?)."
-    raise OperationError(f"{host.name}: {where}: {found}.\n{format_table(entries)}\n{todo}")
+    yield from util.refused(f"{host.name}: {where}: {found}.\n{format_table(entries)}\n{todo}")

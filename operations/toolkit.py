@@ -7,7 +7,6 @@ import shlex
 
 from pyinfra import host
 from pyinfra.api import FactBase, operation
-from pyinfra.api.exceptions import OperationError
 from pyinfra.facts.files import File
 
 from operations import util
@@ -186,10 +185,11 @@ def docker_runtime(service: str = "docker.service"):
     """
     config = host.get_fact(DockerDaemonConfig)
     if config is None:
-        raise OperationError(
+        yield from util.refused(
             f"{host.name}: {DAEMON_JSON} is not a JSON object, so docker cannot start with it"
             " either and nvidia-ctk cannot add to it: fix or remove it, then run the deploy again"
         )
+        return
     runtimes = config.get("runtimes")
     if isinstance(runtimes, dict) and "nvidia" in runtimes:
         daemon = host.get_fact(DockerDaemon, service=service)

@@ -1,11 +1,17 @@
 """What several operations share, as pyinfra keeps it in its operations/util: a root-owned file
 from a template, a systemd unit's reload, enable and restart-or-start, what a container may get
-on the box, and the `docker run` line of a GPU container."""
+on the box, the `docker run` line of a GPU container, and how a box stops on its own problem
+(and where another box stopped)."""
 
 from __future__ import annotations
 
+import shlex
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 
+from pyinfra import host, logger, state
+from pyinfra.api import State
+from pyinfra.api.host import Host
 from pyinfra.operations import files
 
 TEMPLATES = Path(__file__).parents[1] / "templates"
@@ -82,3 +88,53 @@ def unit_started(
     elif not running:
         commands.append(start or f"systemctl start {unit}")
     return commands
+
+
+def refused(message: str) -> Iterator[str]:
+    """Stop this box, and this box alone, on a problem found on it: one command that prints
+    ``message`` on stderr and fails.
+
+    In pyinfra 3.10 a failed command fails its host, whose output pyinfra prints (in red, with
+    the box's prefix) and whose other operations it skips, while the other boxes go on
+    (pyinfra/api/operations.py: _run_host_op, _run_single_op, State.fail_hosts); an exception
+    raised in an operation instead leaves run_ops and ends the run of every box. Before the run
+    (pyinfra's change detection without -y, and --dry) no command runs: the message is logged
+    then, so that a dry run shows it too. An operation yields from this and returns.
+    """
+    if not state.is_executing:
+        host.log(f"would stop here: {message}", log_func=logger.warning)
+    yield f"printf '%s\\n' {shlex.quote(message)} >&2; exit 1"
+
+
+def stopped_at(run: State, box: Host) -> str:
+    """Where ``box`` stopped in this run and why: "<operation>: <what it printed>", the first
+    line its failed command printed on stderr (``refused``'s message), else its last line on
+    stdout. pyinfra names an operation run in a ``@deploy("Stage")`` "Stage | name"
+    (pyinfra/api/operation.py: generate_operation_name), so the stage shows where there is one.
+    A box with no failed operation was not reached (pyinfra said why when connecting)."""
+    ops = run.ops.get(box, {})
+    for op_hash in reversed(run.get_op_order()):
+        meta = ops[op_hash].operation_meta if op_hash in ops else None
+        if meta is None or not meta.is_complete() or meta.did_succeed():
+            continue
+        said = [line.strip() for line in meta.stderr_lines if line.strip()]
+        said = said[:1] or [line.strip() for line in meta.stdout_lines if line.strip()][-1:]
+        why = said[0].removeprefix(f"{box.name}: ") if said else "a command failed"
+        return f"{', '.join(sorted(run.get_op_meta(op_hash).names))}: {why}"
+    return "connecting: not reached (pyinfra's error above)"
+
+
+def missing(boxes: Iterable[str]) -> dict[str, str]:
+    """The boxes of ``boxes`` other than this one that stopped in this run, by name, each with
+    where it stopped (``stopped_at``)."""
+    wanted = set(boxes) - {host.name}
+    return {
+        box.name: stopped_at(state, box)
+        for box in sorted(state.failed_hosts, key=lambda failed: failed.name)
+        if box.name in wanted
+    }
+
+
+def waits_for(stopped: dict[str, str]) -> str:
+    """What an operation that needs the ``stopped`` boxes (``missing``) says instead of running."""
+    return "; ".join(f"waits for {name}, stopped at {where}" for name, where in stopped.items())

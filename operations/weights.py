@@ -13,7 +13,6 @@ import weakref
 
 from pyinfra import host, state
 from pyinfra.api import Inventory, operation
-from pyinfra.api.exceptions import OperationError
 
 from operations import util
 from operations.preflight import ModelWeights, fetch_command, hf_cache_dir
@@ -120,16 +119,17 @@ def copied(
         return
     if not fetch:
         command = fetch_command(model, image, models_dir, token_path)
-        raise OperationError(
+        yield from util.refused(
             f"{host.name}: {model} is not on this box ({hf_cache_dir(models_dir, model)}); a lane"
             " loads it from the box's disk and downloads nothing: copy it there, fetch it"
             f" (or set fetch_weights = True, which copies it from the head): {command}"
         )
-    if head in {failed.name for failed in state.failed_hosts}:
-        raise OperationError(
-            f"{host.name}: {model} is copied from {head}, which stopped in this run (see its"
-            " error above)"
+        return
+    if stopped := util.missing([head]):
+        yield from util.refused(
+            f"{host.name}: {model} is copied from the head: the copy {util.waits_for(stopped)}"
         )
+        return
     yield from util.template("spark-weights-copy.j2", COPY_COMMAND, "755")
     repo = shlex.quote(hf_cache_dir(models_dir, model))
     yield f"{COPY_COMMAND} {address}:{SHARE_PORT} {repo}"

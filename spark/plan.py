@@ -141,6 +141,7 @@ class Firewall(Record):
 class RayNode(Record):
     role: Literal["head", "worker"]
     node_ip: str
+    head: str  # the head's name: a worker whose head stopped waits for it
     head_ip: str
     image: str
     environment: dict[str, str]
@@ -422,6 +423,7 @@ def cluster(me: HostConfig, spark: SparkConfig, after: str | None) -> Cluster | 
         ray = RayNode(
             role=me.role,
             node_ip=str(me.fabric[0].address.ip),
+            head=spark.head.name,
             head_ip=head_ip,
             image=me.ray.image,
             environment=environment,

@@ -73,6 +73,7 @@ def cluster(box: BoxPlan) -> None:
             port=node.port,
             token=ray.controller_token() if node.auth else None,
             models=node.models,
+            head=node.head,
         )
     if plan.nccl_image is not None:  # Ray, which pulls its image elsewhere, is left out
         lanes.image_present(name=f"NCCL test image {plan.nccl_image}", image=plan.nccl_image)

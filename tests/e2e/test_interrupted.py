@@ -171,12 +171,12 @@ def test_power_cut_during_dpkg_is_repaired(bare: simlab.Lab) -> None:
     output = plain(deploy.communicate(timeout=900)[0])
 
     # pyinfra names the box it lost; the other one went on, with nothing to do, up to the
-    # cluster stage, which it refuses without spark-2.
+    # NCCL test, which waits for spark-2.
     assert deploy.returncode == 1, output
     assert re.search(r"\[spark-2\] .*(Error|Could not|closed|EOF)", output, re.I), output
     assert host_results(output)["spark-1"]["Error"] == 1, output
     assert host_results(output)["spark-1"]["Success"] == 0, output
-    refusal = "spark-1: the cluster (firewall, Ray, cluster lane) needs every box, and spark-2"
+    refusal = "spark-1: the NCCL test runs a rank on every box: it waits for spark-2, stopped at"
     assert refusal in output, output
 
     power_on(spark_2)

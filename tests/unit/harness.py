@@ -9,14 +9,17 @@ from __future__ import annotations
 
 import hashlib
 import posixpath
+import subprocess
 from collections.abc import Callable
 from contextlib import nullcontext
 from pathlib import Path
 from types import SimpleNamespace
-from typing import Any
+from typing import Any, NamedTuple
 
 from pyinfra.api import FactBase
 from pyinfra.api.command import FileUploadCommand, StringCommand
+from pyinfra.api.operation import OperationMeta
+from pyinfra.connectors.util import CommandOutput, OutputLine
 from pyinfra.context import ctx_host, ctx_state
 from pyinfra.facts.files import Directory, File, Sha1File
 
@@ -80,8 +83,57 @@ class FakeHost:
         return "/tmp/pyinfra-test"
 
 
-# The part of pyinfra's State that files.put and files.template read.
-FAKE_STATE = SimpleNamespace(cwd=None, inventory=None, config=SimpleNamespace(DIFF=False))
+# The part of pyinfra's State that files.put and files.template read, and operations/util's
+# refused and missing (whether the operations are running; no box failed).
+FAKE_STATE = SimpleNamespace(
+    cwd=None, inventory=None, config=SimpleNamespace(DIFF=False), is_executing=True, failed_hosts=[]
+)
+
+
+def refusal(commands: list[str]) -> str:
+    """What an operation that stopped its box (operations/util's refused) said: its one command,
+    run here by sh, must print it on stderr alone and exit 1, as a failed command on the box."""
+    assert len(commands) == 1, commands
+    done = subprocess.run(["sh", "-c", commands[0]], capture_output=True, text=True, check=False)
+    assert (done.returncode, done.stdout) == (1, ""), done
+    return done.stderr.removesuffix("\n")
+
+
+class Box(NamedTuple):
+    """A stand-in for pyinfra's Host where only its name is read (hashable, as a Host)."""
+
+    name: str
+
+
+def run_state(
+    stopped: dict[str, tuple[str, str] | None] | None = None, **attributes: Any
+) -> SimpleNamespace:
+    """FAKE_STATE with ``attributes`` and the part of pyinfra's State a run's failed boxes are
+    read from: each box of ``stopped`` failed, at an operation of this name whose failed command
+    printed this on stderr, or (None) before any operation (pyinfra could not connect). Ops are
+    keyed by pyinfra's Host objects, here by Box stand-ins, found through ``failed_hosts``."""
+    failed, ops, names = [], {}, {}
+    for index, (name, where) in enumerate((stopped or {}).items()):
+        box = Box(name)
+        failed.append(box)
+        ops[box] = {}
+        if where is not None:
+            op_name, stderr = where
+            meta = OperationMeta(f"op{index}", is_change=True)
+            lines = [OutputLine("stderr", line) for line in stderr.splitlines()]
+            meta.set_complete(False, ["a command"], CommandOutput(lines))
+            ops[box][f"op{index}"] = SimpleNamespace(operation_meta=meta)
+            names[f"op{index}"] = SimpleNamespace(names={op_name})
+    return SimpleNamespace(
+        **vars(FAKE_STATE)
+        | {
+            "failed_hosts": failed,
+            "ops": ops,
+            "get_op_order": lambda: list(names),
+            "get_op_meta": names.__getitem__,
+        }
+        | attributes
+    )
 
 
 def file_facts(files: dict[str, str | None]) -> dict[Any, str | None]:

@@ -14,6 +14,7 @@ Captures:
 from __future__ import annotations
 
 import fnmatch
+import re
 from pathlib import Path
 
 import pytest
@@ -21,7 +22,7 @@ from pyinfra.api.exceptions import OperationError
 
 from operations import driver
 from tests.unit import private_apt
-from tests.unit.harness import FakeHost, captured, file_facts, process, run_op
+from tests.unit.harness import FakeHost, captured, file_facts, process, refusal, run_op
 
 PIN = "/etc/apt/preferences.d/nvidia-driver-branch.pref"
 HOLD = "xargs -r apt-mark hold"
@@ -145,9 +146,7 @@ def test_590_packages_are_refused_with_the_way_back() -> None:
     host = FakeHost(
         {driver.DriverPackages: captured("dpkg-query-driver-590.sample.txt"), driver.NvidiaSmi: ""}
     )
-    with pytest.raises(OperationError) as refused:
-        run_op(driver.branch_held, 580, "nvidia-driver-580-open", host=host)
-    message = str(refused.value)
+    message = refusal(run_op(driver.branch_held, 580, "nvidia-driver-580-open", host=host))
     assert message.startswith("spark-test: ")
     assert "nvidia-driver-open 590.48.01-0ubuntu0.24.04.1" in message
     assert (
@@ -159,8 +158,10 @@ def test_590_packages_are_refused_with_the_way_back() -> None:
 def test_a_branch_name_other_than_ours_is_refused_whatever_its_version() -> None:
     output = "ii \tlibnvidia-gl-590\t580.142-0ubuntu0.24.04.1\n"
     host = FakeHost({driver.DriverPackages: output, driver.NvidiaSmi: ""})
-    with pytest.raises(OperationError, match="libnvidia-gl-590"):
-        run_op(driver.branch_held, 580, "nvidia-driver-580-open", host=host)
+    assert re.search(
+        "libnvidia-gl-590",
+        refusal(run_op(driver.branch_held, 580, "nvidia-driver-580-open", host=host)),
+    )
 
 
 def test_a_package_argument_of_another_branch_is_refused() -> None:
@@ -176,8 +177,10 @@ def test_a_loaded_driver_of_another_branch_is_refused() -> None:
             driver.NvidiaSmi: smi,
         }
     )
-    with pytest.raises(OperationError, match=r"reports driver 590\.48\.01 loaded, not branch 580"):
-        run_op(driver.branch_held, 580, "nvidia-driver-580-open", host=host)
+    assert re.search(
+        r"reports driver 590\.48\.01 loaded, not branch 580",
+        refusal(run_op(driver.branch_held, 580, "nvidia-driver-580-open", host=host)),
+    )
 
 
 def test_running_driver_of_the_branch_yields_nothing() -> None:
@@ -195,8 +198,9 @@ def test_running_without_an_answer_yields_a_check_that_asks_for_a_reboot() -> No
 
 def test_running_another_branch_is_refused() -> None:
     smi = captured("nvidia-smi-gb10.sample.txt").replace("580.142", "590.48.01")
-    with pytest.raises(OperationError, match=r"590\.48\.01"):
-        run_op(driver.running, 580, host=FakeHost({driver.NvidiaSmi: smi}))
+    assert re.search(
+        r"590\.48\.01", refusal(run_op(driver.running, 580, host=FakeHost({driver.NvidiaSmi: smi})))
+    )
 
 
 # The pin under real apt (see private_apt): stand-ins named and versioned as Ubuntu's and NVIDIA's.

@@ -24,6 +24,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import selectors
 import subprocess
 import threading
@@ -45,7 +46,7 @@ from spark import box_paths
 from spark.catalog import ModelSpec
 from spark.inventory import ConfigError, load_from_dicts
 from spark.lane import Lane, MpRank
-from tests.unit.harness import FakeHost, captured, file_facts, process, run_op
+from tests.unit.harness import FakeHost, captured, file_facts, process, refusal, run_op
 from tests.unit.test_config import TWO_SPARKS, merged
 
 UNIT = "/etc/systemd/system/spark-lane-coder.service"
@@ -292,9 +293,7 @@ def test_lane_in_place_and_serving_yields_nothing() -> None:
 def test_a_lane_in_place_answering_garbage_stops_the_deploy_quoting_it() -> None:
     host = lane_host("lab-lanehost-serving.txt", rendered())
     host.outputs[lanes.LaneAnswer] = GIBBERISH
-    with pytest.raises(OperationError) as refusal:
-        run_op(lanes.serving, host=host, unit=lane_unit())
-    message = str(refusal.value)
+    message = refusal(run_op(lanes.serving, host=host, unit=lane_unit()))
     assert message.startswith("spark-test: lane coder serves wrong answers:\nlane coder: canary")
     assert '"Theorem quantum banana"' in message and "exit 1" not in message
 
@@ -342,9 +341,11 @@ def test_a_stopped_lane_is_started_not_rewritten() -> None:
 
 def test_a_port_held_by_another_service_is_refused_by_name() -> None:
     host = lane_host("lab-lanehost-port-taken.txt", {})
-    with pytest.raises(OperationError, match=r"spark-test: port 10102 of lane fast is taken by"
-                       r" python3; stop that service or give the lane another port"):  # fmt: skip
-        run_op(lanes.serving, host=host, unit=lane_unit({"name": "fast", "port": 10102}))
+    assert re.search(
+        r"spark-test: port 10102 of lane fast is taken by"
+        r" python3; stop that service or give the lane another port",
+        refusal(run_op(lanes.serving, host=host, unit=lane_unit({"name": "fast", "port": 10102}))),
+    )
 
 
 def test_a_key_with_a_loose_mode_is_tightened_without_a_restart() -> None:
@@ -843,8 +844,10 @@ def test_a_headless_rank_ignores_the_lanes_ports_which_the_box_may_use_otherwise
     taken = MP | {"name": "fast", "port": 10102}
     host = lane_host("lab-lanehost-port-taken.txt", dict.fromkeys(paths("fast")))
     assert run_op(lanes.serving, host=host, unit=lane_unit(taken, **MP_WORKER))
-    with pytest.raises(OperationError, match="port 10102 of lane fast is taken by python3"):
-        run_op(lanes.serving, host=host, unit=lane_unit(taken, **MP_HEAD))
+    assert re.search(
+        "port 10102 of lane fast is taken by python3",
+        refusal(run_op(lanes.serving, host=host, unit=lane_unit(taken, **MP_HEAD))),
+    )
 
 
 def test_an_mp_rank_in_place_yields_nothing() -> None:

@@ -16,13 +16,21 @@ import subprocess
 from types import SimpleNamespace
 
 import pytest
-from pyinfra.api.exceptions import OperationError
 from pyinfra.api.inventory import Inventory
 from pyinfra.context import ctx_state
 from pyinfra.facts.files import File
 
 from operations import nccl
-from tests.unit.harness import CAPTURED, FakeHost, captured, file_facts, process, run_op
+from tests.unit.harness import (
+    CAPTURED,
+    FakeHost,
+    captured,
+    file_facts,
+    process,
+    refusal,
+    run_op,
+    run_state,
+)
 
 IMAGE = "nvcr.io/nvidia/vllm:26.04-py3"
 TWINS = ["rocep1s0f1", "roceP2p1s0f1"]
@@ -50,14 +58,10 @@ def box(fact: str, files: dict[str, str | None] | None = None, name: str = "spar
     return host
 
 
-def in_run(failed: tuple[str, ...] = ()) -> SimpleNamespace:
-    """A run's state, as ``prepared`` and ``passed`` share it between the boxes."""
-    run = SimpleNamespace(
-        inventory=Inventory(({}, {})),
-        failed_hosts=[SimpleNamespace(name=name) for name in failed],
-        cwd=None,  # what files.put reads of the state besides (harness.FAKE_STATE)
-        config=SimpleNamespace(DIFF=False),
-    )
+def in_run(stopped: dict[str, tuple[str, str] | None] | None = None) -> SimpleNamespace:
+    """A run's state, as ``prepared`` and ``passed`` share it between the boxes (``stopped``:
+    boxes failed in it, as harness.run_state takes them)."""
+    run = run_state(stopped, inventory=Inventory(({}, {})))
     nccl._due[run.inventory] = {}
     return run
 
@@ -153,24 +157,23 @@ def test_when_a_box_in_place_is_due(fact: str, reason: str | None) -> None:
 
 
 def both(
-    head: str, worker: str | None, failed: tuple[str, ...] = (), noops: list | None = None
+    head: str,
+    worker: str | None,
+    stopped: dict[str, tuple[str, str] | None] | None = None,
+    noops: list | None = None,
 ) -> list[str]:
     """``prepared`` on both boxes (each with its fact; None: left out of the run), then
     ``passed`` on the head (its noops into ``noops``)."""
-    run = in_run(failed)
+    run = in_run(stopped)
     files = deployed()
     with ctx_state.use(run):
         for name, fact in (("spark-1", head), ("spark-2", worker)):
             if fact is not None:
                 run_op(nccl.prepared, **ARGS, host=box(fact, files, name))
-        try:
-            on_head = box(head, files, "spark-1")
-            commands = run_op(nccl.passed, ["spark-1", "spark-2"], host=on_head)
-            (noops if noops is not None else []).extend(on_head.noops)
-            return commands
-        except OperationError as error:  # raised outside: ctx_state.use restores only then
-            refusal = error
-    raise refusal
+        on_head = box(head, files, "spark-1")
+        commands = run_op(nccl.passed, ["spark-1", "spark-2"], host=on_head)
+        (noops if noops is not None else []).extend(on_head.noops)
+        return commands
 
 
 def test_passed_on_every_box_runs_nothing() -> None:
@@ -195,10 +198,21 @@ def test_one_box_due_runs_the_test_on_every_box() -> None:
     assert both(never, PASSED) == [nccl.COMMAND]
 
 
-def test_a_box_failed_in_this_run_stops_the_test_naming_it() -> None:
-    with pytest.raises(OperationError, match=r"spark-1: the NCCL test runs a rank on every box,"
-                       r" and spark-2 stopped in this run"):  # fmt: skip
-        both(PASSED, PASSED, failed=("spark-2",))
+def test_a_box_failed_in_this_run_stops_the_test_naming_it_and_where_it_stopped() -> None:
+    # spark-2 stopped at the driver check (driver.branch_held's refusal, its first line).
+    stopped = {
+        "spark-2": (
+            "Host layer | Driver branch 580: installed, held, apt pinned",
+            "spark-2: driver packages not on branch 580 are installed: nvidia-driver-590-open"
+            " 590.48.01-0ubuntu1.\nBranch 580 is required",
+        )
+    }
+    assert refusal(both(PASSED, PASSED, stopped)) == (
+        "spark-1: the NCCL test runs a rank on every box: it waits for spark-2, stopped at Host"
+        " layer | Driver branch 580: installed, held, apt pinned: driver packages not on branch"
+        " 580 are installed: nvidia-driver-590-open 590.48.01-0ubuntu1.; it runs once every box"
+        " is back"
+    )
 
 
 FAKE_DOCKER = """#!/bin/sh

@@ -12,17 +12,17 @@ stand-ins for ping, cat (the carrier file) and sleep.
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
-from pyinfra.api.exceptions import OperationError
 from pyinfra.api.inventory import Inventory
 from pyinfra.context import ctx_state
 
 from operations import preflight
-from tests.unit.harness import FakeHost, captured, process, run_op
+from tests.unit.harness import FakeHost, captured, process, refusal, run_op, run_state
 
 A, B = "enp1s0f1np1", "enP2p1s0f1np1"
 PEERS = [(A, "spark-2", "192.168.100.11"), (B, "spark-2", "192.168.101.11")]
@@ -121,30 +121,47 @@ def test_check_command_says_what_to_look_at(
     assert answering.returncode == 0
 
 
-def whole(failed: tuple[str, ...]) -> tuple[list[str], FakeHost]:
-    """The commands cluster_whole yields for spark-1 of spark-1..3 while `failed` are failed."""
+# A box stopped in the run: the operation it failed at and what its command printed on stderr
+# (lanes.serving's refusal of a taken port, as tests/unit/test_lanes.py shows it).
+STOPPED = {
+    "spark-3": (
+        "Lanes and front | Lane coder: qwen3-coder-next on port 10101",
+        "spark-3: port 10101 of lane coder is taken by python3; stop that service or give the"
+        " lane another port in group_data `lanes`",
+    )
+}
+# What the boxes waiting for it say, "spark-3: " left out (the line names the box).
+WAITS = (
+    "waits for spark-3, stopped at Lanes and front | Lane coder: qwen3-coder-next on port 10101:"
+    " port 10101 of lane coder is taken by python3; stop that service or give the lane another"
+    " port in group_data `lanes`"
+)
+
+
+def whole(stopped: dict[str, tuple[str, str] | None]) -> tuple[list[str], FakeHost]:
+    """The commands cluster_whole yields for spark-1 of spark-1..3 while `stopped` are failed."""
     host = FakeHost({})
     host.name = "spark-1"
-    run_state = SimpleNamespace(failed_hosts=[SimpleNamespace(name=name) for name in failed])
-    with ctx_state.use(run_state):
+    with ctx_state.use(run_state(stopped)):
         return run_op(preflight.cluster_whole, ["spark-1", "spark-2", "spark-3"], host=host), host
 
 
 def test_a_whole_cluster_yields_nothing() -> None:
-    commands, host = whole(())
+    commands, host = whole({})
     assert commands == []
     assert host.noops == ["every box of the cluster is in this run (spark-1, spark-2, spark-3)"]
 
 
-def test_a_box_failed_in_this_run_stops_the_cluster_stage_naming_it() -> None:
-    commands, _host = whole(("spark-3", "elsewhere"))
-    assert len(commands) == 1
-    result = subprocess.run(["sh", "-c", commands[0]], capture_output=True, text=True)
-    assert result.returncode == 1
-    assert result.stderr.startswith("spark-1: the cluster (firewall, Ray, cluster lane) needs")
-    assert "spark-3 failed in this run" in result.stderr
-    assert "bring spark-3 back" in result.stderr
-    assert "spark-2" not in result.stderr and "elsewhere" not in result.stderr
+def test_a_box_failed_in_this_run_is_named_and_the_cluster_stage_goes_on() -> None:
+    # "elsewhere" failed too, but is no box of this cluster; "spark-4" was never reached.
+    commands, host = whole(STOPPED | {"elsewhere": None})
+    assert commands == []
+    assert host.noops == [f"the cluster goes on without spark-3: {WAITS}"]
+    _commands, host = whole({"spark-2": None})
+    assert host.noops == [
+        "the cluster goes on without spark-2: waits for spark-2, stopped at connecting: not"
+        " reached (pyinfra's error above)"
+    ]
 
 
 # --- a cluster lane: model and image on every box ------------------------------------------------
@@ -183,9 +200,7 @@ def test_a_model_on_the_box_yields_nothing() -> None:
 def test_a_model_missing_is_refused_with_the_command_that_fetches_it() -> None:
     host = FakeHost({preflight.ModelWeights: ""})
     host.name = "spark-2"
-    with pytest.raises(OperationError) as refusal:
-        run_op(preflight.model_present, host=host, **MODEL_ARGS)
-    message = str(refusal.value)
+    message = refusal(run_op(preflight.model_present, host=host, **MODEL_ARGS))
     assert message.startswith(f"spark-2: {MODEL} is not on this box")
     assert "a lane loads it from the box's disk and downloads nothing" in message
     assert "(or set fetch_weights = True)" in message
@@ -215,8 +230,10 @@ def test_a_model_path_missing_is_refused_even_with_fetch() -> None:
     host = FakeHost({preflight.ModelWeights: ""})
     host.name = "spark-2"
     args = MODEL_ARGS | {"model": "/models/big"}
-    with pytest.raises(OperationError, match=r"^spark-2: /models/big has no config.json; copy"):
-        run_op(preflight.model_present, host=host, fetch=True, **args)
+    assert re.search(
+        r"^spark-2: /models/big has no config.json; copy",
+        refusal(run_op(preflight.model_present, host=host, fetch=True, **args)),
+    )
 
 
 def test_a_gguf_is_present_when_every_part_is_in_the_snapshot_refs_main_names(
@@ -258,25 +275,20 @@ def test_image_layers_fact_hashes_the_layer_list_or_says_absent() -> None:
     assert process(preflight.ImageLayers, empty + "\n") is None
 
 
-def agree(layers: dict[str, str], me: str, failed: tuple[str, ...] = ()) -> list[str]:
-    """image_read on every box, then image_agrees on ``me`` (``failed``: boxes failed before)."""
-    failed_hosts = [SimpleNamespace(name=name) for name in failed]
-    run_state = SimpleNamespace(inventory=Inventory(({}, {})), failed_hosts=failed_hosts)
-    preflight._seen[run_state.inventory] = {}
-    with ctx_state.use(run_state):
+def agree(
+    layers: dict[str, str], me: str, stopped: dict[str, tuple[str, str] | None] | None = None
+) -> list[str]:
+    """image_read on every box, then image_agrees on ``me`` (``stopped``: boxes failed before)."""
+    run = run_state(stopped, inventory=Inventory(({}, {})))
+    preflight._seen[run.inventory] = {}
+    with ctx_state.use(run):
         for name, digest in layers.items():
             host = FakeHost({preflight.ImageLayers: digest})
             host.name = name
             assert run_op(preflight.image_read, "img:1", host=host) == []
         host = FakeHost({})
         host.name = me
-        try:
-            commands = run_op(preflight.image_agrees, "img:1", list(layers), host=host)
-        except OperationError as error:  # raised outside: ctx_state.use restores only then
-            refusal = error
-        else:
-            return commands
-    raise refusal
+        return run_op(preflight.image_agrees, "img:1", list(layers), host=host)
 
 
 def test_the_same_image_on_every_box_yields_nothing() -> None:
@@ -284,13 +296,18 @@ def test_the_same_image_on_every_box_yields_nothing() -> None:
 
 
 def test_an_image_that_differs_is_refused_naming_the_boxes() -> None:
-    with pytest.raises(OperationError, match=r"spark-1: img:1 differs from spark-2's"):
-        agree({"spark-1": "ab", "spark-2": "cd"}, "spark-1")
+    assert re.search(
+        r"spark-1: img:1 differs from spark-2's",
+        refusal(agree({"spark-1": "ab", "spark-2": "cd"}, "spark-1")),
+    )
 
 
 def test_a_box_failed_in_this_run_stops_the_others_before_the_cluster_lane() -> None:
-    with pytest.raises(OperationError, match=r"spark-1: the cluster lane needs every box, and"):
-        agree({"spark-1": "ab", "spark-2": "ab"}, "spark-1", failed=("spark-2",))
+    layers = {"spark-1": "ab", "spark-2": "ab", "spark-3": "ab"}
+    assert refusal(agree(layers, "spark-1", STOPPED)) == (
+        f"spark-1: the cluster lane needs every box: it {WAITS}; nothing of the cluster lane"
+        " starts until it passes"
+    )
 
 
 # `ip -4 -o address show dev enP7s7` on a box with a DHCP lease (iproute2's one-line form).
@@ -319,10 +336,9 @@ def test_a_management_address_elsewhere_fails_the_box_saying_what_it_has(
 ) -> None:
     host = FakeHost({preflight.Ipv4Addresses: output})
 
-    with pytest.raises(OperationError) as error:
-        run_op(preflight.management_address, "enP7s7", "10.0.0.99", host=host)
+    error = refusal(run_op(preflight.management_address, "enP7s7", "10.0.0.99", host=host))
 
-    assert str(error.value) == (
+    assert error == (
         f"spark-test: management_address: 10.0.0.99 is not on enP7s7, which has {has};"
         " give the box's address there (a ring's rendezvous and sockets use it)"
     )

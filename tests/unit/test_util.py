@@ -5,9 +5,12 @@ from __future__ import annotations
 from types import SimpleNamespace
 
 import pytest
+from pyinfra.api.operation import OperationMeta
+from pyinfra.connectors.util import CommandOutput, OutputLine
+from pyinfra.context import ctx_host, ctx_state
 
 from operations import util
-from tests.unit.harness import FakeHost, file_facts, run_op
+from tests.unit.harness import Box, FakeHost, file_facts, refusal, run_op, run_state
 
 
 def test_a_unit_written_anew_is_reloaded_enabled_and_restarted() -> None:
@@ -70,3 +73,81 @@ def test_template_is_root_owned_and_empty_when_the_file_is_as_rendered() -> None
     assert any("chown root:root" in command for command in commands)
     same = FakeHost(file_facts({dest: host.uploads[dest]}))
     assert run_op(written, host=same) == []
+
+
+# --- a box stopped on its own problem, and where another box stopped ---------------------------
+
+
+def refused_in(stage: SimpleNamespace, message: str) -> tuple[list[str], list[str]]:
+    """The commands util.refused yields in a run at this stage, and what it logged."""
+    logged: list[str] = []
+    host = FakeHost({})
+    host.log = lambda text, log_func=None: logged.append(text)  # type: ignore[method-assign]
+    with ctx_state.use(stage), ctx_host.use(host):
+        return list(util.refused(message)), logged
+
+
+def test_a_refusal_is_one_command_that_prints_the_message_and_fails() -> None:
+    # Quotes, a line break and shell words stay text: sh prints them as given and exits 1.
+    message = "spark-test: it's $(broken)\n  a table's line; `x`"
+    commands, logged = refused_in(run_state(), message)
+    assert refusal(commands) == message
+    # While the operations run, the failed command says it (pyinfra prints its stderr).
+    assert logged == []
+
+
+def test_before_the_run_a_refusal_is_logged_too() -> None:
+    # pyinfra's change detection and --dry run no command: the message is logged then.
+    prepare = SimpleNamespace(is_executing=False, failed_hosts=[])
+    commands, logged = refused_in(prepare, "spark-test: port 10101 is taken")
+    assert logged == ["would stop here: spark-test: port 10101 is taken"]
+    assert refusal(commands) == "spark-test: port 10101 is taken"
+
+
+def test_where_a_box_stopped_is_its_failed_operation_and_the_first_line_it_said() -> None:
+    stopped = {
+        "spark-2": ("Lanes and front | Lane coder", "spark-2: port 10101 is taken\nsecond line"),
+        "spark-3": None,  # never reached
+    }
+    run = run_state(stopped)
+    spark_2, spark_3 = run.failed_hosts
+    assert util.stopped_at(run, spark_2) == "Lanes and front | Lane coder: port 10101 is taken"
+    assert util.stopped_at(run, spark_3) == "connecting: not reached (pyinfra's error above)"
+
+
+def test_a_failed_command_that_said_nothing_on_stderr_is_named_by_its_last_stdout_line() -> None:
+    meta = OperationMeta("op0", is_change=True)
+    output = [OutputLine("stdout", "E: first"), OutputLine("stdout", "E: Unable to locate x")]
+    meta.set_complete(False, ["apt-get install x"], CommandOutput(output))
+    done = OperationMeta("op1", is_change=True)
+    done.set_complete(True, ["true"], CommandOutput([]))
+    box = Box("spark-1")
+    run = SimpleNamespace(
+        ops={box: {"op0": SimpleNamespace(operation_meta=meta)}},
+        get_op_order=lambda: ["op0", "op1"],
+        get_op_meta=lambda op_hash: SimpleNamespace(names={"apt"}),
+    )
+    assert util.stopped_at(run, box) == "apt: E: Unable to locate x"
+    meta = OperationMeta("op0", is_change=True)
+    meta.set_complete(False, ["false"], CommandOutput([]))
+    run.ops[box]["op0"] = SimpleNamespace(operation_meta=meta)
+    assert util.stopped_at(run, box) == "apt: a command failed"
+
+
+def test_missing_names_the_other_stopped_boxes_of_those_asked_and_waits_for_says_where() -> None:
+    stopped = {
+        "spark-4": ("Cluster | Ray", "spark-4: the image has no Ray"),
+        "spark-1": ("Host layer | Driver", "spark-1: driver 590 loaded"),
+        "spark-9": None,  # another cluster's box
+    }
+    host = FakeHost({})
+    host.name = "spark-1"  # this box: never waits for itself
+    with ctx_state.use(run_state(stopped)), ctx_host.use(host):
+        missing = util.missing(["spark-1", "spark-2", "spark-4"])
+        assert missing == {"spark-4": "Cluster | Ray: the image has no Ray"}
+        assert util.missing(["spark-2"]) == {}
+    both = {"spark-2": "connecting: not reached", "spark-4": "Cluster | Ray: no Ray"}
+    assert util.waits_for(both) == (
+        "waits for spark-2, stopped at connecting: not reached; waits for spark-4, stopped at"
+        " Cluster | Ray: no Ray"
+    )

@@ -16,15 +16,13 @@ import sys
 import threading
 from collections.abc import Iterator
 from pathlib import Path
-from types import SimpleNamespace
 
 import pytest
 from pyinfra.api import Inventory
-from pyinfra.api.exceptions import OperationError
 from pyinfra.context import ctx_state
 
 from operations import preflight, weights
-from tests.unit.harness import FAKE_STATE, FakeHost, file_facts, run_op
+from tests.unit.harness import FakeHost, file_facts, refusal, run_op, run_state
 
 MODEL = "org/name"
 REPO = "/var/lib/spark/models/hub/models--org--name"
@@ -136,27 +134,20 @@ def test_a_corrupt_blob_is_caught_by_its_hash_and_not_kept(
 
 
 def run_cluster(
-    present: dict[str, bool], fetch: bool, failed: tuple[str, ...] = ()
-) -> dict[str, list[str] | OperationError]:
+    present: dict[str, bool], fetch: bool, stopped: dict[str, tuple[str, str] | None] | None = None
+) -> dict[str, list[str]]:
     """lacking on every box, then shared on the head (spark-1), copied on every box, unshared
-    on the head: the commands (or the refusal) of each box, as pyinfra runs them op by op."""
-    run_state = SimpleNamespace(
-        inventory=Inventory(({}, {})),
-        failed_hosts=[SimpleNamespace(name=name) for name in failed],
-        cwd=FAKE_STATE.cwd,
-        config=FAKE_STATE.config,
-    )
-    found: dict[str, list[str] | OperationError] = {}
+    on the head: the commands of each box, as pyinfra runs them op by op (``stopped``: boxes
+    failed before, as harness.run_state takes them)."""
+    run = run_state(stopped, inventory=Inventory(({}, {})))
+    found: dict[str, list[str]] = {}
 
-    def on(name: str, op, *args, outputs=None) -> list[str] | OperationError:
+    def on(name: str, op, *args, outputs=None) -> list[str]:
         host = FakeHost(outputs or {})
         host.name = name
-        try:
-            return run_op(op, *args, host=host)
-        except OperationError as error:
-            return error
+        return run_op(op, *args, host=host)
 
-    with ctx_state.use(run_state):
+    with ctx_state.use(run):
         for name, has in present.items():
             facts = {preflight.ModelWeights: "present" if has else ""}
             assert on(name, weights.lacking, MODEL, "/var/lib/spark/models", outputs=facts) == []
@@ -178,7 +169,6 @@ def test_every_box_holding_the_model_needs_nothing() -> None:
 def test_a_box_lacking_it_copies_it_from_the_head_while_the_head_serves() -> None:
     found = run_cluster({"spark-1": True, "spark-2": False}, fetch=True)
     shared = found["shared"]
-    assert isinstance(shared, list)
     assert (
         shared[0]
         == "systemctl stop spark-weights-share 2>/dev/null; rm -rf /run/spark/weights-share"
@@ -192,7 +182,6 @@ def test_a_box_lacking_it_copies_it_from_the_head_while_the_head_serves() -> Non
     )
     assert found["spark-1"] == []
     worker = found["spark-2"]
-    assert isinstance(worker, list)
     assert worker[-1] == f"/usr/local/sbin/spark-weights-copy 192.168.100.10:60990 {REPO}"
     assert found["unshared"] == [
         "systemctl stop spark-weights-share 2>/dev/null; rm -rf /run/spark/weights-share; true"
@@ -202,14 +191,24 @@ def test_a_box_lacking_it_copies_it_from_the_head_while_the_head_serves() -> Non
 def test_without_fetch_weights_the_box_stops_with_the_command_and_nothing_is_served() -> None:
     found = run_cluster({"spark-1": True, "spark-2": False}, fetch=False)
     assert found["shared"] == [] and found["unshared"] == []
-    refusal = found["spark-2"]
-    assert isinstance(refusal, OperationError)
-    assert str(refusal).startswith(f"spark-2: {MODEL} is not on this box ({REPO});")
-    assert "hf download org/name" in str(refusal)
+    message = refusal(found["spark-2"])
+    assert message.startswith(f"spark-2: {MODEL} is not on this box ({REPO});")
+    assert "hf download org/name" in message
 
 
 def test_a_head_that_stopped_leaves_nothing_to_copy_from() -> None:
-    found = run_cluster({"spark-1": True, "spark-2": False}, fetch=True, failed=("spark-1",))
-    assert str(found["spark-2"]) == (
-        "spark-2: org/name is copied from spark-1, which stopped in this run (see its error above)"
+    # The head stopped at its firewall (firewall.cluster_ports_fabric_only's refusal).
+    stopped = {
+        "spark-1": (
+            "Cluster | Firewall: Ray's and the distributed back-end's ports from the fabric only",
+            "spark-1: port(s) 6379 must stay open (SSH, a lane's API) but fall among the"
+            " cluster's ports (6379-6385)",
+        )
+    }
+    found = run_cluster({"spark-1": True, "spark-2": False}, fetch=True, stopped=stopped)
+    assert refusal(found["spark-2"]) == (
+        "spark-2: org/name is copied from the head: the copy waits for spark-1, stopped at"
+        " Cluster | Firewall: Ray's and the distributed back-end's ports from the fabric only:"
+        " port(s) 6379 must stay open (SSH, a lane's API) but fall among the cluster's ports"
+        " (6379-6385)"
     )

@@ -1,0 +1,62 @@
+"""After a run: one line per box, "converged" or where it stopped and why. Reporting only:
+nothing here touches a host.
+
+A problem found on one box stops that box alone (operations/util.py: ``refused``), and pyinfra
+goes on with the others; with four boxes its output interleaves them. This table says, once
+the run is over, which boxes are done and which are not, each with the operation it stopped at
+(its stage first, where it ran in one: "Stage | operation") and the first line it printed.
+pyinfra exits 1 when a box failed (pyinfra_cli/cli.py: _exit).
+"""
+
+from __future__ import annotations
+
+import click
+from pyinfra.api import State
+from pyinfra.api.host import Host
+from pyinfra.api.state import BaseStateCallback, StateStage
+
+from operations.util import stopped_at
+
+CONVERGED = "converged"
+
+
+def outcomes(run: State) -> dict[str, str]:
+    """Each box of the run (those the run connected to or tried to), in inventory order:
+    "converged", or "stopped at <operation>: <why>"."""
+    failed = set(run.failed_hosts)
+    boxes = [box for box in run.inventory if box in run.activated_hosts or box in failed]
+    return {
+        box.name: f"stopped at {stopped_at(run, box)}" if box in failed else CONVERGED
+        for box in boxes
+    }
+
+
+def table(rows: dict[str, str]) -> str:
+    """The outcome of every box, one line each, the boxes' names aligned."""
+    width = max(len(box) for box in rows)
+    return "\n".join(f"    {box:{width}}  {outcome}" for box, outcome in rows.items())
+
+
+class RunSummary(BaseStateCallback):
+    """Once the operations ran (pyinfra's results printed, or every box failed): the table.
+    A --dry run runs none: its refusals are logged as the deploy is prepared instead."""
+
+    def __init__(self) -> None:
+        self.done = False
+
+    def host_disconnect(self, state: State, host: Host) -> None:
+        # Disconnect: after the results; Execute: pyinfra stopped the run ("No hosts
+        # remaining!") and disconnects from there (pyinfra_cli/cli.py: cli's finally).
+        if self.done or state.current_stage not in (StateStage.Execute, StateStage.Disconnect):
+            return
+        self.done = True
+        rows = outcomes(state)
+        if rows:
+            click.echo("--> Boxes:", err=True)
+            click.echo(table(rows), err=True)
+
+
+def register(state: State) -> None:
+    """Print the table after the run (call from deploy.py; once per run is kept)."""
+    if not any(isinstance(handler, RunSummary) for handler in state.callback_handlers):
+        state.add_callback_handler(RunSummary())
