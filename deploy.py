@@ -287,12 +287,11 @@ if cluster_lane:
         head_address = str(spark.head.fabric[0].address.ip)
         if me.role == "head":
             model_on_box(cluster_lane, f"Cluster lane {cluster_lane.name}")
-        weights.lacking(name=f"Cluster lane {cluster_lane.name}: its model here?", **copy)
-        if me.role == "head":
             weights.shared(
                 name=f"Cluster lane {cluster_lane.name}: the model served to the boxes lacking it",
                 address=head_address,
                 fetch=me.fetch_weights,
+                boxes=[box.name for box in spark.hosts],
                 **copy,
             )
         weights.copied(
@@ -305,8 +304,7 @@ if cluster_lane:
             **copy,
         )
         if me.role == "head":
-            weights.unshared(name="The model no longer served", fetch=me.fetch_weights)
-    preflight.image_read(name=f"Cluster lane image {cluster_lane.image}", image=cluster_lane.image)
+            weights.unshared(name="The model no longer served")
     preflight.image_agrees(
         name=f"Cluster lane image {cluster_lane.image}: the same on every box",
         image=cluster_lane.image,

@@ -41,10 +41,12 @@ class FakeHost:
     question the operation asks.
     """
 
-    def __init__(self, outputs: dict[Any, str], data: dict[str, Any] | None = None):
+    def __init__(
+        self, outputs: dict[Any, str], data: dict[str, Any] | None = None, name: str = "spark-test"
+    ):
         self.outputs = outputs
         self.noops: list[str] = []
-        self.name = "spark-test"
+        self.name = name
         self.data = data or {}
         # What pyinfra's files.put reads from its host while it runs.
         self.current_op_global_arguments: dict[str, Any] | None = None
@@ -82,6 +84,18 @@ class FakeHost:
 
 # The part of pyinfra's State that files.put and files.template read.
 FAKE_STATE = SimpleNamespace(cwd=None, inventory=None, config=SimpleNamespace(DIFF=False))
+
+
+def run_of(*hosts: FakeHost, failed: tuple[str, ...] = ()) -> SimpleNamespace:
+    """The part of pyinfra's State a cluster's operations read about the run: its hosts (the
+    inventory's active ones: connected, not failed), the names of those that failed, and what
+    files.put reads (FAKE_STATE). A box in neither is one the run leaves out (--limit)."""
+    return SimpleNamespace(
+        inventory=SimpleNamespace(get_active_hosts=lambda: list(hosts)),
+        failed_hosts=[SimpleNamespace(name=name) for name in failed],
+        cwd=FAKE_STATE.cwd,
+        config=FAKE_STATE.config,
+    )
 
 
 def file_facts(files: dict[str, str | None]) -> dict[Any, str | None]:

@@ -19,11 +19,10 @@ from types import SimpleNamespace
 
 import pytest
 from pyinfra.api.exceptions import OperationError
-from pyinfra.api.inventory import Inventory
 from pyinfra.context import ctx_state
 
 from operations import preflight
-from tests.unit.harness import FakeHost, captured, process, run_op
+from tests.unit.harness import FakeHost, captured, process, run_of, run_op
 
 A, B = "enp1s0f1np1", "enP2p1s0f1np1"
 PEERS = [(A, "spark-2", "192.168.100.11"), (B, "spark-2", "192.168.101.11")]
@@ -278,34 +277,52 @@ def test_image_layers_fact_hashes_the_layer_list_or_says_absent() -> None:
     assert process(preflight.ImageLayers, empty + "\n") is None
 
 
-def agree(layers: dict[str, str], me: str, failed: tuple[str, ...] = ()) -> list[str]:
-    """image_read on every box, then image_agrees on ``me`` (``failed``: boxes failed before)."""
-    failed_hosts = [SimpleNamespace(name=name) for name in failed]
-    run_state = SimpleNamespace(inventory=Inventory(({}, {})), failed_hosts=failed_hosts)
-    preflight._seen[run_state.inventory] = {}
-    with ctx_state.use(run_state):
-        for name, digest in layers.items():
-            host = FakeHost({preflight.ImageLayers: digest})
-            host.name = name
-            assert run_op(preflight.image_read, "img:1", host=host) == []
-        host = FakeHost({})
-        host.name = me
+def agree(
+    layers: dict[str, str], me: str, failed: tuple[str, ...] = (), left_out: tuple[str, ...] = ()
+) -> tuple[list[str], list[str]]:
+    """image_agrees on ``me``, every box holding its layers' digest (``failed``: boxes failed
+    before; ``left_out``: boxes the run leaves out, which answer nothing): its commands, noops."""
+    hosts = {
+        name: FakeHost({preflight.ImageLayers: digest}, name=name)
+        for name, digest in layers.items()
+    }
+    in_run = [host for name, host in hosts.items() if name not in failed + left_out]
+    for name in left_out:
+        hosts[name].outputs = {}  # asked anything, it fails the test
+    with ctx_state.use(run_of(*in_run, failed=failed)):
         try:
-            commands = run_op(preflight.image_agrees, "img:1", list(layers), host=host)
+            commands = run_op(preflight.image_agrees, "img:1", list(layers), host=hosts[me])
         except OperationError as error:  # raised outside: ctx_state.use restores only then
             refusal = error
         else:
-            return commands
+            return commands, hosts[me].noops
     raise refusal
 
 
 def test_the_same_image_on_every_box_yields_nothing() -> None:
-    assert agree({"spark-1": "ab", "spark-2": "ab"}, "spark-1") == []
+    assert agree({"spark-1": "ab", "spark-2": "ab"}, "spark-1") == (
+        [],
+        ["img:1 is the same as on the other boxes"],
+    )
 
 
 def test_an_image_that_differs_is_refused_naming_the_boxes() -> None:
-    with pytest.raises(OperationError, match=r"spark-1: img:1 differs from spark-2's"):
-        agree({"spark-1": "ab", "spark-2": "cd"}, "spark-1")
+    with pytest.raises(OperationError, match=r"spark-1: img:1 differs from spark-3's"):
+        agree({"spark-1": "ab", "spark-2": "ab", "spark-3": "cd"}, "spark-1")
+
+
+def test_an_image_missing_here_is_refused_and_one_missing_elsewhere_left_to_that_box() -> None:
+    with pytest.raises(OperationError, match=r"^spark-2: img:1 is not on this box; pull it first"):
+        agree({"spark-1": "ab", "spark-2": ""}, "spark-2")
+    assert agree({"spark-1": "ab", "spark-2": ""}, "spark-1")[0] == []
+
+
+def test_a_box_left_out_of_the_run_is_not_asked_and_said() -> None:
+    # `--limit spark-2`: spark-1 is neither connected nor read (its FakeHost answers nothing).
+    assert agree({"spark-1": "cd", "spark-2": "ab"}, "spark-2", left_out=("spark-1",)) == (
+        [],
+        ["img:1 is the same as on the other boxes in this run (spark-1 left out)"],
+    )
 
 
 def test_a_box_failed_in_this_run_stops_the_others_before_the_cluster_lane() -> None:
