@@ -51,9 +51,10 @@ from operations import (
 )
 from spark.lanes import Lane, MpRank
 from spark.ports import listen_ports
-from stages import settings
+from stages import runmode, settings
 
 spark = settings.load(inventory)  # validated once for the whole inventory, then cached
+runmode.check(state)  # --serial, --no-wait, a small --parallel: refused for several boxes
 me = spark.host(host.name)
 # A cluster lane (on the head) runs a rank on every box: on vLLM's own multi-node mode
 # (executor mp) each box has a unit for it; on Ray the box's Ray node holds it.
