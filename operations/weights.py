@@ -130,10 +130,13 @@ def copied(
             " error above)"
         )
     if head not in boxes_in_run([head]):
-        raise OperationError(
+        # A failed command, not a raise: in the plan (no -y, --dry) a raise stops every box.
+        message = (
             f"{host.name}: {model} is copied from {head}, which this run leaves out (--limit):"
             f" run the deploy with {head} too"
         )
+        yield f"echo {shlex.quote(message)} >&2; exit 1"
+        return
     yield from util.template("spark-weights-copy.j2", COPY_COMMAND, "755")
     repo = shlex.quote(hf_cache_dir(models_dir, model))
     yield f"{COPY_COMMAND} {address}:{SHARE_PORT} {repo}"
