@@ -33,7 +33,7 @@ if Path.cwd().resolve() != COLLECTION:
     )
 
 import endpoints
-from stages import run_summary, settings
+from stages import run_summary, runmode, settings
 from stages.cluster import cluster
 from stages.fabric import fabric
 from stages.host_layer import host_layer
@@ -41,6 +41,7 @@ from stages.lanes_front import lanes_and_front
 
 run_summary.register(state)  # after the run, one line per box: converged, or where it stopped
 box = settings.plan(inventory).box(host.name)  # every box's plan, computed once per run
+runmode.check(state)  # --serial, --no-wait, a small --parallel: refused for several boxes
 
 host_layer(box)
 fabric(box)

@@ -38,12 +38,14 @@ from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
+import gevent
 import pyinfra
 from pyinfra import logger
 from pyinfra.api import FactBase, State, StringCommand
 from pyinfra.api.host import Host
 from pyinfra.api.state import BaseStateCallback, StateStage
 from pyinfra.connectors.util import CommandOutput, OutputLine
+from pyinfra.context import ctx_host
 from pyinfra.facts.files import File, Sha1File
 
 Key = tuple[str, str]  # the command's text, its connector arguments
@@ -132,6 +134,7 @@ class HostAnswers:
         self.guessed = False
         self.walk_reads = 0  # fact reads of the operation being walked
         self.walks_cut = 0  # operations whose walk ended at MAX_WALK_READS
+        self.passing: set[gevent.Greenlet] = set()  # reading for another host's operation
         self.round_trips = 0  # batches sent
         self.generator_runs = 0  # operations run on walks
         self._get_fact = host.get_fact
@@ -147,6 +150,15 @@ class HostAnswers:
     # --- what pyinfra calls ---------------------------------------------------------------
 
     def get_fact(self, cls: Any, *args: Any, **kwargs: Any) -> Any:
+        if ctx_host.get() not in (None, self.host):
+            # Another host's operation reads this one (a cluster's operation reads every box):
+            # read as pyinfra reads, neither answered nor counted here, whatever this host's
+            # own greenlet is doing meanwhile (walking, reading, running a command).
+            self.passing.add(gevent.getcurrent())
+            try:
+                return self._get_fact(cls, *args, **kwargs)
+            finally:
+                self.passing.discard(gevent.getcurrent())
         misses_before = len(self.misses)
         self.reading += 1
         try:
@@ -159,7 +171,7 @@ class HostAnswers:
         return value
 
     def run_shell_command(self, command: Any, *args: Any, **kwargs: Any) -> tuple[bool, Any]:
-        if self.connector_calls:
+        if self.connector_calls or gevent.getcurrent() in self.passing:
             return self._run_shell_command(command, *args, **kwargs)
         if not self.reading:
             self.forget()  # an operation's command: what was read may have changed

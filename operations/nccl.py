@@ -4,15 +4,13 @@ from __future__ import annotations
 
 import json
 import shlex
-import weakref
 from pathlib import Path
 
-from pyinfra import host, state
+from pyinfra import host
 from pyinfra.api import FactBase, operation
-from pyinfra.api.inventory import Inventory
 from pyinfra.operations import files
 
-from operations import util
+from operations import preflight, util
 
 CHECK_SOURCE = Path(__file__).parents[1] / "files" / "nccl_check.py"
 CHECK_PATH = "/usr/local/lib/spark/nccl_check.py"
@@ -60,18 +58,13 @@ class NcclTestState(FactBase):
         return {"key": fields.get("key") or None, "kept": kept} | util.container_rights(fields)
 
 
-# Per run, what each box said in ``prepared``: why its test is due (None: passed as it is).
-_due: weakref.WeakKeyDictionary[Inventory, dict[str, str | None]] = weakref.WeakKeyDictionary()
-
-
-def why_due(kept: dict | None, key: str | None, changed: bool) -> str | None:
-    """Why this box's rank must run again; None when its last run passed on what is there now."""
-    if changed:
-        return "the test changed"
+def why_due(kept: dict | None, key: str | None) -> str | None:
+    """Why a box's rank must run again; None when its last run passed on what is there now (the
+    key covers the test's script and check too: a test that changed is due)."""
     if kept is None:
         return "it never ran"
     if kept.get("key") != key:
-        return "what it depends on changed (cluster environment, image)"
+        return "what it depends on changed (the test, cluster environment, image)"
     if not kept.get("passed"):
         return f"it failed last time ({'; '.join(kept.get('problems') or ['no verdict'])})"
     return None
@@ -98,8 +91,8 @@ def prepared(
     max_bytes: int,
 ):
     """
-    Put the NCCL test on this box (``spark-nccl-test`` and the check it runs) and say whether
-    its rank must run, for ``passed``, which runs it on every box when one of them must.
+    Put the NCCL test on this box (``spark-nccl-test`` and the check it runs), and say whether
+    its rank must run when nothing changes: ``passed`` reads every box after this ran on each.
 
     + rank: this box's rank (0: the head, whose address is MASTER_ADDR)
     + world: the number of boxes
@@ -137,10 +130,9 @@ def prepared(
         hcas=shlex.quote(",".join(hcas)),
         min_busbw=f"{min_busbw_gbs:g}",
     )
-    reason = why_due(found["kept"], found["key"], changed=bool(commands))
-    _due.setdefault(state.inventory, {})[host.name] = reason
     yield from commands
     if not commands:
+        reason = why_due(found["kept"], found["key"])
         host.noop(f"{COMMAND} is as written; {reason or 'its last run passed'}")
 
 
@@ -149,9 +141,10 @@ def passed(boxes: list[str]):
     """
     Run the NCCL test on every box of the cluster at once (``spark-nccl-test``, after
     ``prepared`` ran on each) when one of them must: it never ran, it failed, or what it depends
-    on changed; else nothing. Fails this box when its rank fails: NCCL fell back to sockets, does
-    not use a twin, or the bus bandwidth is under the mark (files/nccl_check.py's verdict, on
-    stderr, names what NCCL reported).
+    on (the test itself included) changed; else nothing. Each box reads every box's verdict.
+    Fails this box when its rank fails: NCCL fell back to sockets, does not use a twin, or the
+    bus bandwidth is under the mark (files/nccl_check.py's verdict, on stderr, names what NCCL
+    reported).
 
     + boxes: every box of the cluster, as the inventory names them
 
@@ -163,14 +156,16 @@ def passed(boxes: list[str]):
             " it runs once every box is back"
         )
         return
-    said = _due.get(state.inventory, {})
-    if absent := [box for box in boxes if box not in said]:
+    in_run = preflight.boxes_in_run(boxes)
+    if absent := [box for box in boxes if box not in in_run]:
         host.noop(f"the NCCL test needs every box in the run; {', '.join(absent)} not in it")
         return
-    due = {box: said[box] for box in boxes if said[box]}
-    if not due:
-        kept = host.get_fact(NcclTestState)["kept"] or {}
-        host.noop(f"the NCCL test passed: {summary(kept)}")
+    # Each box reads every box's kept verdict itself: the same answer on each, so all run a
+    # rank or none. A verdict changes only when its box's rank ends, which needs every rank.
+    found = {box: in_run[box].get_fact(NcclTestState) for box in boxes}
+    due = {box: why_due(found[box]["kept"], found[box]["key"]) for box in boxes}
+    if not any(due.values()):
+        host.noop(f"the NCCL test passed: {summary(found[host.name]['kept'] or {})}")
         return
-    host.log(", ".join(f"{box}: {reason}" for box, reason in due.items()))
+    host.log(", ".join(f"{box}: {reason}" for box, reason in due.items() if reason))
     yield COMMAND

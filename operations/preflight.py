@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 import shlex
-import weakref
 from collections import defaultdict
 
 from pyinfra import host, logger, state
 from pyinfra.api import FactBase, operation
-from pyinfra.api.inventory import Inventory
+from pyinfra.api.host import Host
 
 from operations import util
 from spark.box_paths import HF_CACHE_IN_CONTAINER
@@ -475,31 +474,23 @@ class ImageLayers(FactBase):
         return None if digest in ("", empty) else digest
 
 
-# What each box said, per run: the boxes compare themselves in a later operation, which pyinfra
-# runs once every box has run the one before.
-_seen: weakref.WeakKeyDictionary[Inventory, dict[str, str | None]] = weakref.WeakKeyDictionary()
-
-
-@operation()
-def image_read(image: str):
-    """
-    Read this box's image content for ``image_agrees`` (changes nothing).
-
-    + image: the serving image of the cluster lane
-    """
-    _seen.setdefault(state.inventory, {})[host.name] = host.get_fact(ImageLayers, image=image)
-    host.noop(f"{image} read")
-    return
-    yield  # an operation is a generator
+def boxes_in_run(boxes: list[str]) -> dict[str, Host]:
+    """The hosts of ``boxes`` this run has (connected, not failed), by name, this one's
+    included: an operation on one box reads another's facts through its host, which runs the
+    fact's command there when asked (pyinfra 3.10 api/facts.py, whatever the run mode). A box
+    left out (``--limit``) is never connected, and pyinfra would connect to it to read it: it
+    is left out here, never contacted."""
+    return {box.name: box for box in state.inventory.get_active_hosts() if box.name in boxes}
 
 
 @operation()
 def image_agrees(image: str, boxes: list[str]):
     """
-    Refuse this box when its ``image`` differs from another box's (after ``image_read`` ran on
-    every box): the ranks of a cluster lane must run one vLLM, one NCCL, one Ray. Refuse it too
-    when another box of the cluster has failed in this run (a missing model, say): the cluster
-    lane, which starts next on the head, needs every box.
+    Refuse this box when its ``image`` differs from another box's: the ranks of a cluster lane
+    must run one vLLM, one NCCL, one Ray. Refuse it too when another box of the cluster has
+    failed in this run (a missing model, say): the cluster lane, which starts next on the head,
+    needs every box. Each box reads the others' images itself (changes nothing); a box left
+    out of the run (``--limit``) is not compared.
 
     + image: the serving image of the cluster lane
     + boxes: every box of the cluster
@@ -510,12 +501,18 @@ def image_agrees(image: str, boxes: list[str]):
             " nothing of the cluster lane starts until it passes"
         )
         return
-    seen = _seen.get(state.inventory, {})
-    mine = seen.get(host.name)
+    mine = host.get_fact(ImageLayers, image=image)
     if mine is None:
         yield from util.refused(f"{host.name}: {image} is not on this box; pull it first")
         return
-    others = [box for box in boxes if box != host.name and seen.get(box) not in (None, mine)]
+    in_run = boxes_in_run(boxes)
+    # A box of the run without the image stops at its own check (above, there).
+    seen = {
+        box: other.get_fact(ImageLayers, image=image)
+        for box, other in in_run.items()
+        if box != host.name
+    }
+    others = [box for box in boxes if seen.get(box) not in (None, mine)]
     if others:
         yield from util.refused(
             f"{host.name}: {image} differs from {', '.join(others)}'s (other layers): the same"
@@ -523,6 +520,10 @@ def image_agrees(image: str, boxes: list[str]):
             " by digest, tag@sha256:...)"
         )
         return
-    host.noop(f"{image} is the same as on the other boxes")
+    left_out = [box for box in boxes if box not in in_run]
+    host.noop(
+        f"{image} is the same as on the other boxes"
+        + (f" in this run ({', '.join(left_out)} left out)" if left_out else "")
+    )
     return
     yield  # an operation is a generator

@@ -9,13 +9,12 @@ it is a copy (issue 13: 175 Gb/s and more between two Sparks).
 from __future__ import annotations
 
 import shlex
-import weakref
 
-from pyinfra import host, state
-from pyinfra.api import Inventory, operation
+from pyinfra import host
+from pyinfra.api import FactBase, operation
 
 from operations import util
-from operations.preflight import ModelWeights, fetch_command, hf_cache_dir
+from operations.preflight import ModelWeights, boxes_in_run, fetch_command, hf_cache_dir
 
 SHARE_UNIT = "spark-weights-share"
 SHARE_DIR = "/run/spark/weights-share"  # the manifest, and `repo`: a link to the model's cache
@@ -25,10 +24,6 @@ COPY_COMMAND = "/usr/local/sbin/spark-weights-copy"
 SHARE_PORT = 60990
 # How long the head serves at most: a copy of ~120 GB takes minutes over the fabric.
 SHARE_SECONDS = 6 * 3600
-
-# Which boxes lack the model, per run: the head reads it in a later operation, which pyinfra
-# runs once every box has run the one before.
-_lacking: weakref.WeakKeyDictionary[Inventory, set[str]] = weakref.WeakKeyDictionary()
 
 
 def manifest_command(repo: str, path: str) -> str:
@@ -43,36 +38,40 @@ def manifest_command(repo: str, path: str) -> str:
     )
 
 
-@operation()
-def lacking(model: str, models_dir: str):
-    """
-    Note whether this box lacks ``model`` (changes nothing), for ``shared`` on the head.
+class Shared(FactBase):
+    """Whether this box serves a model to the others (``shared`` left its directory in /run).
 
-    + model: the cluster lane's Hugging Face id
-    + models_dir: the Hugging Face cache on the box the lanes mount
+    .. code:: python
+
+        True
     """
-    if not host.get_fact(ModelWeights, model=model, models_dir=models_dir):
-        _lacking.setdefault(state.inventory, set()).add(host.name)
-        host.noop(f"{model} is not on this box: copied from the head")
-    else:
-        host.noop(f"{model} is on this box")
-    return
-    yield  # an operation is a generator
+
+    def command(self) -> str:
+        return f"[ -d {SHARE_DIR} ] && echo serving; true"
+
+    def process(self, output: list[str]) -> bool:
+        return "serving" in output
 
 
 @operation()
-def shared(model: str, models_dir: str, address: str, fetch: bool):
+def shared(model: str, models_dir: str, address: str, fetch: bool, boxes: list[str]):
     """
-    Serve the head's copy of ``model`` on its fabric ``address`` while a box lacks it (after
-    ``lacking`` ran on every box); nothing when none does, or without ``fetch`` (those boxes
+    Serve the head's copy of ``model`` on its fabric ``address`` while a box of the run lacks
+    it (read on each box from here); nothing when none does, or without ``fetch`` (those boxes
     stop with the command that fetches it).
 
     + model: the cluster lane's Hugging Face id, on this box by now (``preflight.model_present``)
     + models_dir: the Hugging Face cache on the box the lanes mount
     + address: this box's first fabric address (the others copy from it)
     + fetch: fetch_weights: copy to the boxes that lack the model
+    + boxes: every box of the cluster (those left out of the run are not asked)
     """
-    if not fetch or not _lacking.get(state.inventory, set()) - {host.name}:
+    lacking = [
+        box
+        for box, other in boxes_in_run(boxes).items()
+        if box != host.name and not other.get_fact(ModelWeights, model=model, models_dir=models_dir)
+    ]
+    if not fetch or not lacking:
         host.noop(f"{model}: nothing to copy to another box")
         return
     repo = hf_cache_dir(models_dir, model)
@@ -114,7 +113,7 @@ def copied(
     + address: the head's first fabric address
     + fetch: copy a missing model here (False: stop the box with the command)
     """
-    if host.name == head or host.name not in _lacking.get(state.inventory, set()):
+    if host.name == head or host.get_fact(ModelWeights, model=model, models_dir=models_dir):
         host.noop(f"{model} is on this box")
         return
     if not fetch:
@@ -130,19 +129,24 @@ def copied(
             f"{host.name}: {model} is copied from the head: the copy {util.waits_for(stopped)}"
         )
         return
+    if head not in boxes_in_run([head]):
+        yield from util.refused(
+            f"{host.name}: {model} is copied from {head}, which this run leaves out (--limit):"
+            f" run the deploy with {head} too"
+        )
+        return
     yield from util.template("spark-weights-copy.j2", COPY_COMMAND, "755")
     repo = shlex.quote(hf_cache_dir(models_dir, model))
     yield f"{COPY_COMMAND} {address}:{SHARE_PORT} {repo}"
 
 
 @operation()
-def unshared(fetch: bool):
+def unshared():
     """
-    Stop serving the model over the fabric, if ``shared`` served it in this run.
-
-    + fetch: fetch_weights, as ``shared`` was given it
+    Stop serving the model over the fabric where ``shared`` left it served (in this run, or in
+    one cut off before this step).
     """
-    if not fetch or not _lacking.get(state.inventory, set()) - {host.name}:
+    if not host.get_fact(Shared):
         host.noop("nothing was served")
         return
     yield f"systemctl stop {SHARE_UNIT} 2>/dev/null; rm -rf {SHARE_DIR}; true"

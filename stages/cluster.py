@@ -88,12 +88,12 @@ def cluster(box: BoxPlan) -> None:
     if lane.copied is not None:  # from the internet once, onto the head; over the fabric after
         copy = lane.copied
         where = {"model": copy.model, "models_dir": MODELS_DIR}
-        weights.lacking(name=f"{what}: its model here?", **where)
         if copy.serves:
             weights.shared(
                 name=f"{what}: the model served to the boxes lacking it",
                 address=copy.address,
                 fetch=copy.fetch,
+                boxes=list(plan.members),
                 **where,
             )
         weights.copied(
@@ -106,8 +106,7 @@ def cluster(box: BoxPlan) -> None:
             **where,
         )
         if copy.serves:
-            weights.unshared(name="The model no longer served", fetch=copy.fetch)
-    preflight.image_read(name=f"Cluster lane image {lane.image}", image=lane.image)
+            weights.unshared(name="The model no longer served")
     preflight.image_agrees(
         name=f"Cluster lane image {lane.image}: the same on every box",
         image=lane.image,

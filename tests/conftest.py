@@ -172,11 +172,16 @@ def run_on(host: simlab.Host, command: str, check: bool = True) -> str:
     return simlab.ssh(host, command, check=check)
 
 
-def pyinfra(*args: str, check: bool = True, timeout: float = 900) -> subprocess.CompletedProcess:
-    """The real pyinfra CLI, as a user runs it from the repository root."""
+def pyinfra(
+    *args: str, check: bool = True, timeout: float = 900, typed: bool = False
+) -> subprocess.CompletedProcess:
+    """The real pyinfra CLI, as a user runs it from the repository root: with -y, or ``typed``
+    as the README shows it, without: pyinfra then shows the changes it detected and waits for
+    Enter (given on stdin) before it changes anything."""
+    feed = {"input": "\n"} if typed else {"stdin": subprocess.DEVNULL}
     result = subprocess.run(
-        [PYINFRA, "-y", *args], cwd=REPO, capture_output=True, text=True,
-        stdin=subprocess.DEVNULL, timeout=timeout, env=dict(os.environ, SIMLAB_STATE=str(STATE)),
+        [PYINFRA, *["-y"] * (not typed), *args], cwd=REPO, capture_output=True, text=True,
+        timeout=timeout, env=dict(os.environ, SIMLAB_STATE=str(STATE)), **feed,
     )  # fmt: skip
     if check and result.returncode != 0:
         raise AssertionError(f"pyinfra {' '.join(args)} failed:\n{result.stdout}\n{result.stderr}")

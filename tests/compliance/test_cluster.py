@@ -72,7 +72,7 @@ def test_nccl_test(box: Box, found: Callable[[object], None]) -> None:
     now = state.process(box.run(state.command()).stdout.splitlines())
     kept = now["kept"]
     # Why the deploy would run it again, as the deploy itself decides (None: passed as it is).
-    due = nccl.why_due(kept, now["key"], changed=False)
+    due = nccl.why_due(kept, now["key"])
     if kept and not kept["passed"]:
         found("; ".join(kept["problems"]))  # NCCL's words, as the deploy printed them
     else:

@@ -30,6 +30,7 @@ from tests.e2e import test_fabric_down as fabric_down
 from tests.e2e.cluster_lane import CLUSTER_LANE
 from tests.e2e.runs import output_of
 from tests.e2e.test_compliance import compliance
+from tests.e2e.test_host_layer import detected
 from tests.simlab import lab as simlab
 from tests.simlab.paths import STATE
 
@@ -143,8 +144,12 @@ def cluster(lab: simlab.Lab) -> simlab.Lab:
     assert ("HF_TOKEN_PATH=/run/secrets/hf-token" in output) == (STATE / "hf-token").exists()
     assert lane_state(lab.hosts[0]) in ("inactive", "unknown")  # not started anywhere
     # The user's other way: let the deploy fetch what is missing: from the head, over the fabric
-    # (test_a_missing_model_...); -vvv shows the copy's own output.
-    copied = pyinfra(INVENTORY, "deploy.py", "--data", "fetch_weights=True", "-vvv")
+    # (test_a_missing_model_...); -vvv shows the copy's own output. Typed without -y: the plan
+    # pyinfra shows first has the head serve and spark-2 copy, each box read by the other.
+    copied = pyinfra(INVENTORY, "deploy.py", "--data", "fetch_weights=True", "-vvv", typed=True)
+    plan = detected(copied)
+    assert any("served to the boxes lacking it" in row and "1 (spark-1)" in row for row in plan)
+    assert any("copied from the head" in row and "1 (spark-2)" in row for row in plan), plan
     print(f"cluster deploy (second, copying the model): {time.monotonic() - started:.0f} s")
     copy = r"\[spark-2\]\s+copied (\d+) bytes of 2 blobs .*?\(([\d.]+) Gb/s\)"
     rate = re.search(copy, output_of(copied))
@@ -513,7 +518,8 @@ def test_the_lane_on_an_image_without_ray_runs_on_vllms_own_multinode_mode(
     for host in cluster.hosts:
         simlab.load_serving_image(host, "nvcr.io/nvidia/vllm:26.10-py3")  # as if pulled
     started = run_on(head, "date '+%Y-%m-%d %H:%M:%S'").strip()
-    deploy = pyinfra(MP_INVENTORY, "deploy.py")
+    # No -y: the plan, then Enter (this test, both typed runs and compliance: 66 s on the lab).
+    deploy = pyinfra(MP_INVENTORY, "deploy.py", typed=True)
     print(f"cluster lane moved to executor mp on 26.10: {changes(deploy)} changes")
     # No Ray on either box; a unit of the lane on each: the head serving, the worker's rank
     # headless, joined to the head's rendezvous (port 29501) over the fabric.
@@ -536,7 +542,8 @@ def test_the_lane_on_an_image_without_ray_runs_on_vllms_own_multinode_mode(
     assert code == 0, output
     assert table["cluster lane active, all nodes in"] == {head.name: "PASS", worker.name: "PASS"}
     assert table["Ray unit enabled and running"][worker.name].startswith("SKIP"), output
-    assert changes(pyinfra(MP_INVENTORY, "deploy.py")) == 0
+    again = pyinfra(MP_INVENTORY, "deploy.py", typed=True)
+    assert detected(again) == [] and changes(again) == 0, output_of(again)
 
 
 def test_an_mp_rank_lost_or_a_head_restarted_brings_the_lane_back_on_every_box(

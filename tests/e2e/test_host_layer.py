@@ -50,8 +50,19 @@ def test_dry_run_changes_nothing(bare: simlab.Lab) -> None:
     assert [host_snapshot(host) for host in bare.hosts] == before
 
 
+def detected(result: subprocess.CompletedProcess) -> list[str]:
+    """The rows of pyinfra's "Detected changes" table (a run without -y) that name boxes."""
+    text = re.sub(r"\x1b\[[0-9;]*m", "", result.stdout + result.stderr)
+    table = text.split("--> Detected changes:", 1)[1].split("Detected changes may not", 1)[0]
+    return [line.strip() for line in table.splitlines() if re.search(r"\d+ \(spark-", line)]
+
+
 def test_first_deploy_converges(bare: simlab.Lab) -> None:
-    result = pyinfra(INVENTORY, "deploy.py")
+    # The command as README's "Running it on your Sparks" types it: no -y, Enter after the plan
+    # (46 s from bare on a 2-core machine shared with other labs; the second, below, 16 s).
+    result = pyinfra(INVENTORY, "deploy.py", typed=True)
+    assert "Press enter to execute" in result.stderr
+    assert detected(result), result.stderr  # the plan showed what it would change
     assert changes(result) > 0
 
 
@@ -138,6 +149,19 @@ def test_host_hygiene(bare: simlab.Lab) -> None:
 
 def test_second_deploy_changes_nothing(bare: simlab.Lab) -> None:
     before = [host_snapshot(host) for host in bare.hosts]
-    result = pyinfra(INVENTORY, "deploy.py")
-    assert changes(result) == 0, result.stdout
+    result = pyinfra(INVENTORY, "deploy.py", typed=True)
+    assert detected(result) == [], result.stderr  # nothing planned,
+    assert changes(result) == 0, result.stdout  # nothing done
     assert [host_snapshot(host) for host in bare.hosts] == before
+
+
+@pytest.mark.parametrize("mode", ["--serial", "--no-wait"])
+def test_serial_and_no_wait_are_refused_on_the_pair_before_any_operation(
+    bare: simlab.Lab, mode: str
+) -> None:
+    result = pyinfra(INVENTORY, "deploy.py", mode, check=False)
+    output = re.sub(r"\x1b\[[0-9;]*m", "", result.stdout + result.stderr)
+    assert result.returncode == 1, output
+    assert re.search(rf"--> pyinfra error.*: {mode} runs (every|each)", output), output
+    assert "operations need all 2 boxes of this run at each step" in output
+    assert "Beginning operation run" not in output and "Starting operation" not in output

@@ -44,10 +44,12 @@ class FakeHost:
     question the operation asks.
     """
 
-    def __init__(self, outputs: dict[Any, str], data: dict[str, Any] | None = None):
+    def __init__(
+        self, outputs: dict[Any, str], data: dict[str, Any] | None = None, name: str = "spark-test"
+    ):
         self.outputs = outputs
         self.noops: list[str] = []
-        self.name = "spark-test"
+        self.name = name
         self.data = data or {}
         # What pyinfra's files.put reads from its host while it runs.
         self.current_op_global_arguments: dict[str, Any] | None = None
@@ -134,6 +136,16 @@ def run_state(
         }
         | attributes
     )
+
+
+def run_of(
+    *hosts: FakeHost, stopped: dict[str, tuple[str, str] | None] | None = None
+) -> SimpleNamespace:
+    """The part of pyinfra's State a cluster's operations read about the run: its hosts (the
+    inventory's active ones: connected, not failed), the boxes failed in it and where they
+    stopped (``stopped``, as run_state takes it). A box in neither is one the run leaves out
+    (--limit)."""
+    return run_state(stopped, inventory=SimpleNamespace(get_active_hosts=lambda: list(hosts)))
 
 
 def file_facts(files: dict[str, str | None]) -> dict[Any, str | None]:

@@ -19,6 +19,7 @@ from pyinfra.api.exceptions import PyinfraError
 from pyinfra.api.operation import add_op
 from pyinfra.api.operations import run_ops
 from pyinfra.api.state import StateStage
+from pyinfra.context import ctx_host
 from pyinfra.operations import files as pyinfra_files
 
 from operations import factcache
@@ -281,6 +282,26 @@ def test_a_walk_gives_up_on_an_operation_that_polls_a_fact(tmp_path: Path) -> No
     # answer lets the next round through.
     assert run.host.fact_answers.walks_cut == 1
     assert not op.did_change()
+
+
+def test_another_hosts_operation_reads_this_host_as_pyinfra_does_even_mid_walk(
+    files: Path,
+) -> None:
+    # A cluster's operation on one box reads the other boxes (operations/preflight.py
+    # boxes_in_run): the other box's own greenlet may be walking meanwhile, which answers its
+    # own reads from assumptions; the other operation's read must be the host's real answer.
+    run = Run(check_for_changes=False)
+    run.state.set_stage(StateStage.Execute)
+    answers = run.host.fact_answers
+    answers.walking = True  # this host's greenlet paused mid-walk (it awaits another host)
+    other = Inventory((["@local"], {})).get_host("@local")  # another host's operation
+    with ctx_host.use(other):
+        assert run.host.get_fact(FileText, path=str(files / "a")) == "one"
+    assert run.sent == [f"cat {files / 'a'} 2>/dev/null || true"]
+    assert answers.answers == {} and answers.misses == {} and answers.reading == 0
+    with ctx_host.use(run.host):  # this host's own walk: assumed, nothing sent
+        assert run.host.get_fact(FileText, path=str(files / "a")) is None  # no output
+    assert len(run.sent) == 1
 
 
 def test_a_failing_fact_command_is_left_to_pyinfra(files: Path) -> None:

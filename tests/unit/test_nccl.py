@@ -13,10 +13,8 @@ from __future__ import annotations
 
 import os
 import subprocess
-from types import SimpleNamespace
 
 import pytest
-from pyinfra.api.inventory import Inventory
 from pyinfra.context import ctx_state
 from pyinfra.facts.files import File
 
@@ -28,8 +26,8 @@ from tests.unit.harness import (
     file_facts,
     process,
     refusal,
+    run_of,
     run_op,
-    run_state,
 )
 
 IMAGE = "nvcr.io/nvidia/vllm:26.04-py3"
@@ -58,19 +56,10 @@ def box(fact: str, files: dict[str, str | None] | None = None, name: str = "spar
     return host
 
 
-def in_run(stopped: dict[str, tuple[str, str] | None] | None = None) -> SimpleNamespace:
-    """A run's state, as ``prepared`` and ``passed`` share it between the boxes (``stopped``:
-    boxes failed in it, as harness.run_state takes them)."""
-    run = run_state(stopped, inventory=Inventory(({}, {})))
-    nccl._due[run.inventory] = {}
-    return run
-
-
 def deployed() -> dict[str, str]:
     """The check and the script as a first deploy leaves them on spark-2."""
     host = box(captured("nccl-test-state-bare.sample.txt"))
-    with ctx_state.use(in_run()):
-        run_op(nccl.prepared, **ARGS, host=host)
+    run_op(nccl.prepared, **ARGS, host=host)
     return {path: host.uploads[path] for path in FILES}
 
 
@@ -97,15 +86,13 @@ def test_a_verdict_that_is_not_json_is_a_failed_one() -> None:
     assert found["kept"] == {"passed": False, "problems": [f"{nccl.VERDICT} is not JSON"]}
 
 
-def test_a_bare_box_gets_the_check_and_the_script_and_is_due() -> None:
+def test_a_bare_box_gets_the_check_and_the_script() -> None:
     host = box(captured("nccl-test-state-bare.sample.txt"))
-    run = in_run()
-    with ctx_state.use(run):
-        commands = run_op(nccl.prepared, **ARGS, host=host)
+    commands = run_op(nccl.prepared, **ARGS, host=host)
     assert set(host.uploads) == set(FILES)
     assert host.uploads[nccl.CHECK_PATH] == nccl.CHECK_SOURCE.read_text()
     assert any("chmod 755 /usr/local/sbin/spark-nccl-test" in c for c in commands), commands
-    assert nccl._due[run.inventory] == {"spark-2": "the test changed"}
+    assert host.noops == []
 
 
 def test_the_script_runs_one_rank_with_the_fabric_the_gpu_and_the_rdma_devices() -> None:
@@ -125,8 +112,7 @@ def test_the_script_runs_one_rank_with_the_fabric_the_gpu_and_the_rdma_devices()
 
 def test_a_box_without_rdma_devices_or_the_memlock_right_gets_neither() -> None:
     host = box("capeff 00000000a80425fb")  # the lab's: no CAP_SYS_RESOURCE
-    with ctx_state.use(in_run()):
-        run_op(nccl.prepared, **ARGS, host=host)
+    run_op(nccl.prepared, **ARGS, host=host)
     script = host.uploads[nccl.COMMAND]
     assert "--device /dev/infiniband" not in script and "memlock" not in script
 
@@ -137,7 +123,7 @@ def test_a_box_without_rdma_devices_or_the_memlock_right_gets_neither() -> None:
         (captured("nccl-test-state-bare.sample.txt"), "it never ran"),
         (
             PASSED.replace(f"key {KEY}", "key 99"),
-            "what it depends on changed (cluster environment, image)",
+            "what it depends on changed (the test, cluster environment, image)",
         ),
         (
             PASSED.replace('"passed": true, "problems": []', '"passed": false, "problems": ["x"]'),
@@ -149,10 +135,7 @@ def test_a_box_without_rdma_devices_or_the_memlock_right_gets_neither() -> None:
 )
 def test_when_a_box_in_place_is_due(fact: str, reason: str | None) -> None:
     host = box(fact, deployed())
-    run = in_run()
-    with ctx_state.use(run):
-        assert run_op(nccl.prepared, **ARGS, host=host) == []
-    assert nccl._due[run.inventory] == {"spark-2": reason}
+    assert run_op(nccl.prepared, **ARGS, host=host) == []
     assert host.noops[-1] == f"{nccl.COMMAND} is as written; {reason or 'its last run passed'}"
 
 
@@ -162,15 +145,14 @@ def both(
     stopped: dict[str, tuple[str, str] | None] | None = None,
     noops: list | None = None,
 ) -> list[str]:
-    """``prepared`` on both boxes (each with its fact; None: left out of the run), then
-    ``passed`` on the head (its noops into ``noops``)."""
-    run = in_run(stopped)
+    """``passed`` on the head, each box with its fact (after ``prepared``; None: the worker is
+    left out of the run, and answers nothing), its noops into ``noops``."""
     files = deployed()
-    with ctx_state.use(run):
-        for name, fact in (("spark-1", head), ("spark-2", worker)):
-            if fact is not None:
-                run_op(nccl.prepared, **ARGS, host=box(fact, files, name))
-        on_head = box(head, files, "spark-1")
+    on_head, on_worker = box(head, files, "spark-1"), box(worker or "", files, "spark-2")
+    if worker is None:
+        on_worker.outputs = {}  # asked anything, it fails the test
+    in_run = [on_head] + [on_worker] * (worker is not None and "spark-2" not in (stopped or {}))
+    with ctx_state.use(run_of(*in_run, stopped=stopped)):
         commands = run_op(nccl.passed, ["spark-1", "spark-2"], host=on_head)
         (noops if noops is not None else []).extend(on_head.noops)
         return commands
@@ -196,6 +178,8 @@ def test_one_box_due_runs_the_test_on_every_box() -> None:
     never = captured("nccl-test-state-bare.sample.txt")
     assert both(PASSED, never) == [nccl.COMMAND]
     assert both(never, PASSED) == [nccl.COMMAND]
+    # The worker's test just rewritten by ``prepared``: its script's digest is not the kept one.
+    assert both(PASSED, PASSED.replace(f"key {KEY}", "key 99")) == [nccl.COMMAND]
 
 
 def test_a_box_failed_in_this_run_stops_the_test_naming_it_and_where_it_stopped() -> None:
@@ -261,7 +245,7 @@ def test_the_script_runs_the_rank_judges_its_log_and_keeps_the_verdict(tmp_path)
     verdict = (out / "verdict.json").read_text().replace("\n", "")
     kept = process(nccl.NcclTestState, f"key {key.stdout.strip()}\nkept {verdict}")
     assert kept["kept"]["key"] == kept["key"] and len(kept["key"]) == 64
-    assert nccl.why_due(kept["kept"], kept["key"], changed=False).startswith("it failed last time")
+    assert nccl.why_due(kept["kept"], kept["key"]).startswith("it failed last time")
     # A rank that did not finish (a box that never started its rank: timeout's 124) says so.
     ran = subprocess.run(
         [command], env=environ | {"RANK_EXIT": "124"}, capture_output=True, text=True, check=False

@@ -18,11 +18,10 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
-from pyinfra.api.inventory import Inventory
 from pyinfra.context import ctx_state
 
 from operations import preflight
-from tests.unit.harness import FakeHost, captured, process, refusal, run_op, run_state
+from tests.unit.harness import FakeHost, captured, process, refusal, run_of, run_op, run_state
 
 A, B = "enp1s0f1np1", "enP2p1s0f1np1"
 PEERS = [(A, "spark-2", "192.168.100.11"), (B, "spark-2", "192.168.101.11")]
@@ -276,35 +275,56 @@ def test_image_layers_fact_hashes_the_layer_list_or_says_absent() -> None:
 
 
 def agree(
-    layers: dict[str, str], me: str, stopped: dict[str, tuple[str, str] | None] | None = None
-) -> list[str]:
-    """image_read on every box, then image_agrees on ``me`` (``stopped``: boxes failed before)."""
-    run = run_state(stopped, inventory=Inventory(({}, {})))
-    preflight._seen[run.inventory] = {}
-    with ctx_state.use(run):
-        for name, digest in layers.items():
-            host = FakeHost({preflight.ImageLayers: digest})
-            host.name = name
-            assert run_op(preflight.image_read, "img:1", host=host) == []
-        host = FakeHost({})
-        host.name = me
-        return run_op(preflight.image_agrees, "img:1", list(layers), host=host)
+    layers: dict[str, str],
+    me: str,
+    stopped: dict[str, tuple[str, str] | None] | None = None,
+    left_out: tuple[str, ...] = (),
+) -> tuple[list[str], list[str]]:
+    """image_agrees on ``me``, every box holding its layers' digest (``stopped``: boxes failed
+    before, as harness.run_state takes them; ``left_out``: boxes the run leaves out, which answer
+    nothing): its commands and noops."""
+    hosts = {
+        name: FakeHost({preflight.ImageLayers: digest}, name=name)
+        for name, digest in layers.items()
+    }
+    in_run = [host for name, host in hosts.items() if name not in (*(stopped or {}), *left_out)]
+    for name in left_out:
+        hosts[name].outputs = {}  # asked anything, it fails the test
+    with ctx_state.use(run_of(*in_run, stopped=stopped)):
+        commands = run_op(preflight.image_agrees, "img:1", list(layers), host=hosts[me])
+    return commands, hosts[me].noops
 
 
 def test_the_same_image_on_every_box_yields_nothing() -> None:
-    assert agree({"spark-1": "ab", "spark-2": "ab"}, "spark-1") == []
+    assert agree({"spark-1": "ab", "spark-2": "ab"}, "spark-1") == (
+        [],
+        ["img:1 is the same as on the other boxes"],
+    )
 
 
 def test_an_image_that_differs_is_refused_naming_the_boxes() -> None:
-    assert re.search(
-        r"spark-1: img:1 differs from spark-2's",
-        refusal(agree({"spark-1": "ab", "spark-2": "cd"}, "spark-1")),
+    commands, _ = agree({"spark-1": "ab", "spark-2": "ab", "spark-3": "cd"}, "spark-1")
+    assert re.search(r"spark-1: img:1 differs from spark-3's", refusal(commands))
+
+
+def test_an_image_missing_here_is_refused_and_one_missing_elsewhere_left_to_that_box() -> None:
+    commands, _ = agree({"spark-1": "ab", "spark-2": ""}, "spark-2")
+    assert refusal(commands) == "spark-2: img:1 is not on this box; pull it first"
+    assert agree({"spark-1": "ab", "spark-2": ""}, "spark-1")[0] == []
+
+
+def test_a_box_left_out_of_the_run_is_not_asked_and_said() -> None:
+    # `--limit spark-2`: spark-1 is neither connected nor read (its FakeHost answers nothing).
+    assert agree({"spark-1": "cd", "spark-2": "ab"}, "spark-2", left_out=("spark-1",)) == (
+        [],
+        ["img:1 is the same as on the other boxes in this run (spark-1 left out)"],
     )
 
 
 def test_a_box_failed_in_this_run_stops_the_others_before_the_cluster_lane() -> None:
     layers = {"spark-1": "ab", "spark-2": "ab", "spark-3": "ab"}
-    assert refusal(agree(layers, "spark-1", STOPPED)) == (
+    commands, _ = agree(layers, "spark-1", STOPPED)
+    assert refusal(commands) == (
         f"spark-1: the cluster lane needs every box: it {WAITS}; nothing of the cluster lane"
         " starts until it passes"
     )

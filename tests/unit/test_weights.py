@@ -18,11 +18,10 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from pyinfra.api import Inventory
 from pyinfra.context import ctx_state
 
 from operations import preflight, weights
-from tests.unit.harness import FakeHost, file_facts, refusal, run_op, run_state
+from tests.unit.harness import FakeHost, file_facts, process, refusal, run_of, run_op
 
 MODEL = "org/name"
 REPO = "/var/lib/spark/models/hub/models--org--name"
@@ -134,31 +133,47 @@ def test_a_corrupt_blob_is_caught_by_its_hash_and_not_kept(
 
 
 def run_cluster(
-    present: dict[str, bool], fetch: bool, stopped: dict[str, tuple[str, str] | None] | None = None
+    present: dict[str, bool],
+    fetch: bool,
+    stopped: dict[str, tuple[str, str] | None] | None = None,
+    left_out: tuple[str, ...] = (),
+    served: bool | None = None,
 ) -> dict[str, list[str]]:
-    """lacking on every box, then shared on the head (spark-1), copied on every box, unshared
-    on the head: the commands of each box, as pyinfra runs them op by op (``stopped``: boxes
-    failed before, as harness.run_state takes them)."""
-    run = run_state(stopped, inventory=Inventory(({}, {})))
+    """shared on the head (spark-1), copied on every box of the run, unshared on the head, as
+    pyinfra runs them op by op: the commands of each box. ``present``: which boxes hold the
+    model; ``stopped``: boxes failed before, as harness.run_state takes them; ``left_out``: boxes
+    the run leaves out (--limit), which answer nothing; ``served``: whether the head serves when
+    unshared runs (None: as shared left it)."""
+    copy_script = file_facts({weights.COPY_COMMAND: None})
+    hosts = {
+        name: FakeHost({preflight.ModelWeights: "present" if has else ""} | copy_script, name=name)
+        for name, has in present.items()
+    }
+    for name in left_out:
+        hosts[name].outputs = {}  # asked anything, it fails the test
+    in_run = [host for name, host in hosts.items() if name not in (*(stopped or {}), *left_out)]
     found: dict[str, list[str]] = {}
 
-    def on(name: str, op, *args, outputs=None) -> list[str]:
-        host = FakeHost(outputs or {})
-        host.name = name
-        return run_op(op, *args, host=host)
+    def on(name: str, op, *args) -> list[str]:
+        return run_op(op, *args, host=hosts[name])
 
-    with ctx_state.use(run):
-        for name, has in present.items():
-            facts = {preflight.ModelWeights: "present" if has else ""}
-            assert on(name, weights.lacking, MODEL, "/var/lib/spark/models", outputs=facts) == []
-        found["shared"] = on("spark-1", weights.shared, MODEL, "/var/lib/spark/models",
-                             "192.168.100.10", fetch)  # fmt: skip
-        for name in present:
-            outputs = file_facts({weights.COPY_COMMAND: None})
-            found[name] = on(name, weights.copied, MODEL, "/var/lib/spark/models", "img:1",
-                             None, "spark-1", "192.168.100.10", fetch, outputs=outputs)  # fmt: skip
-        found["unshared"] = on("spark-1", weights.unshared, fetch)
+    with ctx_state.use(run_of(*in_run, stopped=stopped)):
+        if "spark-1" in [host.name for host in in_run]:
+            found["shared"] = on("spark-1", weights.shared, MODEL, "/var/lib/spark/models",
+                                 "192.168.100.10", fetch, list(present))  # fmt: skip
+        for host in in_run:
+            found[host.name] = on(host.name, weights.copied, MODEL, "/var/lib/spark/models",
+                                  "img:1", None, "spark-1", "192.168.100.10", fetch)  # fmt: skip
+        if "spark-1" in [host.name for host in in_run]:
+            shared = found["shared"] != [] if served is None else served
+            hosts["spark-1"].outputs[weights.Shared] = "serving" if shared else ""
+            found["unshared"] = on("spark-1", weights.unshared)
     return found
+
+
+def test_the_shared_fact_reads_the_share_left_in_run() -> None:
+    assert process(weights.Shared, "serving\n") is True
+    assert process(weights.Shared, "") is False
 
 
 def test_every_box_holding_the_model_needs_nothing() -> None:
@@ -212,3 +227,25 @@ def test_a_head_that_stopped_leaves_nothing_to_copy_from() -> None:
         " port(s) 6379 must stay open (SSH, a lane's API) but fall among the cluster's ports"
         " (6379-6385)"
     )
+
+
+def test_a_head_left_out_of_the_run_is_named_and_not_copied_from() -> None:
+    # A failed command naming the way out (a raise would stop every box in the plan).
+    found = run_cluster({"spark-1": True, "spark-2": False}, fetch=True, left_out=("spark-1",))
+    assert refusal(found["spark-2"]) == (
+        "spark-2: org/name is copied from spark-1, which this run leaves out (--limit): run"
+        " the deploy with spark-1 too"
+    )
+
+
+def test_a_box_left_out_is_not_asked_and_not_served() -> None:
+    found = run_cluster({"spark-1": True, "spark-2": False}, fetch=True, left_out=("spark-2",))
+    assert found == {"shared": [], "spark-1": [], "unshared": []}
+
+
+def test_a_share_left_by_a_run_cut_off_is_stopped() -> None:
+    found = run_cluster({"spark-1": True, "spark-2": True}, fetch=True, served=True)
+    assert found["shared"] == [] and found["spark-2"] == []
+    assert found["unshared"] == [
+        "systemctl stop spark-weights-share 2>/dev/null; rm -rf /run/spark/weights-share; true"
+    ]
