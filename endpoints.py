@@ -18,6 +18,7 @@ from pyinfra.api.state import BaseStateCallback, StateStage
 from spark.box_paths import SECRETS_DIR, key_path
 from spark.inventory import HostConfig
 from spark.lane import AGENT_CONTEXT
+from stages.run_summary import serving
 
 
 class Endpoint(NamedTuple):
@@ -112,19 +113,21 @@ def endpoints_table(endpoints: dict[str, Sequence[Endpoint]]) -> str:
 
 class EndpointsReport(BaseStateCallback):
     """Once the run is over (pyinfra's results printed, hosts disconnecting): the endpoints of
-    every box whose deploy succeeded, and clients/<box>.json for each."""
+    every box whose own lanes serve (stages/run_summary.py serving: its deploy succeeded, or
+    stopped only in the cluster stage), and clients/<box>.json for each."""
 
     def __init__(self) -> None:
         self.endpoints: dict[str, list[Endpoint]] = {}
         self.done = False
 
     def host_disconnect(self, state: State, host: Host) -> None:
-        # The Disconnect stage is reached only after the operations ran (not with --dry).
-        if self.done or state.current_stage != StateStage.Disconnect:
+        # Disconnect: after the results (never with --dry); Execute: pyinfra stopped the run,
+        # every box failed ("No hosts remaining!"), and disconnects from there.
+        if self.done or state.current_stage not in (StateStage.Execute, StateStage.Disconnect):
             return
         self.done = True
-        failed = {failed.name for failed in state.failed_hosts}
-        served = {box: e for box, e in self.endpoints.items() if box not in failed and e}
+        up = {box.name for box in state.inventory if serving(state, box)}
+        served = {box: e for box, e in self.endpoints.items() if box in up and e}
         if not served:
             return
         clients = Path(state.cwd or ".") / "clients"

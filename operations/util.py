@@ -106,12 +106,12 @@ def refused(message: str) -> Iterator[str]:
     yield f"printf '%s\\n' {shlex.quote(message)} >&2; exit 1"
 
 
-def stopped_at(run: State, box: Host) -> str:
-    """Where ``box`` stopped in this run and why: "<operation>: <what it printed>", the first
-    line its failed command printed on stderr (``refused``'s message), else its last line on
-    stdout. pyinfra names an operation run in a ``@deploy("Stage")`` "Stage | name"
+def failed_operation(run: State, box: Host) -> tuple[str, str] | None:
+    """The operation ``box`` stopped at in this run and why: its name and the first line its
+    failed command printed on stderr (``refused``'s message), else its last line on stdout.
+    pyinfra names an operation run in a ``@deploy("Stage")`` "Stage | name"
     (pyinfra/api/operation.py: generate_operation_name), so the stage shows where there is one.
-    A box with no failed operation was not reached (pyinfra said why when connecting)."""
+    None: no operation failed there (a box not reached: pyinfra said why when connecting)."""
     ops = run.ops.get(box, {})
     for op_hash in reversed(run.get_op_order()):
         meta = ops[op_hash].operation_meta if op_hash in ops else None
@@ -120,8 +120,16 @@ def stopped_at(run: State, box: Host) -> str:
         said = [line.strip() for line in meta.stderr_lines if line.strip()]
         said = said[:1] or [line.strip() for line in meta.stdout_lines if line.strip()][-1:]
         why = said[0].removeprefix(f"{box.name}: ") if said else "a command failed"
-        return f"{', '.join(sorted(run.get_op_meta(op_hash).names))}: {why}"
-    return "connecting: not reached (pyinfra's error above)"
+        return ", ".join(sorted(run.get_op_meta(op_hash).names)), why
+    return None
+
+
+def stopped_at(run: State, box: Host) -> str:
+    """Where ``box`` stopped in this run and why: "<operation>: <what it printed>"."""
+    failed = failed_operation(run, box)
+    if failed is None:
+        return "connecting: not reached (pyinfra's error above)"
+    return f"{failed[0]}: {failed[1]}"
 
 
 def missing(boxes: Iterable[str]) -> dict[str, str]:

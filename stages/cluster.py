@@ -35,7 +35,12 @@ def nccl_test(run: NcclRun | None) -> None:
     )
 
 
-@deploy("Cluster")
+# The stage's name: pyinfra names its operations "Cluster | ..."; a box stopped here has its own
+# lanes serving (stages/run_summary.py).
+STAGE = "Cluster"
+
+
+@deploy(STAGE)
 def cluster(box: BoxPlan) -> None:
     plan = box.cluster
     if plan is None:

@@ -15,20 +15,37 @@ from pyinfra.api import State
 from pyinfra.api.host import Host
 from pyinfra.api.state import BaseStateCallback, StateStage
 
-from operations.util import stopped_at
+from operations.util import failed_operation, stopped_at
+from stages.cluster import STAGE as CLUSTER
 
 CONVERGED = "converged"
+# A box stopped in the cluster stage: the stages before it (its host layer, fabric, own lanes
+# and front) converged; what stopped it is the cluster (often another box it waits for).
+ON_ITS_OWN = "converged on its own"
+
+
+def serving(run: State, box: Host) -> bool:
+    """Whether ``box``'s own lanes and front are up after this run: it converged, or stopped
+    only in the cluster stage, which comes after them (deploy.py)."""
+    if box not in run.failed_hosts:
+        return box in run.activated_hosts
+    failed = failed_operation(run, box)
+    return failed is not None and failed[0].startswith(f"{CLUSTER} | ")
 
 
 def outcomes(run: State) -> dict[str, str]:
     """Each box of the run (those the run connected to or tried to), in inventory order:
-    "converged", or "stopped at <operation>: <why>"."""
+    "converged", or "stopped at <operation>: <why>", "converged on its own" first where it
+    stopped in the cluster stage."""
     failed = set(run.failed_hosts)
-    boxes = [box for box in run.inventory if box in run.activated_hosts or box in failed]
-    return {
-        box.name: f"stopped at {stopped_at(run, box)}" if box in failed else CONVERGED
-        for box in boxes
-    }
+    rows = {}
+    for box in run.inventory:
+        if box in failed:
+            own = f"{ON_ITS_OWN}; " if serving(run, box) else ""
+            rows[box.name] = f"{own}stopped at {stopped_at(run, box)}"
+        elif box in run.activated_hosts:
+            rows[box.name] = CONVERGED
+    return rows
 
 
 def table(rows: dict[str, str]) -> str:

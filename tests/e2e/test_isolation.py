@@ -10,19 +10,21 @@ others have nothing to change and wait for it at the NCCL test, the table saying
 The first run's table (its lines wrapped here):
 
     --> Boxes:
-        spark-1  stopped at NCCL test: NET/IB on every twin, all_gather at 0.05 GB/s or more at
-                 4194304 B: the NCCL test runs a rank on every box: it waits for spark-4, stopped
-                 at Lane coder: qwen3-coder-next on port 10101: port 10101 of lane coder is taken
-                 by python3; stop that service or give the lane another port in group_data
-                 `lanes`; it runs once every box is back
+        spark-1  converged on its own; stopped at Cluster | NCCL test: NET/IB on every twin,
+                 all_gather at 0.05 GB/s or more at 4194304 B: the NCCL test runs a rank on
+                 every box: it waits for spark-4, stopped at Lanes and front | Lane coder:
+                 qwen3-coder-next on port 10101: port 10101 of lane coder is taken by python3;
+                 stop that service or give the lane another port in group_data `lanes`; it runs
+                 once every box is back
         spark-2  (as spark-1)
         spark-3  (as spark-1)
-        spark-4  stopped at Lane coder: qwen3-coder-next on port 10101: port 10101 of lane coder
-                 is taken by python3; ...
+        spark-4  stopped at Lanes and front | Lane coder: qwen3-coder-next on port 10101: port
+                 10101 of lane coder is taken by python3; ...
     --> pyinfra error: No hosts remaining!
 
 then "converged" for all four; with spark-3 off, spark-3 "stopped at connecting: not reached
-(pyinfra's error above)" and the others "stopped at NCCL test: ...: it waits for spark-3,
+(pyinfra's error above)" and the others "converged on its own; stopped at Cluster | NCCL
+test: ...: it waits for spark-3,
 stopped at connecting: ...". Times (2-core machine, in three module runs): the run with the port
 taken 37-40 s, the one with it free 22-30 s, the one with spark-3 off 8-11 s; the module 2 min
 18 s to 2 min 47 s (two lab boots, the --dry run, the four runs).
@@ -132,18 +134,21 @@ def test_the_box_stops_alone_naming_why_and_the_run_exits_1(taken: dict[str, Any
     results = host_results(output)
     assert set(results) == set(names), output  # every box ran its operations
     assert [results[name]["Error"] for name in names] == [1, 1, 1, 1], output
-    # An operation's name starts with its stage where deploy.py runs it in one ("Stage | ").
-    stage = r"(?:[^|]+ \| )?"
-    lane = f"{stage}{re.escape(f'{LANE_OP}: {TAKEN}')}"
+    # An operation's name starts with its stage ("Stage | "): the lane's in the lanes' stage,
+    # the NCCL test in the cluster's, after the box's own stages (which converged).
+    lane = f"Lanes and front | {LANE_OP}: {TAKEN}"
     waits = (
-        f"{stage}{re.escape(f'{NCCL_OP}: the NCCL test runs a rank on every box: it waits for')}"
-        f" {names[3]}, stopped at {lane}; it runs once every box is back"
+        f"Cluster | {NCCL_OP}: the NCCL test runs a rank on every box: it waits for {names[3]},"
+        f" stopped at {lane}; it runs once every box is back"
     )
     table = boxes_table(output)
-    assert list(table) == names, output
-    for name in names[:3]:
-        assert re.fullmatch(f"stopped at {waits}", table[name]), table
-    assert re.fullmatch(f"stopped at {lane}", table[names[3]]), table
+    assert table == {
+        **{name: f"converged on its own; stopped at {waits}" for name in names[:3]},
+        names[3]: f"stopped at {lane}",
+    }, output
+    # The three boxes whose own lanes serve are listed for clients; spark-4 is not.
+    serving = output.split("--> Lanes serving:\n", 1)[1].split("    OpenCode")[0]
+    assert [line.split()[0] for line in serving.splitlines()[1:]] == names[:3], output
 
 
 def test_the_other_boxes_serve_their_lane_and_are_one_ray_cluster(taken: dict[str, Any]) -> None:
@@ -180,4 +185,4 @@ def test_a_box_powered_off_is_named_and_the_others_wait_for_it(taken: dict[str, 
     assert list(table) == [host.name for host in hosts], output
     assert table[hosts[2].name] == f"stopped at {unreached}"
     for host in (hosts[0], hosts[1], hosts[3]):
-        assert re.fullmatch(rf"stopped at (?:[^|]+ \| )?{re.escape(waits)}", table[host.name])
+        assert table[host.name] == f"converged on its own; stopped at Cluster | {waits}", table

@@ -44,6 +44,19 @@ def test_every_box_of_the_run_converged_or_stopped_where_and_why() -> None:
     }
 
 
+def test_a_box_stopped_in_the_cluster_stage_converged_on_its_own() -> None:
+    # spark-1 waits for spark-4 at the NCCL test (nccl.passed's words, by hand).
+    nccl = "Cluster | NCCL test: NET/IB on every twin"
+    waits = "spark-1: the NCCL test runs a rank on every box: it waits for spark-4, stopped at ..."
+    run = run_state({"spark-1": (nccl, waits), "spark-4": (LANE, TAKEN)})
+    run.inventory = run.activated_hosts = run.failed_hosts
+    assert summary.outcomes(run) == {
+        "spark-1": f"converged on its own; stopped at {nccl}: {waits.removeprefix('spark-1: ')}",
+        "spark-4": f"stopped at {LANE}: {TAKEN.removeprefix('spark-4: ')}",
+    }
+    assert [summary.serving(run, box) for box in run.failed_hosts] == [True, False]
+
+
 def test_the_table_aligns_the_boxes_names() -> None:
     rows = {"spark-1": "converged", "spark-10": "stopped at Cluster | Ray: no Ray"}
     assert summary.table(rows) == (
