@@ -366,7 +366,9 @@ def test_a_flushed_firewall_chain_fails_compliance_and_the_deploy_restores_it(
     assert "rules differ" in table["firewall table as deployed"][worker.name], output
     deploy = pyinfra(INVENTORY, "deploy.py")
     firewall_rows = [
-        line for line in output_of(deploy).splitlines() if line.strip().startswith("Firewall:")
+        line
+        for line in output_of(deploy).splitlines()
+        if line.strip().startswith("Cluster | Firewall:")  # the stage, then the operation
     ]
     assert firewall_rows and firewall_rows[0].split()[-4:] == ["2", "1", "-", "1"], firewall_rows
     run_on(worker, f"sudo systemd-run --unit=probe-listener python3 -m http.server {PROBE_PORT}")
@@ -578,8 +580,11 @@ def test_an_mp_rank_lost_or_a_head_restarted_brings_the_lane_back_on_every_box(
         fabric_down.nft(host, "add", "table", "netdev", fabric_down.CUT_TABLE)
         fabric_down.nft(host, "add", "chain", "netdev", fabric_down.CUT_TABLE, "cut", drop)
     try:
-        silence = "the rank at 192.168.100.11 answers no ping on the fabric (its box lost?)"
-        until(lambda: silence in journal(head, since), 90, "the head's watch taking it")
+        silence = "the rank at {} answers no ping on the fabric (its box lost?)"
+        until(lambda: silence.format(WORKER_IP) in journal(head, since), 90, "the head's watch")
+        # The worker's watch too: until it takes it, its rank's connection to the head stays
+        # established (nothing closes it) and compliance would find it joined.
+        until(lambda: silence.format(HEAD_IP) in journal(worker, since), 90, "the worker's watch")
         # Meanwhile no rank can join: compliance names the lane on both boxes.
         code, table, output = compliance("--inventory", MP_INVENTORY, "-k", "cluster_lane")
         assert code != 0, output

@@ -143,7 +143,8 @@ def test_no_roce_v2_entry_of_a_twins_address_stops_its_box_with_the_table(
         assert f"spark-2: {hca} port 1: 192.168.101.11/24 has no RoCE v2 entry." in output, output
         # The table as found: the address's RoCE v1 entry at 2, nothing of RoCE v2 for it.
         ipv4 = "0000:0000:0000:0000:0000:ffff:c0a8:650b"
-        assert re.search(rf"^\s*2\s+IB/RoCE v1\s+{B}\s+{ipv4}$", output, re.M), output
+        # pyinfra prints the failed command's lines under the box's name ("[spark-2] ").
+        assert re.search(rf"^\s*\[spark-2\]\s+2\s+IB/RoCE v1\s+{B}\s+{ipv4}$", output, re.M), output
         assert not re.search(rf"RoCE v2\s+{B}\s+{ipv4}", output), output
         assert f"spark-1: {hca} port 1" not in output
     finally:

@@ -4,8 +4,11 @@ lane with pyinfra's own error lines and no traceback; the other three bring up t
 front, and Ray (head and two workers: none of them needs spark-4), and then stop where the
 cluster needs spark-4 (the NCCL test runs a rank on every box), saying so; the run exits 1 and
 ends with the table of the boxes. With the listener gone, the next run converges all four.
-Then a second fault on the same boot: spark-3 powered off. pyinfra cannot connect to it; the
-others have nothing to change and wait for it at the NCCL test, the table saying so.
+Then, on the same boot, spark-2 drifts to driver branch 590: it stops at its host layer, the
+others converge on their own and wait for it, until its owner purges 590 and the next run
+converges it and changes nothing on the others. Last, spark-3 powered off: pyinfra cannot
+connect to it; the others have nothing to change and wait for it at the NCCL test, the table
+saying so.
 
 The first run's table (its lines wrapped here):
 
@@ -166,6 +169,51 @@ def test_with_the_port_free_the_next_run_converges_all_four(taken: dict[str, Any
     assert boxes_table(output) == {host.name: "converged" for host in hosts}
     assert serves(hosts[-1])
     assert alive(hosts[0], BOXES) == f"{BOXES} of {BOXES} Ray nodes are alive"
+
+
+# Drift on spark-2: someone lifted the hold and the pin and installed branch 590 (the lab's
+# stand-in of DGX OS's nvidia-driver-590-open), which the deploy refuses and never downgrades.
+DRIFT_590 = (
+    "sudo rm -f /etc/apt/preferences.d/nvidia-driver-branch.pref"
+    " && sudo apt-mark unhold $(apt-mark showhold) >/dev/null"
+    " && sudo DEBIAN_FRONTEND=noninteractive apt-get install -y -qq nvidia-driver-590-open"
+)
+# And what its owner does about it: branch 590's packages purged (the deploy puts 580 back).
+BACK_TO_580 = (
+    "sudo DEBIAN_FRONTEND=noninteractive apt-get purge -y -qq"
+    " $(dpkg-query -W -f='${Package}\\n' '*590*' 2>/dev/null)"
+)
+
+
+def test_a_box_on_another_driver_branch_stops_alone_until_its_owner_mends_it(
+    taken: dict[str, Any],
+) -> None:
+    hosts = taken["lab"].hosts
+    names = [host.name for host in hosts]
+    run_on(hosts[1], DRIFT_590)
+    result, output, seconds = deploy()
+    print(f"isolation: the run with spark-2 on branch 590 took {seconds:.0f} s")
+    assert result.returncode == 1, output
+    assert "Traceback" not in output, output
+    table = boxes_table(output)
+    driver = "Host layer | Driver branch 580: installed, held, apt pinned: driver packages not on"
+    assert table[names[1]].startswith(f"stopped at {driver} branch 580 are installed: "), table
+    assert "nvidia-driver-590-open 590.48-0ubuntu1" in table[names[1]], table
+    for name in (names[0], names[2], names[3]):
+        assert table[name].startswith(
+            f"converged on its own; stopped at Cluster | {NCCL_OP}: the NCCL test runs a rank on"
+            f" every box: it waits for {names[1]}, stopped at {driver}"
+        ), table
+    assert [serves(host) for host in (hosts[0], hosts[2], hosts[3])] == [True, True, True]
+    run_on(hosts[1], BACK_TO_580)
+    result, output, seconds = deploy()
+    print(f"isolation: the run after the owner purged 590 took {seconds:.0f} s")
+    assert result.returncode == 0, output
+    assert boxes_table(output) == {name: "converged" for name in names}
+    # The other three had nothing to change: their operations all said "No change".
+    results = host_results(output)
+    assert [results[name]["Success"] for name in (names[0], names[2], names[3])] == [0, 0, 0]
+    assert serves(hosts[1])
 
 
 def test_a_box_powered_off_is_named_and_the_others_wait_for_it(taken: dict[str, Any]) -> None:
