@@ -25,8 +25,8 @@ def quote(value: str) -> str:
 @operation()
 def cluster_env(
     variables: dict[str, str],
+    path: str,
     notes: dict[str, str] | None = None,
-    path: str = "/etc/spark/cluster.env",
     profile_path: str = "/etc/profile.d/spark-cluster-env.sh",
 ):
     """

@@ -206,7 +206,7 @@ def node(
     head_ip: str,
     image: str,
     environment: dict[str, str],
-    env_file: str = "/etc/spark/cluster.env",
+    env_file: str,
     port: int = 6379,
     token: Secret | None = None,
     models: tuple[tuple[str, str], ...] = (),

@@ -38,13 +38,13 @@ AWKWARD = {
 
 def rendered(variables: dict[str, str]) -> dict[str, str]:
     host = FakeHost(file_facts({ENV: None, PROFILE: None}))
-    run_op(environment.cluster_env, variables, host=host)
+    run_op(environment.cluster_env, variables, path=ENV, host=host)
     return host.uploads
 
 
 def test_fresh_host_gets_both_files_root_owned_0644() -> None:
     host = FakeHost(file_facts({ENV: None, PROFILE: None}))
-    commands = run_op(environment.cluster_env, VARIABLES, host=host)
+    commands = run_op(environment.cluster_env, VARIABLES, path=ENV, host=host)
     for path in (ENV, PROFILE):
         assert f"chown root:root {path}" in commands and f"chmod 644 {path}" in commands
     assert host.uploads[ENV] == (
@@ -60,14 +60,14 @@ def test_fresh_host_gets_both_files_root_owned_0644() -> None:
 
 def test_written_files_yield_nothing() -> None:
     host = FakeHost(file_facts(rendered(VARIABLES)))
-    assert run_op(environment.cluster_env, VARIABLES, host=host) == []
+    assert run_op(environment.cluster_env, VARIABLES, path=ENV, host=host) == []
     assert len(host.noops) == 2
 
 
 def test_a_changed_value_rewrites_the_file_only() -> None:
     host = FakeHost(file_facts(rendered(VARIABLES)))
     moved = {**VARIABLES, "VLLM_HOST_IP": "192.168.100.11"}
-    commands = run_op(environment.cluster_env, moved, host=host)
+    commands = run_op(environment.cluster_env, moved, path=ENV, host=host)
     assert commands[0].startswith("FileUploadCommand(") and commands[0].endswith(f", {ENV})")
     assert PROFILE not in host.uploads
     assert 'VLLM_HOST_IP="192.168.100.11"\n' in host.uploads[ENV]
@@ -76,13 +76,13 @@ def test_a_changed_value_rewrites_the_file_only() -> None:
 @pytest.mark.parametrize("key", ["1NCCL", "NCCL-IB", "A B", "", "X=Y", "NCCL\n"])
 def test_invalid_names_are_refused(key: str) -> None:
     with pytest.raises(OperationError, match="not a valid environment variable name"):
-        run_op(environment.cluster_env, {key: "1"}, host=FakeHost({}))
+        run_op(environment.cluster_env, {key: "1"}, path=ENV, host=FakeHost({}))
 
 
 @pytest.mark.parametrize("value", ["a\nB=2", "a\r", "a\0"])
 def test_values_with_line_breaks_or_nul_are_refused(value: str) -> None:
     with pytest.raises(OperationError, match="line break or NUL"):
-        run_op(environment.cluster_env, {"X": value}, host=FakeHost({}))
+        run_op(environment.cluster_env, {"X": value}, path=ENV, host=FakeHost({}))
 
 
 @pytest.mark.parametrize("shell", ["sh", "bash"])
@@ -119,7 +119,7 @@ def test_systemd_reads_back_every_value() -> None:
 def test_notes_go_above_their_variable_and_change_nothing_once_written() -> None:
     notes = {"NCCL_IB_HCA": "every twin in use (dgx-spark-playbooks#102)"}
     host = FakeHost(file_facts({ENV: None, PROFILE: None}))
-    run_op(environment.cluster_env, VARIABLES, notes=notes, host=host)
+    run_op(environment.cluster_env, VARIABLES, path=ENV, notes=notes, host=host)
     assert (
         "# so never a secret in here.\n"
         "# every twin in use (dgx-spark-playbooks#102)\n"
@@ -128,9 +128,11 @@ def test_notes_go_above_their_variable_and_change_nothing_once_written() -> None
     ) in host.uploads[ENV]
 
     again = FakeHost(file_facts(host.uploads))
-    assert run_op(environment.cluster_env, VARIABLES, notes=notes, host=again) == []
+    assert run_op(environment.cluster_env, VARIABLES, path=ENV, notes=notes, host=again) == []
 
 
 def test_a_note_with_a_line_break_is_refused() -> None:
     with pytest.raises(OperationError, match="the note of X holds a line break"):
-        run_op(environment.cluster_env, {"X": "1"}, notes={"X": "a\nY=2"}, host=FakeHost({}))
+        run_op(
+            environment.cluster_env, {"X": "1"}, path=ENV, notes={"X": "a\nY=2"}, host=FakeHost({})
+        )

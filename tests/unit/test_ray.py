@@ -36,6 +36,7 @@ from tests.unit.harness import FakeHost, captured, file_facts, process, refusal,
 IMAGE = "nvcr.io/nvidia/vllm:26.04-py3"
 TOKEN = ray.Secret("f" * 64)
 ENVIRONMENT = {"NCCL_IB_HCA": "rocep1s0f1,roceP2p1s0f1", "RAY_memory_monitor_refresh_ms": "0"}
+ENV_FILE = "/etc/spark/cluster.env"  # group_data's env_file
 HEAD = {"role": "head", "node_ip": "192.168.100.10", "head_ip": "192.168.100.10"}
 WORKER = {"role": "worker", "node_ip": "192.168.100.11", "head_ip": "192.168.100.10"}
 FILES = (ray.UNIT_PATH, ray.NODES_COMMAND)
@@ -70,7 +71,16 @@ def node_host(fact: str, files: dict[str, str | None] | None = None) -> FakeHost
 def deployed_files(role: dict, environment: dict[str, str] = ENVIRONMENT, **kwargs) -> dict:
     """The unit and script a first deploy writes, as the box then holds them."""
     host = node_host(captured("lab-bare-raynode.txt"))
-    run_op(ray.node, **role, image=IMAGE, environment=environment, token=TOKEN, host=host, **kwargs)
+    run_op(
+        ray.node,
+        **role,
+        env_file=ENV_FILE,
+        image=IMAGE,
+        environment=environment,
+        token=TOKEN,
+        host=host,
+        **kwargs,
+    )
     return {path: host.uploads[path] for path in FILES}
 
 
@@ -96,7 +106,13 @@ def test_fact_reads_the_recorded_check_of_the_image() -> None:
 def test_a_node_deployed_before_the_record_gets_it_without_a_restart() -> None:
     host = node_host(with_token(captured("lab-head-deployed-raynode.txt")), deployed_files(HEAD))
     commands = run_op(
-        ray.node, **HEAD, image=IMAGE, environment=ENVIRONMENT, token=TOKEN, host=host
+        ray.node,
+        **HEAD,
+        env_file=ENV_FILE,
+        image=IMAGE,
+        environment=ENVIRONMENT,
+        token=TOKEN,
+        host=host,
     )
     assert commands == [RECORD]
 
@@ -139,7 +155,13 @@ def test_fact_reads_a_bare_box() -> None:
 def test_bare_box_pulls_checks_ray_writes_token_unit_and_starts() -> None:
     host = node_host(captured("lab-bare-raynode.txt"))
     commands = run_op(
-        ray.node, **HEAD, image=IMAGE, environment=ENVIRONMENT, token=TOKEN, host=host
+        ray.node,
+        **HEAD,
+        env_file=ENV_FILE,
+        image=IMAGE,
+        environment=ENVIRONMENT,
+        token=TOKEN,
+        host=host,
     )
     assert commands[:2] == ["docker pull --quiet nvcr.io/nvidia/vllm:26.04-py3", RECORD]
     assert commands[-3:] == [
@@ -202,14 +224,20 @@ def test_worker_joins_the_head_and_has_no_head_options() -> None:
 def test_full_capabilities_raise_memlock() -> None:
     fact = captured("raynode-ray-2.51.sample.txt").replace("2.51.1", "2.60.0")
     host = node_host(fact)
-    run_op(ray.node, **HEAD, image=IMAGE, environment=ENVIRONMENT, host=host)
+    run_op(ray.node, **HEAD, env_file=ENV_FILE, image=IMAGE, environment=ENVIRONMENT, host=host)
     assert "--ulimit memlock=-1" in host.uploads[ray.UNIT_PATH].replace("\\\n    ", "")
 
 
 def test_node_in_place_yields_nothing() -> None:
     host = node_host(with_token(captured("lab-head-checked-raynode.txt")), deployed_files(HEAD))
     commands = run_op(
-        ray.node, **HEAD, image=IMAGE, environment=ENVIRONMENT, token=TOKEN, host=host
+        ray.node,
+        **HEAD,
+        env_file=ENV_FILE,
+        image=IMAGE,
+        environment=ENVIRONMENT,
+        token=TOKEN,
+        host=host,
     )
     assert commands == []
     assert host.noops[-1] == "Ray head runs on 192.168.100.10 (spark-ray.service)"
@@ -221,7 +249,15 @@ def test_a_worker_between_two_tries_is_left_to_systemd() -> None:
     )
     host = node_host(fact, deployed_files(WORKER))
     assert (
-        run_op(ray.node, **WORKER, image=IMAGE, environment=ENVIRONMENT, token=TOKEN, host=host)
+        run_op(
+            ray.node,
+            **WORKER,
+            env_file=ENV_FILE,
+            image=IMAGE,
+            environment=ENVIRONMENT,
+            token=TOKEN,
+            host=host,
+        )
         == []
     )
 
@@ -230,7 +266,13 @@ def test_a_changed_environment_value_rewrites_the_unit_and_restarts() -> None:
     host = node_host(with_token(captured("lab-head-checked-raynode.txt")), deployed_files(HEAD))
     environment = ENVIRONMENT | {"NCCL_IB_HCA": "rocep1s0f1"}
     commands = run_op(
-        ray.node, **HEAD, image=IMAGE, environment=environment, token=TOKEN, host=host
+        ray.node,
+        **HEAD,
+        env_file=ENV_FILE,
+        image=IMAGE,
+        environment=environment,
+        token=TOKEN,
+        host=host,
     )
     assert commands[-2:] == ["systemctl daemon-reload", "systemctl restart spark-ray.service"]
 
@@ -239,7 +281,13 @@ def test_a_new_token_is_written_and_restarts_the_node() -> None:
     host = node_host(with_token(captured("lab-head-checked-raynode.txt")), deployed_files(HEAD))
     other = ray.Secret("0" * 64)
     commands = run_op(
-        ray.node, **HEAD, image=IMAGE, environment=ENVIRONMENT, token=other, host=host
+        ray.node,
+        **HEAD,
+        env_file=ENV_FILE,
+        image=IMAGE,
+        environment=ENVIRONMENT,
+        token=other,
+        host=host,
     )
     assert host.uploads[ray.TOKEN_PATH] == other
     assert commands[-1] == "systemctl restart spark-ray.service"
@@ -250,7 +298,15 @@ def test_an_image_without_ray_is_refused() -> None:
     assert re.search(
         r"spark-test: .* has no Ray .*#109.*ray_image",
         refusal(
-            run_op(ray.node, **HEAD, image=IMAGE, environment=ENVIRONMENT, token=TOKEN, host=host)
+            run_op(
+                ray.node,
+                **HEAD,
+                env_file=ENV_FILE,
+                image=IMAGE,
+                environment=ENVIRONMENT,
+                token=TOKEN,
+                host=host,
+            )
         ),
     )
 
@@ -260,10 +316,20 @@ def test_a_ray_without_token_auth_is_refused_unless_auth_is_off() -> None:
     assert re.search(
         r"Ray 2\.51, without token .* ray_auth = False",
         refusal(
-            run_op(ray.node, **HEAD, image=IMAGE, environment=ENVIRONMENT, token=TOKEN, host=host)
+            run_op(
+                ray.node,
+                **HEAD,
+                env_file=ENV_FILE,
+                image=IMAGE,
+                environment=ENVIRONMENT,
+                token=TOKEN,
+                host=host,
+            )
         ),
     )
-    commands = run_op(ray.node, **HEAD, image=IMAGE, environment=ENVIRONMENT, host=host)
+    commands = run_op(
+        ray.node, **HEAD, env_file=ENV_FILE, image=IMAGE, environment=ENVIRONMENT, host=host
+    )
     assert commands[-1] == "systemctl start spark-ray.service"
     assert "RAY_AUTH_MODE" not in host.uploads[ray.UNIT_PATH]
 
@@ -372,8 +438,8 @@ HEAD_STOPPED = {
 def test_a_worker_whose_head_stopped_waits_for_it_and_touches_nothing() -> None:
     host = node_host(captured("lab-bare-raynode.txt"))
     with ctx_state.use(run_state(HEAD_STOPPED)):
-        commands = run_op(ray.node, **WORKER, image=IMAGE, environment=ENVIRONMENT, head="spark-1",
-                          host=host)  # fmt: skip
+        commands = run_op(ray.node, **WORKER, env_file=ENV_FILE, image=IMAGE,
+                          environment=ENVIRONMENT, head="spark-1", host=host)  # fmt: skip
     assert refusal(commands) == (
         "spark-test: this Ray worker waits for spark-1, stopped at Lanes and front | Lane coder:"
         " qwen3-coder-next on port 10101: port 10101 of lane coder is taken by python3; stop that"
@@ -387,6 +453,6 @@ def test_a_head_goes_on_without_a_stopped_worker_and_a_worker_without_another() 
     for role, stopped in ((HEAD, worker_stopped), (WORKER, {"spark-3": None})):
         host = node_host(captured("lab-bare-raynode.txt"))
         with ctx_state.use(run_state(stopped)):
-            commands = run_op(ray.node, **role, image=IMAGE, environment=ENVIRONMENT,
-                              head="spark-1", host=host)  # fmt: skip
+            commands = run_op(ray.node, **role, env_file=ENV_FILE, image=IMAGE,
+                              environment=ENVIRONMENT, head="spark-1", host=host)  # fmt: skip
         assert commands[-1] == "systemctl start spark-ray.service", role
