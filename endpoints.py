@@ -126,8 +126,9 @@ class EndpointsReport(BaseStateCallback):
         if self.done or state.current_stage not in (StateStage.Execute, StateStage.Disconnect):
             return
         self.done = True
-        up = {box.name for box in state.inventory if serving(state, box)}
-        served = {box: e for box, e in self.endpoints.items() if box in up and e}
+        # In the inventory's order (the boxes report in the order their deploys were loaded).
+        up = [box.name for box in state.inventory if serving(state, box)]
+        served = {box: self.endpoints[box] for box in up if self.endpoints.get(box)}
         if not served:
             return
         clients = Path(state.cwd or ".") / "clients"
