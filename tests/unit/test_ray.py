@@ -68,19 +68,16 @@ def node_host(fact: str, files: dict[str, str | None] | None = None) -> FakeHost
     return FakeHost(outputs)
 
 
+def node_op(role: dict, host: FakeHost, **kwargs) -> list[str]:
+    """ray.node on ``host`` with this file's image and env file (``kwargs``: the rest)."""
+    arguments = {"env_file": ENV_FILE, "image": IMAGE, "environment": ENVIRONMENT} | kwargs
+    return run_op(ray.node, **role, **arguments, host=host)
+
+
 def deployed_files(role: dict, environment: dict[str, str] = ENVIRONMENT, **kwargs) -> dict:
     """The unit and script a first deploy writes, as the box then holds them."""
     host = node_host(captured("lab-bare-raynode.txt"))
-    run_op(
-        ray.node,
-        **role,
-        env_file=ENV_FILE,
-        image=IMAGE,
-        environment=environment,
-        token=TOKEN,
-        host=host,
-        **kwargs,
-    )
+    node_op(role, host, environment=environment, token=TOKEN, **kwargs)
     return {path: host.uploads[path] for path in FILES}
 
 
@@ -105,12 +102,8 @@ def test_fact_reads_the_recorded_check_of_the_image() -> None:
 
 def test_a_node_deployed_before_the_record_gets_it_without_a_restart() -> None:
     host = node_host(with_token(captured("lab-head-deployed-raynode.txt")), deployed_files(HEAD))
-    commands = run_op(
-        ray.node,
-        **HEAD,
-        env_file=ENV_FILE,
-        image=IMAGE,
-        environment=ENVIRONMENT,
+    commands = node_op(
+        HEAD,
         token=TOKEN,
         host=host,
     )
@@ -154,12 +147,8 @@ def test_fact_reads_a_bare_box() -> None:
 
 def test_bare_box_pulls_checks_ray_writes_token_unit_and_starts() -> None:
     host = node_host(captured("lab-bare-raynode.txt"))
-    commands = run_op(
-        ray.node,
-        **HEAD,
-        env_file=ENV_FILE,
-        image=IMAGE,
-        environment=ENVIRONMENT,
+    commands = node_op(
+        HEAD,
         token=TOKEN,
         host=host,
     )
@@ -224,18 +213,14 @@ def test_worker_joins_the_head_and_has_no_head_options() -> None:
 def test_full_capabilities_raise_memlock() -> None:
     fact = captured("raynode-ray-2.51.sample.txt").replace("2.51.1", "2.60.0")
     host = node_host(fact)
-    run_op(ray.node, **HEAD, env_file=ENV_FILE, image=IMAGE, environment=ENVIRONMENT, host=host)
+    node_op(HEAD, host=host)
     assert "--ulimit memlock=-1" in host.uploads[ray.UNIT_PATH].replace("\\\n    ", "")
 
 
 def test_node_in_place_yields_nothing() -> None:
     host = node_host(with_token(captured("lab-head-checked-raynode.txt")), deployed_files(HEAD))
-    commands = run_op(
-        ray.node,
-        **HEAD,
-        env_file=ENV_FILE,
-        image=IMAGE,
-        environment=ENVIRONMENT,
+    commands = node_op(
+        HEAD,
         token=TOKEN,
         host=host,
     )
@@ -249,12 +234,8 @@ def test_a_worker_between_two_tries_is_left_to_systemd() -> None:
     )
     host = node_host(fact, deployed_files(WORKER))
     assert (
-        run_op(
-            ray.node,
-            **WORKER,
-            env_file=ENV_FILE,
-            image=IMAGE,
-            environment=ENVIRONMENT,
+        node_op(
+            WORKER,
             token=TOKEN,
             host=host,
         )
@@ -265,11 +246,8 @@ def test_a_worker_between_two_tries_is_left_to_systemd() -> None:
 def test_a_changed_environment_value_rewrites_the_unit_and_restarts() -> None:
     host = node_host(with_token(captured("lab-head-checked-raynode.txt")), deployed_files(HEAD))
     environment = ENVIRONMENT | {"NCCL_IB_HCA": "rocep1s0f1"}
-    commands = run_op(
-        ray.node,
-        **HEAD,
-        env_file=ENV_FILE,
-        image=IMAGE,
+    commands = node_op(
+        HEAD,
         environment=environment,
         token=TOKEN,
         host=host,
@@ -280,12 +258,8 @@ def test_a_changed_environment_value_rewrites_the_unit_and_restarts() -> None:
 def test_a_new_token_is_written_and_restarts_the_node() -> None:
     host = node_host(with_token(captured("lab-head-checked-raynode.txt")), deployed_files(HEAD))
     other = ray.Secret("0" * 64)
-    commands = run_op(
-        ray.node,
-        **HEAD,
-        env_file=ENV_FILE,
-        image=IMAGE,
-        environment=ENVIRONMENT,
+    commands = node_op(
+        HEAD,
         token=other,
         host=host,
     )
@@ -298,12 +272,8 @@ def test_an_image_without_ray_is_refused() -> None:
     assert re.search(
         r"spark-test: .* has no Ray .*#109.*ray_image",
         refusal(
-            run_op(
-                ray.node,
-                **HEAD,
-                env_file=ENV_FILE,
-                image=IMAGE,
-                environment=ENVIRONMENT,
+            node_op(
+                HEAD,
                 token=TOKEN,
                 host=host,
             )
@@ -316,20 +286,14 @@ def test_a_ray_without_token_auth_is_refused_unless_auth_is_off() -> None:
     assert re.search(
         r"Ray 2\.51, without token .* ray_auth = False",
         refusal(
-            run_op(
-                ray.node,
-                **HEAD,
-                env_file=ENV_FILE,
-                image=IMAGE,
-                environment=ENVIRONMENT,
+            node_op(
+                HEAD,
                 token=TOKEN,
                 host=host,
             )
         ),
     )
-    commands = run_op(
-        ray.node, **HEAD, env_file=ENV_FILE, image=IMAGE, environment=ENVIRONMENT, host=host
-    )
+    commands = node_op(HEAD, host=host)
     assert commands[-1] == "systemctl start spark-ray.service"
     assert "RAY_AUTH_MODE" not in host.uploads[ray.UNIT_PATH]
 
@@ -438,8 +402,7 @@ HEAD_STOPPED = {
 def test_a_worker_whose_head_stopped_waits_for_it_and_touches_nothing() -> None:
     host = node_host(captured("lab-bare-raynode.txt"))
     with ctx_state.use(run_state(HEAD_STOPPED)):
-        commands = run_op(ray.node, **WORKER, env_file=ENV_FILE, image=IMAGE,
-                          environment=ENVIRONMENT, head="spark-1", host=host)  # fmt: skip
+        commands = node_op(WORKER, head="spark-1", host=host)  # fmt: skip
     assert refusal(commands) == (
         "spark-test: this Ray worker waits for spark-1, stopped at Lanes and front | Lane coder:"
         " qwen3-coder-next on port 10101: port 10101 of lane coder is taken by python3; stop that"
@@ -453,6 +416,5 @@ def test_a_head_goes_on_without_a_stopped_worker_and_a_worker_without_another() 
     for role, stopped in ((HEAD, worker_stopped), (WORKER, {"spark-3": None})):
         host = node_host(captured("lab-bare-raynode.txt"))
         with ctx_state.use(run_state(stopped)):
-            commands = run_op(ray.node, **role, env_file=ENV_FILE, image=IMAGE,
-                              environment=ENVIRONMENT, head="spark-1", host=host)  # fmt: skip
+            commands = node_op(role, head="spark-1", host=host)  # fmt: skip
         assert commands[-1] == "systemctl start spark-ray.service", role
