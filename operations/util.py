@@ -1,17 +1,19 @@
 """What several operations share, as pyinfra keeps it in its operations/util: a root-owned file
-from a template, a systemd unit's reload, enable and restart-or-start, what a container may get
-on the box, the `docker run` line of a GPU container, and how a box stops on its own problem
-(and where another box stopped)."""
+as given or from a template (one question when it is so), a systemd unit's reload, enable and
+restart-or-start, what a container may get on the box, the `docker run` line of a GPU
+container, and how a box stops on its own problem (and where another box stopped)."""
 
 from __future__ import annotations
 
 import shlex
 from collections.abc import Iterable, Iterator
+from io import StringIO
 from pathlib import Path
 
 from pyinfra import host, logger, state
-from pyinfra.api import State
+from pyinfra.api import FactBase, State
 from pyinfra.api.host import Host
+from pyinfra.api.util import get_file_sha1, get_template
 from pyinfra.operations import files
 
 TEMPLATES = Path(__file__).parents[1] / "templates"
@@ -26,14 +28,49 @@ RIGHTS_COMMAND = (
 )
 
 
+class RootFile(FactBase):
+    """A regular file's owner, group, mode (``stat -c %a``) and SHA-1, in one command; None when
+    the path is not a regular file (absent, a directory, a link) or does not answer so.
+
+    .. code:: python
+
+        {"user": "root", "group": "root", "mode": "644", "sha1": "3c5d...e1"}
+    """
+
+    def command(self, path: str) -> str:
+        path = shlex.quote(path)
+        return (
+            f"[ -f {path} ] && [ ! -L {path} ]"
+            f" && stat -c '%U %G %a' {path} && sha1sum {path} || true"
+        )
+
+    def process(self, output: list[str]) -> dict[str, str] | None:
+        if len(output) != 2:
+            return None
+        owner, digest = output[0].split(), output[1].split()
+        if len(owner) != 3 or not digest:
+            return None
+        return {"user": owner[0], "group": owner[1], "mode": owner[2], "sha1": digest[0]}
+
+
+def put(src: str | StringIO, dest: str, mode: str = "644") -> list:
+    """The commands of ``files.put`` for a root:root file holding ``src`` (a local path or the
+    text itself): none, after one question (RootFile), when the file is so; else pyinfra's own
+    files.put, which reads what it needs (its File, Directory and Sha1File facts: three
+    questions where the file is there) and writes what differs."""
+    wanted = {"user": "root", "group": "root", "mode": mode, "sha1": get_file_sha1(src)}
+    if host.get_fact(RootFile, path=dest) == wanted:
+        host.noop(f"file {dest} is already uploaded")  # files.put's own words
+        return []
+    return list(files.put._inner(src=src, dest=dest, user="root", group="root", mode=mode))
+
+
 def template(name: str, dest: str, mode: str = "644", **variables: object) -> list:
     """The commands of ``files.template`` for a root:root file from templates/<name> (none when
-    the file is as rendered)."""
-    return list(
-        files.template._inner(
-            src=str(TEMPLATES / name), dest=dest, user="root", group="root", mode=mode, **variables
-        )
-    )
+    the file is as rendered): rendered as files.template renders (host, state and inventory
+    among the variables), then ``put``."""
+    data = {"host": host, "state": state, "inventory": state.inventory, **variables}
+    return put(StringIO(get_template(str(TEMPLATES / name)).render(data)), dest, mode)
 
 
 def has_capability(capeff: str, capability: int) -> bool:

@@ -23,6 +23,8 @@ from pyinfra.connectors.util import CommandOutput, OutputLine
 from pyinfra.context import ctx_host, ctx_state
 from pyinfra.facts.files import Directory, File, Sha1File
 
+from operations.util import RootFile
+
 CAPTURED = Path(__file__).parent / "captured"
 
 
@@ -149,15 +151,23 @@ def run_of(
 
 
 def file_facts(files: dict[str, str | None]) -> dict[Any, str | None]:
-    """FakeHost outputs for the facts files.put/files.template read about these remote files.
+    """FakeHost outputs for the facts operations/util's put and template, and files.put and
+    files.template behind them, read about these remote files.
 
     A path maps to its text (a root:root 0644 file in a root:root 0755 directory, as the
     captured stat lines show) or to None (absent; its directory exists). host-stat-*.txt are
     pyinfra's own File and Directory fact commands run on the development machine (Debian 12)
-    for /etc/debian_version and /etc/apt: only their format and owner and mode matter here.
+    for /etc/debian_version and /etc/apt: only their format and owner and mode matter here;
+    RootFile's answer is written in the format of host-rootfile-debian-version.txt (its command
+    run there for /etc/debian_version): stat's "owner group mode" line, then sha1sum's.
     """
     outputs: dict[Any, str | None] = {}
     for path, text in files.items():
+        outputs[(RootFile, (("path", path),))] = (
+            ""
+            if text is None
+            else f"root root 644\n{hashlib.sha1(text.encode()).hexdigest()}  {path}"
+        )
         outputs[(Directory, (("path", posixpath.dirname(path)),))] = captured(
             "host-stat-dir-root-0755.txt"
         )

@@ -2,15 +2,27 @@
 
 from __future__ import annotations
 
+import hashlib
+from io import StringIO
 from types import SimpleNamespace
 
 import pytest
 from pyinfra.api.operation import OperationMeta
 from pyinfra.connectors.util import CommandOutput, OutputLine
 from pyinfra.context import ctx_host, ctx_state
+from pyinfra.operations import files
 
 from operations import util
-from tests.unit.harness import Box, FakeHost, file_facts, refusal, run_op, run_state
+from tests.unit.harness import (
+    Box,
+    FakeHost,
+    captured,
+    file_facts,
+    process,
+    refusal,
+    run_op,
+    run_state,
+)
 
 
 def test_a_unit_written_anew_is_reloaded_enabled_and_restarted() -> None:
@@ -73,6 +85,60 @@ def test_template_is_root_owned_and_empty_when_the_file_is_as_rendered() -> None
     assert any("chown root:root" in command for command in commands)
     same = FakeHost(file_facts({dest: host.uploads[dest]}))
     assert run_op(written, host=same) == []
+
+
+def test_template_renders_as_pyinfras_files_template() -> None:
+    # The text pyinfra's own files.template would write, and util.template's, for a file absent.
+    dest, name = "/etc/x.env", "cluster.env.j2"
+    variables = {"variables": [("A", "1", None), ("B", "'two words'", "a note")]}
+    theirs = SimpleNamespace(
+        _inner=lambda: files.template._inner(
+            src=str(util.TEMPLATES / name), dest=dest, user="root", group="root", **variables
+        )
+    )
+    ours = SimpleNamespace(_inner=lambda: util.template(name, dest, **variables))
+    pyinfras, own = FakeHost(file_facts({dest: None})), FakeHost(file_facts({dest: None}))
+    run_op(theirs, host=pyinfras)
+    run_op(ours, host=own)
+    assert own.uploads[dest] == pyinfras.uploads[dest] and "two words" in own.uploads[dest]
+
+
+def test_root_file_reads_owner_group_mode_and_sha1_in_one_answer() -> None:
+    # host-rootfile-debian-version.txt: RootFile's command for /etc/debian_version, run on the
+    # development machine (Debian 12): stat's line, then sha1sum's.
+    assert process(util.RootFile, captured("host-rootfile-debian-version.txt")) == {
+        "user": "root",
+        "group": "root",
+        "mode": "644",
+        "sha1": "c791f7c21e07224d1277523ba1ab7ccb0d14ce72",
+    }
+    # Not a regular file (the command prints nothing), or not all of the answer: not known.
+    assert process(util.RootFile, "") is None
+    assert process(util.RootFile, "root root 644\n") is None
+    assert process(util.RootFile, "root 644\nc791f7c2  /etc/x\n") is None
+
+
+def test_a_file_as_it_should_be_costs_one_question() -> None:
+    dest, text = "/etc/x.conf", "a = 1\n"
+    digest = hashlib.sha1(text.encode()).hexdigest()
+    # Only RootFile answers: files.put's own facts would fail the test as unexpected.
+    host = FakeHost({(util.RootFile, (("path", dest),)): f"root root 600\n{digest}  {dest}"})
+    written = SimpleNamespace(_inner=lambda: util.put(StringIO(text), dest, "600"))
+    assert run_op(written, host=host) == []
+    assert host.noops == [f"file {dest} is already uploaded"]
+
+
+@pytest.mark.parametrize(("mode", "text"), [("644", "a = 2\n"), ("600", "a = 1\n")])
+def test_a_file_not_as_it_should_be_is_left_to_pyinfras_files_put(mode: str, text: str) -> None:
+    # On the box: root:root 0644 holding ``text`` (file_facts answers RootFile the same way).
+    dest = "/etc/x.conf"
+    written = SimpleNamespace(_inner=lambda: util.put(StringIO("a = 1\n"), dest, mode))
+    host = FakeHost(file_facts({dest: text}))
+    commands = run_op(written, host=host)
+    if text == "a = 1\n":  # the text is right, the mode is not
+        assert commands == [f"chmod 600 {dest}"]
+    else:
+        assert commands[0].startswith("FileUploadCommand(") and host.uploads[dest] == "a = 1\n"
 
 
 # --- a box stopped on its own problem, and where another box stopped ---------------------------
