@@ -18,7 +18,6 @@ from tests.unit.harness import (
     FakeHost,
     captured,
     file_facts,
-    process,
     refusal,
     run_op,
     run_state,
@@ -103,26 +102,31 @@ def test_template_renders_as_pyinfras_files_template() -> None:
     assert own.uploads[dest] == pyinfras.uploads[dest] and "two words" in own.uploads[dest]
 
 
-def test_root_file_reads_owner_group_mode_and_sha1_in_one_answer() -> None:
-    # host-rootfile-debian-version.txt: RootFile's command for /etc/debian_version, run on the
-    # development machine (Debian 12): stat's line, then sha1sum's.
-    assert process(util.RootFile, captured("host-rootfile-debian-version.txt")) == {
-        "user": "root",
-        "group": "root",
-        "mode": "644",
-        "sha1": "c791f7c21e07224d1277523ba1ab7ccb0d14ce72",
+def test_root_files_reads_owner_group_mode_and_sha1_of_each_path_in_one_answer() -> None:
+    # host-rootfiles-debian-version-apt.txt: RootFiles' command for /etc/debian_version and
+    # /etc/apt (a directory), run on the development machine (Debian 12).
+    fact = util.RootFiles()
+    fact.command(("/etc/debian_version", "/etc/apt", "/etc/none"))
+    lines = captured("host-rootfiles-debian-version-apt.txt").splitlines()
+    assert fact.process(lines) == {
+        "/etc/debian_version": {
+            "user": "root",
+            "group": "root",
+            "mode": "644",
+            "sha1": "c791f7c21e07224d1277523ba1ab7ccb0d14ce72",
+        },
+        "/etc/apt": None,  # not a regular file
+        "/etc/none": None,  # no line for it: not known, left to pyinfra's files.put
     }
-    # Not a regular file (the command prints nothing), or not all of the answer: not known.
-    assert process(util.RootFile, "") is None
-    assert process(util.RootFile, "root root 644\n") is None
-    assert process(util.RootFile, "root 644\nc791f7c2  /etc/x\n") is None
+    # A line that does not read as owner, group, mode and SHA-1: not known either.
+    assert fact.process(["/etc/debian_version\troot 644 c791f7c2"])["/etc/debian_version"] is None
 
 
 def test_a_file_as_it_should_be_costs_one_question() -> None:
+    # Only RootFiles answers: files.put's own facts would fail the test as unexpected.
     dest, text = "/etc/x.conf", "a = 1\n"
     digest = hashlib.sha1(text.encode()).hexdigest()
-    # Only RootFile answers: files.put's own facts would fail the test as unexpected.
-    host = FakeHost({(util.RootFile, (("path", dest),)): f"root root 600\n{digest}  {dest}"})
+    host = FakeHost({util.RootFiles: f"{dest}\troot root 600 {digest}"})
     written = SimpleNamespace(_inner=lambda: util.put(StringIO(text), dest, "600"))
     assert run_op(written, host=host) == []
     assert host.noops == [f"file {dest} is already uploaded"]
