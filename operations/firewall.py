@@ -133,10 +133,12 @@ def cluster_ports_fabric_only(
     rules = ruleset(fabric, ranges)
     if not state["nft"]:
         yield debpkg.apt_install("nftables")
-    ruleset_file = util.put(StringIO(rules), path)
+    unit_path = f"/etc/systemd/system/{UNIT}"
+    found = util.on_box(path, unit_path)
+    ruleset_file = util.put(StringIO(rules), path, found=found)
     yield from ruleset_file
     unit = util.template(
-        "spark-firewall.service.j2", f"/etc/systemd/system/{UNIT}", path=path, table=TABLE
+        "spark-firewall.service.j2", unit_path, found=found, path=path, table=TABLE
     )
     yield from unit
     active = state["active"] == "active"  # starting it loads the file

@@ -104,11 +104,13 @@ def prepared(
     """
     found = host.get_fact(NcclTestState)
     docker_run = util.docker_run(CONTAINER, [], found["rdma"], found["unlimited_memlock"])
-    commands = util.put(str(CHECK_SOURCE), CHECK_PATH)
+    files = util.on_box(CHECK_PATH, COMMAND)
+    commands = util.put(str(CHECK_SOURCE), CHECK_PATH, found=files)
     commands += util.template(
         "spark-nccl-test.j2",
         COMMAND,
         "755",
+        files,
         rank=rank,
         world=world,
         image=shlex.quote(image),
