@@ -147,6 +147,17 @@ def test_after_a_failed_operation_the_operations_after_it_ask_again(tmp_path: Pa
     assert run.asked() == ["a"]
 
 
+def test_once_a_box_failed_every_operation_asks_again(tmp_path: Path) -> None:
+    # Another box of the run failed after this one was read (a cluster's operation reads which
+    # boxes stopped): a stand-in for it in pyinfra's failed hosts.
+    run = Run(tmp_path)
+    run.add(text, path=run.path("a", "x"), content="x")
+    assert run.asked() == ["a"]
+    run.state.failed_hosts.add("spark-2")
+    run.execute()
+    assert run.asked() == ["a"]
+
+
 def test_with_yes_there_is_no_detection_and_every_operation_runs(tmp_path: Path) -> None:
     run = Run(tmp_path, yes=True)
     meta = run.add(copy, src=run.path("a", "x"), dest=run.path("b", "old"))
