@@ -33,7 +33,7 @@ if Path.cwd().resolve() != COLLECTION:
     )
 
 import endpoints
-from stages import run_summary, runmode, settings
+from stages import detected, run_summary, runmode, settings
 from stages.cluster import cluster
 from stages.fabric import fabric
 from stages.host_layer import host_layer
@@ -42,11 +42,13 @@ from stages.lanes_front import lanes_and_front
 run_summary.register(state)  # after the run, one line per box: converged, or where it stopped
 box = settings.plan(inventory).box(host.name)  # every box's plan, computed once per run
 runmode.check(state)  # --serial, --no-wait, a small --parallel: refused for several boxes
+detected.register(state)  # without -y: what change detection found unchanged is not asked again
 
-host_layer(box)
-fabric(box)
-lanes_and_front(box)
-cluster(box)
+once = [detected.still_to_run]
+host_layer(box, _if=once)
+fabric(box, _if=once)
+lanes_and_front(box, _if=once)
+cluster(box, _if=once)
 
 # Clients reach a box at the address the inventory connects to.
 endpoints.report(state, settings.load(inventory).host(host.name), address=box.address)

@@ -8,9 +8,8 @@ machines are noisy), prints a table and writes it as JSON (bench-results.json):
 
 - the first converge of 2 bare hosts, on freshly reimaged hosts each time; the serving image
   is loaded into each host's docker before the clock starts (on a real box it is a pull);
-- the no-change re-run on 2 hosts, with -y and with pyinfra's change-detection pass (what an
-  interactive run does), each as pyinfra runs by default (one command per fact) and with the
-  opt-in fact batching (SPARK_FACTCACHE=on, operations/factcache.py);
+- the no-change re-run on 2 hosts, with -y and without it (pyinfra's change-detection pass,
+  then Enter: what a person types), pyinfra as it ships;
 - pyinfra with an empty deploy (start, validate, connect, disconnect): the floor of any run;
 - the limit: the distinct fact commands of the no-change run, asked of each host in one SSH
   session as one script under one sudo, hosts in parallel;
@@ -51,13 +50,8 @@ STARTED = re.compile(r"Starting session: (command|subsystem)")
 CLOSED = re.compile(r"session closed for user")  # pam_unix, as the client's connection ends
 STEADY = 10  # seconds
 COMMAND_LINE = re.compile(r"Running command on (\S+): \(pty=\w+\) (.*)$")
-# (cache, -y) of each no-change variant
-VARIANTS = {
-    "no_change_per_fact": (False, True),
-    "no_change_batched": (True, True),
-    "no_change_confirm_per_fact": (False, False),
-    "no_change_confirm_batched": (True, False),
-}
+# -y or not, for each no-change variant
+VARIANTS = {"no_change": True, "no_change_confirm": False}
 
 
 # --- the lab hosts' own record of what ran ------------------------------------------------------
@@ -120,11 +114,10 @@ def prepare_hosts(lab: simlab.Lab) -> None:
 # --- runs ---------------------------------------------------------------------------------------
 
 
-def pyinfra(lab: simlab.Lab, *args: str, cache: bool = True, yes: bool = True) -> dict:
+def pyinfra(lab: simlab.Lab, *args: str, yes: bool = True) -> dict:
     """One pyinfra run: wall time, this machine's CPU time for it (pyinfra's own work), output,
     and the sessions each host saw."""
     env = dict(os.environ, SIMLAB_STATE=str(STATE))
-    env["SPARK_FACTCACHE"] = "on" if cache else "off"
     cursors = {host.name: cursor(host) for host in lab.hosts}
     argv = [PYINFRA, *(["-y"] if yes else []), INVENTORY, *args]
     start, used = time.monotonic(), cpu_of_children()
@@ -142,17 +135,16 @@ def cpu_of_children() -> float:
     return usage.ru_utime + usage.ru_stime
 
 
-def no_change(lab: simlab.Lab, cache: bool, yes: bool) -> dict:
-    run = pyinfra(lab, DEPLOY, cache=cache, yes=yes)
+def no_change(lab: simlab.Lab, yes: bool) -> dict:
+    run = pyinfra(lab, DEPLOY, yes=yes)
     if changed := changes(run["result"]):
         raise RuntimeError(f"a re-run changed {changed} host-operations: not a no-change run")
     return run
 
 
 def fact_commands(output: str) -> dict[str, list[str]]:
-    """The commands pyinfra's --debug output says it ran on each host, in order: with batching
-    off and nothing to change, each is one fact's command (pyinfra runs it as
-    ``sudo -H -n sh -c '<command>'``)."""
+    """The commands pyinfra's --debug output says it ran on each host, in order: with nothing to
+    change, each is one fact's command (pyinfra runs it as ``sudo -H -n sh -c '<command>'``)."""
     sent: dict[str, list[str]] = {}
     for line in output.splitlines():
         if match := COMMAND_LINE.search(line):
@@ -165,9 +157,9 @@ def fact_commands(output: str) -> dict[str, list[str]]:
 
 
 def questions(lab: simlab.Lab) -> dict[str, list[str]]:
-    """The distinct commands a no-change run sends each host with batching off (one per fact),
-    as pyinfra logged them; their number is checked against the hosts' own count."""
-    run = pyinfra(lab, "--debug", DEPLOY, cache=False)
+    """The distinct commands a no-change -y run sends each host (one per fact), as pyinfra
+    logged them; their number is checked against the hosts' own count."""
+    run = pyinfra(lab, "--debug", DEPLOY)
     sent = fact_commands(run["result"].stdout + run["result"].stderr)
     counted = {name: len(commands) for name, commands in sent.items()}
     if counted != run["sessions"]:
@@ -220,8 +212,8 @@ def converged_lab(lab: simlab.Lab, reps: int) -> dict[str, dict]:
     asked = questions(lab)
     runs: dict[str, list[dict]] = {name: [] for name in [*VARIANTS, "empty_deploy", "limit"]}
     for _ in range(reps):
-        for name, (cache, yes) in VARIANTS.items():
-            runs[name].append(no_change(lab, cache, yes))
+        for name, yes in VARIANTS.items():
+            runs[name].append(no_change(lab, yes))
         runs["empty_deploy"].append(pyinfra(lab, EMPTY_DEPLOY))
         runs["limit"].append(limit(lab, asked))
     results = {name: summarize(entries) for name, entries in runs.items()}
@@ -230,24 +222,20 @@ def converged_lab(lab: simlab.Lab, reps: int) -> dict[str, dict]:
 
 
 def first_converges(lab: simlab.Lab, reps: int) -> dict[str, dict]:
-    runs: dict[str, list[dict]] = {"first_converge_per_fact": [], "first_converge_batched": []}
+    runs = []
     for _ in range(reps):
-        for name, cache in (("first_converge_per_fact", False), ("first_converge_batched", True)):
-            reimage_all(lab)
-            prepare_hosts(lab)
-            runs[name].append(pyinfra(lab, DEPLOY, cache=cache))
-    return {name: summarize(entries) for name, entries in runs.items()}
+        reimage_all(lab)
+        prepare_hosts(lab)
+        runs.append(pyinfra(lab, DEPLOY))
+    return {"first_converge": summarize(runs)}
 
 
 # --- report -------------------------------------------------------------------------------------
 
 LABELS = {
-    "first_converge_per_fact": "first converge, bare hosts, -y, one command per fact",
-    "first_converge_batched": "first converge, bare hosts, -y, batched facts",
-    "no_change_per_fact": "no-change re-run, -y, one command per fact",
-    "no_change_batched": "no-change re-run, -y, batched facts",
-    "no_change_confirm_per_fact": "no-change re-run, change detection, one per fact",
-    "no_change_confirm_batched": "no-change re-run, change detection, batched",
+    "first_converge": "first converge, bare hosts, -y",
+    "no_change": "no-change re-run, -y",
+    "no_change_confirm": "no-change re-run, without -y (change detection, Enter)",
     "empty_deploy": "pyinfra with an empty deploy (start + connect)",
     "limit": "limit: one SSH session, one script per host",
 }
@@ -279,6 +267,10 @@ def ratios(labs: dict[str, dict]) -> dict[str, float]:
             out[f"{name} / limit, {hosts} hosts (medians)"] = (
                 section[name]["median"] / section["limit"]["median"]
             )
+        # issue 27: the run without -y within 1.5x its own -y run
+        out[f"no_change_confirm / no_change, {hosts} hosts (medians)"] = (
+            section["no_change_confirm"]["median"] / section["no_change"]["median"]
+        )
     small, *large = labs
     for hosts in large:
         for name in VARIANTS:
@@ -332,7 +324,7 @@ def main() -> int:
             prepare_hosts(lab)
             # Once: a bare lab of this size is booted once (reimaging it all again is slow).
             first = summarize([pyinfra(lab, DEPLOY)])
-            results["labs"][str(args.hosts)] = {"first_converge_batched": first}
+            results["labs"][str(args.hosts)] = {"first_converge": first}
             save(f"{args.hosts}_hosts_converged")
             results["labs"][str(args.hosts)] |= converged_lab(lab, args.reps)
             save(f"{args.hosts}_hosts_measured")

@@ -52,9 +52,13 @@ def cluster_env(
     for key, note in notes.items():
         if any(character in note for character in UNSAYABLE):
             raise OperationError(f"the note of {key} holds a line break or NUL: {note!r}")
+    found = util.on_box(path, profile_path)
     yield from util.template(
         "cluster.env.j2",
         path,
+        found=found,
         variables=[(key, quote(value), notes.get(key)) for key, value in sorted(variables.items())],
     )
-    yield from util.template("profile-cluster-env.sh.j2", profile_path, env_file=shlex.quote(path))
+    yield from util.template(
+        "profile-cluster-env.sh.j2", profile_path, found=found, env_file=shlex.quote(path)
+    )

@@ -10,7 +10,6 @@ from ipaddress import IPv4Network
 from jinja2 import Template
 from pyinfra import host
 from pyinfra.api import FactBase, operation
-from pyinfra.operations import files
 
 from operations import debpkg, util
 from spark.ports import BACKEND_PORTS
@@ -134,12 +133,12 @@ def cluster_ports_fabric_only(
     rules = ruleset(fabric, ranges)
     if not state["nft"]:
         yield debpkg.apt_install("nftables")
-    ruleset_file = list(
-        files.put._inner(src=StringIO(rules), dest=path, user="root", group="root", mode="644")
-    )
+    unit_path = f"/etc/systemd/system/{UNIT}"
+    found = util.on_box(path, unit_path)
+    ruleset_file = util.put(StringIO(rules), path, found=found)
     yield from ruleset_file
     unit = util.template(
-        "spark-firewall.service.j2", f"/etc/systemd/system/{UNIT}", path=path, table=TABLE
+        "spark-firewall.service.j2", unit_path, found=found, path=path, table=TABLE
     )
     yield from unit
     active = state["active"] == "active"  # starting it loads the file

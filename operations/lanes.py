@@ -491,25 +491,34 @@ def serving(unit: LaneUnit):
     with_key = lane.api_key and not unit.headless
     commands, new_key = _secret_commands(state, lane.name) if with_key else ([], False)
     yield from commands
+    env_path, name = f"{LANE_DIR}/{lane.name}.env", unit_name(lane.name)
+    found = util.on_box(
+        env_path, TURN_COMMAND, CANARY_COMMAND, BENCH_COMMAND, RANKS_COMMAND, f"{UNIT_DIR}/{name}"
+    )
     env_changes = util.template(
         "vllm-lane.env.j2",
-        f"{LANE_DIR}/{lane.name}.env",
+        env_path,
+        found=found,
         lane=lane.name,
         variables=sorted(unit.variables().items()),
     )
     yield from env_changes
     # Read at each start: a new version changes no running lane.
     yield from util.template(
-        "spark-lane-turn.j2", TURN_COMMAND, "755", loading_dir=LOADING_DIR, prefix=PREFIX
+        "spark-lane-turn.j2", TURN_COMMAND, "755", found, loading_dir=LOADING_DIR, prefix=PREFIX
     )
-    yield from util.template("spark-lane-canary.j2", CANARY_COMMAND, "755", secrets_dir=SECRETS_DIR)
-    yield from util.template("spark-lane-bench.j2", BENCH_COMMAND, "755", secrets_dir=SECRETS_DIR)
+    yield from util.template(
+        "spark-lane-canary.j2", CANARY_COMMAND, "755", found, secrets_dir=SECRETS_DIR
+    )
+    yield from util.template(
+        "spark-lane-bench.j2", BENCH_COMMAND, "755", found, secrets_dir=SECRETS_DIR
+    )
     if unit.rank is not None:
-        yield from util.template("spark-lane-ranks.j2", RANKS_COMMAND, "755")
-    name = unit_name(lane.name)
+        yield from util.template("spark-lane-ranks.j2", RANKS_COMMAND, "755", found)
     unit_changes = util.template(
         "vllm-lane.service.j2",
         f"{UNIT_DIR}/{name}",
+        found=found,
         **unit.unit_variables(state["rdma"], state["unlimited_memlock"]),
     )
     yield from unit_changes

@@ -56,12 +56,16 @@ def memory_guard(
     if bad:
         raise OperationError(f"lane names are 1-32 of a-z 0-9 - (got {bad})")
     settings = {"min_available_gib": min_available_gib, "lanes": stop_order(lanes)}
+    unit_path = f"/etc/systemd/system/{SERVICE}"
+    found = util.on_box(script, config, unit_path)
     changes = [
-        *util.template("spark-memguard.py.j2", script, "755"),
-        *util.template("spark-memguard.json.j2", config, config=json.dumps(settings, indent=2)),
+        *util.template("spark-memguard.py.j2", script, "755", found),
+        *util.template(
+            "spark-memguard.json.j2", config, found=found, config=json.dumps(settings, indent=2)
+        ),
     ]
     unit = util.template(
-        "spark-memguard.service.j2", f"/etc/systemd/system/{SERVICE}", script=script, config=config
+        "spark-memguard.service.j2", unit_path, found=found, script=script, config=config
     )
     yield from changes
     yield from unit

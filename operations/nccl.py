@@ -8,7 +8,6 @@ from pathlib import Path
 
 from pyinfra import host
 from pyinfra.api import FactBase, operation
-from pyinfra.operations import files
 
 from operations import preflight, util
 
@@ -105,15 +104,13 @@ def prepared(
     """
     found = host.get_fact(NcclTestState)
     docker_run = util.docker_run(CONTAINER, [], found["rdma"], found["unlimited_memlock"])
-    commands = list(
-        files.put._inner(
-            src=str(CHECK_SOURCE), dest=CHECK_PATH, user="root", group="root", mode="644"
-        )
-    )
+    files = util.on_box(CHECK_PATH, COMMAND)
+    commands = util.put(str(CHECK_SOURCE), CHECK_PATH, found=files)
     commands += util.template(
         "spark-nccl-test.j2",
         COMMAND,
         "755",
+        files,
         rank=rank,
         world=world,
         image=shlex.quote(image),

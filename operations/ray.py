@@ -265,7 +265,10 @@ def node(
         yield record_ray_version(image)
     if token is not None:
         changes += _token_commands(token, state["token"])
-    script = util.template("spark-ray-nodes.sh.j2", NODES_COMMAND, "755", container=CONTAINER)
+    found = util.on_box(NODES_COMMAND, UNIT_PATH)
+    script = util.template(
+        "spark-ray-nodes.sh.j2", NODES_COMMAND, "755", found, container=CONTAINER
+    )
     exec_start = docker_run(
         image,
         ray_start(role, node_ip, head_ip, port),
@@ -278,6 +281,7 @@ def node(
     unit = util.template(
         "spark-ray.service.j2",
         UNIT_PATH,
+        found=found,
         role=role,
         node_ip=node_ip,
         head=f"{head_ip}:{port}",

@@ -1,17 +1,19 @@
 """What several operations share, as pyinfra keeps it in its operations/util: a root-owned file
-from a template, a systemd unit's reload, enable and restart-or-start, what a container may get
-on the box, the `docker run` line of a GPU container, and how a box stops on its own problem
-(and where another box stopped)."""
+as given or from a template (one question when it is so), a systemd unit's reload, enable and
+restart-or-start, what a container may get on the box, the `docker run` line of a GPU
+container, and how a box stops on its own problem (and where another box stopped)."""
 
 from __future__ import annotations
 
 import shlex
 from collections.abc import Iterable, Iterator
+from io import StringIO
 from pathlib import Path
 
 from pyinfra import host, logger, state
-from pyinfra.api import State
+from pyinfra.api import FactBase, State
 from pyinfra.api.host import Host
+from pyinfra.api.util import get_file_sha1, get_template
 from pyinfra.operations import files
 
 TEMPLATES = Path(__file__).parents[1] / "templates"
@@ -26,14 +28,82 @@ RIGHTS_COMMAND = (
 )
 
 
-def template(name: str, dest: str, mode: str = "644", **variables: object) -> list:
-    """The commands of ``files.template`` for a root:root file from templates/<name> (none when
-    the file is as rendered)."""
-    return list(
-        files.template._inner(
-            src=str(TEMPLATES / name), dest=dest, user="root", group="root", mode=mode, **variables
+class RootFiles(FactBase):
+    """Each path's owner, group, mode (``stat -c %a``) and SHA-1, all in one command; None for a
+    path that is not a regular file (absent, a directory, a link) or whose line does not read
+    so (the file is then left to pyinfra's files.put, which reads it itself).
+
+    .. code:: python
+
+        {"/etc/x.conf": {"user": "root", "group": "root", "mode": "644", "sha1": "3c5d...e1"}}
+    """
+
+    default = dict
+
+    def command(self, paths: tuple[str, ...]) -> str:
+        self.paths = paths  # process() answers these, as pyinfra's Sha1File keeps its path
+        return "; ".join(
+            f"if [ -f {path} ] && [ ! -L {path} ]; then printf '%s\\t%s %s\\n' {path}"
+            f" \"$(stat -c '%U %G %a' {path})\" \"$(sha1sum < {path} | cut -d ' ' -f 1)\";"
+            f" else printf '%s\\t-\\n' {path}; fi"
+            for path in map(shlex.quote, paths)
         )
-    )
+
+    def process(self, output: list[str]) -> dict[str, dict[str, str] | None]:
+        lines = dict(line.split("\t", 1) for line in output if "\t" in line)
+        found: dict[str, dict[str, str] | None] = {}
+        for path in self.paths:
+            fields = lines.get(path, "").split()
+            found[path] = (
+                dict(zip(("user", "group", "mode", "sha1"), fields, strict=True))
+                if len(fields) == 4
+                else None
+            )
+        return found
+
+
+def on_box(*paths: str) -> dict[str, dict[str, str] | None]:
+    """RootFiles' answer for these paths: one question for all the files of an operation (give
+    it to ``put`` and ``template`` as ``found``)."""
+    return host.get_fact(RootFiles, paths=paths)
+
+
+def put(
+    src: str | StringIO,
+    dest: str,
+    mode: str = "644",
+    found: dict[str, dict[str, str] | None] | None = None,
+) -> list:
+    """The commands of ``files.put`` for a root:root file holding ``src`` (a local path or the
+    text itself): none when the file is so, as ``found`` (``on_box``; asked here when it does
+    not hold ``dest``) says; else pyinfra's own files.put, which reads what it needs (its File,
+    Directory and Sha1File facts: three questions where the file is there) and writes what
+    differs."""
+    if found is None or dest not in found:
+        found = on_box(dest)
+    if found.get(dest) == {
+        "user": "root",
+        "group": "root",
+        "mode": mode,
+        "sha1": get_file_sha1(src),
+    }:
+        host.noop(f"file {dest} is already uploaded")  # files.put's own words
+        return []
+    return list(files.put._inner(src=src, dest=dest, user="root", group="root", mode=mode))
+
+
+def template(
+    name: str,
+    dest: str,
+    mode: str = "644",
+    found: dict[str, dict[str, str] | None] | None = None,
+    **variables: object,
+) -> list:
+    """The commands of ``files.template`` for a root:root file from templates/<name> (none when
+    the file is as rendered): rendered as files.template renders (host, state and inventory
+    among the variables), then ``put``."""
+    data = {"host": host, "state": state, "inventory": state.inventory, **variables}
+    return put(StringIO(get_template(str(TEMPLATES / name)).render(data)), dest, mode, found)
 
 
 def has_capability(capeff: str, capability: int) -> bool:

@@ -23,6 +23,8 @@ from pyinfra.connectors.util import CommandOutput, OutputLine
 from pyinfra.context import ctx_host, ctx_state
 from pyinfra.facts.files import Directory, File, Sha1File
 
+from operations.util import RootFiles
+
 CAPTURED = Path(__file__).parent / "captured"
 
 
@@ -149,14 +151,24 @@ def run_of(
 
 
 def file_facts(files: dict[str, str | None]) -> dict[Any, str | None]:
-    """FakeHost outputs for the facts files.put/files.template read about these remote files.
+    """FakeHost outputs for the facts operations/util's put and template, and files.put and
+    files.template behind them, read about these remote files.
 
     A path maps to its text (a root:root 0644 file in a root:root 0755 directory, as the
     captured stat lines show) or to None (absent; its directory exists). host-stat-*.txt are
     pyinfra's own File and Directory fact commands run on the development machine (Debian 12)
-    for /etc/debian_version and /etc/apt: only their format and owner and mode matter here.
+    for /etc/debian_version and /etc/apt: only their format and owner and mode matter here;
+    RootFiles is answered, whichever of these paths it is asked about, in the format of
+    host-rootfiles-debian-version-apt.txt (its command run there for /etc/debian_version and
+    /etc/apt): "<path><tab><owner> <group> <mode> <sha1>", or "<path><tab>-".
     """
-    outputs: dict[Any, str | None] = {}
+    outputs: dict[Any, str | None] = {
+        RootFiles: "\n".join(
+            f"{path}\t-" if text is None
+            else f"{path}\troot root 644 {hashlib.sha1(text.encode()).hexdigest()}"
+            for path, text in files.items()
+        )
+    }  # fmt: skip
     for path, text in files.items():
         outputs[(Directory, (("path", posixpath.dirname(path)),))] = captured(
             "host-stat-dir-root-0755.txt"

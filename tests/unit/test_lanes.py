@@ -556,6 +556,22 @@ def test_guard_in_place_and_running_yields_nothing() -> None:
     assert run_op(memguard.memory_guard, host=host, **GUARD) == []
 
 
+def test_guard_in_place_asks_its_three_files_in_one_question() -> None:
+    # Only the one RootFiles question (the script 0755, as the lab's stat of it says) and the
+    # unit's state answer: files.put's own facts would fail the test as unexpected.
+    written = guard_files(**GUARD)
+    lines = [
+        f"{path}\troot root {mode} {hashlib.sha1(written[path].encode()).hexdigest()}"
+        for path, mode in zip(GUARD_FILES, ("755", "644", "644"), strict=True)
+    ]
+    host = FakeHost({
+        (util.RootFiles, (("paths", GUARD_FILES),)): "\n".join(lines),
+        SystemdStatus: captured("lab-systemctl-memguard-running.txt"),
+        SystemdEnabled: captured("lab-systemctl-memguard-enabled.txt"),
+    })  # fmt: skip
+    assert run_op(memguard.memory_guard, host=host, **GUARD) == []
+
+
 def test_a_stopped_guard_is_started_and_a_new_threshold_restarts_it() -> None:
     host = guard_host(guard_files(**GUARD), state="dead")
     assert run_op(memguard.memory_guard, host=host, **GUARD) == [

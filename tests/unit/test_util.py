@@ -2,15 +2,26 @@
 
 from __future__ import annotations
 
+import hashlib
+from io import StringIO
 from types import SimpleNamespace
 
 import pytest
 from pyinfra.api.operation import OperationMeta
 from pyinfra.connectors.util import CommandOutput, OutputLine
 from pyinfra.context import ctx_host, ctx_state
+from pyinfra.operations import files
 
 from operations import util
-from tests.unit.harness import Box, FakeHost, file_facts, refusal, run_op, run_state
+from tests.unit.harness import (
+    Box,
+    FakeHost,
+    captured,
+    file_facts,
+    refusal,
+    run_op,
+    run_state,
+)
 
 
 def test_a_unit_written_anew_is_reloaded_enabled_and_restarted() -> None:
@@ -73,6 +84,65 @@ def test_template_is_root_owned_and_empty_when_the_file_is_as_rendered() -> None
     assert any("chown root:root" in command for command in commands)
     same = FakeHost(file_facts({dest: host.uploads[dest]}))
     assert run_op(written, host=same) == []
+
+
+def test_template_renders_as_pyinfras_files_template() -> None:
+    # The text pyinfra's own files.template would write, and util.template's, for a file absent.
+    dest, name = "/etc/x.env", "cluster.env.j2"
+    variables = {"variables": [("A", "1", None), ("B", "'two words'", "a note")]}
+    theirs = SimpleNamespace(
+        _inner=lambda: files.template._inner(
+            src=str(util.TEMPLATES / name), dest=dest, user="root", group="root", **variables
+        )
+    )
+    ours = SimpleNamespace(_inner=lambda: util.template(name, dest, **variables))
+    pyinfras, own = FakeHost(file_facts({dest: None})), FakeHost(file_facts({dest: None}))
+    run_op(theirs, host=pyinfras)
+    run_op(ours, host=own)
+    assert own.uploads[dest] == pyinfras.uploads[dest] and "two words" in own.uploads[dest]
+
+
+def test_root_files_reads_owner_group_mode_and_sha1_of_each_path_in_one_answer() -> None:
+    # host-rootfiles-debian-version-apt.txt: RootFiles' command for /etc/debian_version and
+    # /etc/apt (a directory), run on the development machine (Debian 12).
+    fact = util.RootFiles()
+    fact.command(("/etc/debian_version", "/etc/apt", "/etc/none"))
+    lines = captured("host-rootfiles-debian-version-apt.txt").splitlines()
+    assert fact.process(lines) == {
+        "/etc/debian_version": {
+            "user": "root",
+            "group": "root",
+            "mode": "644",
+            "sha1": "c791f7c21e07224d1277523ba1ab7ccb0d14ce72",
+        },
+        "/etc/apt": None,  # not a regular file
+        "/etc/none": None,  # no line for it: not known, left to pyinfra's files.put
+    }
+    # A line that does not read as owner, group, mode and SHA-1: not known either.
+    assert fact.process(["/etc/debian_version\troot 644 c791f7c2"])["/etc/debian_version"] is None
+
+
+def test_a_file_as_it_should_be_costs_one_question() -> None:
+    # Only RootFiles answers: files.put's own facts would fail the test as unexpected.
+    dest, text = "/etc/x.conf", "a = 1\n"
+    digest = hashlib.sha1(text.encode()).hexdigest()
+    host = FakeHost({util.RootFiles: f"{dest}\troot root 600 {digest}"})
+    written = SimpleNamespace(_inner=lambda: util.put(StringIO(text), dest, "600"))
+    assert run_op(written, host=host) == []
+    assert host.noops == [f"file {dest} is already uploaded"]
+
+
+@pytest.mark.parametrize(("mode", "text"), [("644", "a = 2\n"), ("600", "a = 1\n")])
+def test_a_file_not_as_it_should_be_is_left_to_pyinfras_files_put(mode: str, text: str) -> None:
+    # On the box: root:root 0644 holding ``text`` (file_facts answers RootFile the same way).
+    dest = "/etc/x.conf"
+    written = SimpleNamespace(_inner=lambda: util.put(StringIO("a = 1\n"), dest, mode))
+    host = FakeHost(file_facts({dest: text}))
+    commands = run_op(written, host=host)
+    if text == "a = 1\n":  # the text is right, the mode is not
+        assert commands == [f"chmod 600 {dest}"]
+    else:
+        assert commands[0].startswith("FileUploadCommand(") and host.uploads[dest] == "a = 1\n"
 
 
 # --- a box stopped on its own problem, and where another box stopped ---------------------------
