@@ -21,14 +21,14 @@ from pathlib import Path
 from pyinfra import host, inventory, state
 from pyinfra.api.exceptions import PyinfraError
 
-# pyinfra reads config.py and group_data/ from the directory it starts in, and imports this
+# pyinfra reads group_data/ from the directory it starts in, and imports this
 # collection's modules from there: started anywhere else, the deploy would run on defaults
 # nobody checked, so it refuses.
 COLLECTION = Path(__file__).resolve().parent
 if Path.cwd().resolve() != COLLECTION:
     raise PyinfraError(
         f"start pyinfra in {COLLECTION} (cd there, or add --chdir {COLLECTION}): it reads"
-        " config.py and group_data/ from the directory it starts in, and without them the"
+        " group_data/ from the directory it starts in, and without it the"
         " deploy would run on defaults nobody checked"
     )
 

@@ -22,7 +22,7 @@ COLLECTION = Path(__file__).resolve().parent
 if Path.cwd().resolve() != COLLECTION:
     raise PyinfraError(
         f"start pyinfra in {COLLECTION} (cd there, or add --chdir {COLLECTION}): it reads"
-        " config.py and group_data/ from the directory it starts in"
+        " group_data/ from the directory it starts in"
     )
 
 from operations import lanes

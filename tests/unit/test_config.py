@@ -309,7 +309,7 @@ def test_load_caches_the_error_too(monkeypatch: pytest.MonkeyPatch) -> None:
 def run_pyinfra(
     tmp_path: Path, hosts: dict[str, dict[str, Any]], cwd: Path = REPO, *deploy: str
 ) -> subprocess.CompletedProcess:
-    """The pyinfra CLI deploying deploy.py (from the repository root: its config.py and
+    """The pyinfra CLI deploying deploy.py (from the repository root: its
     group_data/) to a throwaway inventory of pyinfra's fake connector: "@fake/<name>" hosts
     that connect, answer every command with nothing and touch no machine."""
     inventory_file = tmp_path / "inventory.py"
@@ -349,7 +349,7 @@ def test_cli_with_good_data_goes_on_to_the_operations(tmp_path: Path) -> None:
 
 
 def test_started_elsewhere_the_deploy_refuses_to_run_unchecked(tmp_path: Path) -> None:
-    """From another directory pyinfra finds neither config.py nor group_data/: refused, with the
+    """From another directory pyinfra finds no group_data/: refused, with the
     way out named; with --chdir the deploy runs as from the repository root."""
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
