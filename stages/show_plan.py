@@ -11,7 +11,7 @@ import argparse
 import sys
 
 from spark.plan import BoxPlan, Cluster, Plan, ServedLane
-from stages.settings import InventoryRefused, load, read_inventory
+from stages.settings import InventoryRefused, read_inventory
 from stages.settings import plan as inventory_plan
 
 
@@ -141,7 +141,6 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         inventory = read_inventory(args.inventory)
-        load(inventory)  # the inventory's problems first, every one
         plan = inventory_plan(inventory)
     except InventoryRefused as error:
         print(error, file=sys.stderr)
