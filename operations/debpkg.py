@@ -9,6 +9,8 @@ from collections.abc import Iterable
 from pyinfra import host
 from pyinfra.api import FactBase, operation
 
+from operations.asked import Question, answer, question
+
 # The second letter of dpkg's db:Status-Abbrev for a package whose files are not on the box:
 # not-installed, config-files (removed, its conffiles left).
 ABSENT = "nc"
@@ -108,7 +110,7 @@ def completed():
     run's apt may still be running), runs ``dpkg --configure -a``, then lets apt reinstall what
     dpkg cannot finish (``apt-get install -f``), keeping local configuration files.
     """
-    audit = host.get_fact(DpkgAudit)
+    audit = answer(DpkgAudit)
     if not (audit["packages"] or audit["journal"]):
         host.noop("dpkg has no package left unfinished")
         return
@@ -120,3 +122,8 @@ def completed():
         " && apt-get update -qq"
         f" && DEBIAN_FRONTEND=noninteractive {APT_GET} install -f -y {fix}"
     )
+
+
+def questions() -> list[Question]:
+    """What ``completed`` reads (operations/asked.py: its stage asks it with its others)."""
+    return [question(DpkgAudit)]

@@ -10,6 +10,7 @@ from pyinfra.api import FactBase, operation
 from pyinfra.api.exceptions import OperationError
 
 from operations import util
+from operations.asked import Question, answer, question
 from operations.debpkg import PackageStates, apt_install, query
 
 # Packages whose version is the driver's version, in Ubuntu's and NVIDIA's naming (branch
@@ -37,6 +38,7 @@ DRIVER_FAMILY = (
     "libnvidia-gl*",
 )
 BRANCH_IN_NAME = re.compile(r"-(\d{3})(?=-|$)")  # nvidia-driver-590-open, libnvidia-gl-590
+PIN_PATH = "/etc/apt/preferences.d/nvidia-driver-branch.pref"
 SMI_QUERY = "nvidia-smi --query-gpu=name,driver_version,compute_cap --format=csv,noheader"
 
 
@@ -94,7 +96,7 @@ def _other_smi_version(smi: dict[str, str] | None, branch: int) -> str | None:
 def branch_held(
     branch: int,
     package: str,
-    pin_path: str = "/etc/apt/preferences.d/nvidia-driver-branch.pref",
+    pin_path: str = PIN_PATH,
 ):
     """
     Install and hold the driver of one branch; pin apt so nothing brings another branch.
@@ -117,7 +119,7 @@ def branch_held(
     """
     if _names_other_branch(package, branch):
         raise OperationError(f"{package} is not a package of driver branch {branch}")
-    installed = host.get_fact(DriverPackages)
+    installed = answer(DriverPackages)
     others = {
         name: state["version"]
         for name, state in installed.items()
@@ -133,7 +135,7 @@ def branch_held(
             " again."
         )
         return
-    if other := _other_smi_version(host.get_fact(NvidiaSmi), branch):
+    if other := _other_smi_version(answer(NvidiaSmi), branch):
         yield from util.refused(other)
         return
 
@@ -171,7 +173,7 @@ def running(branch: int):
     in a dry run) it yields a check that runs after the install: it passes when the driver
     answers then and fails otherwise, asking for the reboot a fresh install needs on real boxes.
     """
-    smi = host.get_fact(NvidiaSmi)
+    smi = answer(NvidiaSmi)
     if other := _other_smi_version(smi, branch):
         yield from util.refused(other)
         return
@@ -186,3 +188,12 @@ def running(branch: int):
         f"nvidia-smi --query-gpu=driver_version --format=csv,noheader | grep -q '^{branch}\\.'"
         f" || {{ echo {message} >&2; false; }}"
     )
+
+
+def questions() -> list[Question]:
+    """What ``branch_held`` and ``running`` read (operations/asked.py)."""
+    return [
+        question(DriverPackages),
+        question(NvidiaSmi),
+        question(util.RootFiles, paths=(PIN_PATH,)),
+    ]

@@ -9,8 +9,10 @@ from pyinfra.api import operation
 from pyinfra.api.exceptions import OperationError
 
 from operations import util
+from operations.asked import Question, question
 from spark.lane import ENV_NAME
 
+PROFILE_PATH = "/etc/profile.d/spark-cluster-env.sh"
 UNSAYABLE = ("\n", "\r", "\0")  # a line break ends an assignment in one reader, not the other
 ESCAPED = re.compile(r'([\\"`$])')
 
@@ -27,7 +29,7 @@ def cluster_env(
     variables: dict[str, str],
     path: str,
     notes: dict[str, str] | None = None,
-    profile_path: str = "/etc/profile.d/spark-cluster-env.sh",
+    profile_path: str = PROFILE_PATH,
 ):
     """
     Write the cluster environment for systemd units and export it to login shells.
@@ -62,3 +64,8 @@ def cluster_env(
     yield from util.template(
         "profile-cluster-env.sh.j2", profile_path, found=found, env_file=shlex.quote(path)
     )
+
+
+def questions(path: str) -> list[Question]:
+    """What ``cluster_env`` reads for the file at ``path`` (operations/asked.py)."""
+    return [question(util.RootFiles, paths=(path, PROFILE_PATH))]

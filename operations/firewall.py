@@ -12,6 +12,7 @@ from pyinfra import host
 from pyinfra.api import FactBase, operation
 
 from operations import debpkg, util
+from operations.asked import Question, answer, question
 from spark.ports import BACKEND_PORTS
 
 TABLE = "inet spark"  # our own table: docker's and anyone else's rules stay untouched
@@ -119,7 +120,7 @@ def cluster_ports_fabric_only(
     when its digest differs from the file's or its rules from what the file gives (a flushed
     chain, a deleted rule).
     """
-    state = host.get_fact(FirewallState, path=path)
+    state = answer(FirewallState, path=path)
     ranges = merged([*ports, *BACKEND_PORTS, state["ephemeral"]])
     closed = [port for port in open_ports if any(low <= port <= high for low, high in ranges)]
     if closed:
@@ -153,3 +154,11 @@ def cluster_ports_fabric_only(
     )
     if active and not reload and not (ruleset_file or unit) and state["enabled"] == "enabled":
         host.noop(f"{TABLE} admits the cluster's ports from the fabric only")
+
+
+def questions() -> list[Question]:
+    """What ``cluster_ports_fabric_only`` reads (operations/asked.py)."""
+    return [
+        question(FirewallState, path=PATH),
+        question(util.RootFiles, paths=(PATH, f"/etc/systemd/system/{UNIT}")),
+    ]

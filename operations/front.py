@@ -17,6 +17,7 @@ from pyinfra.api import FactBase, operation
 from pyinfra.operations import files
 
 from operations import debpkg, util
+from operations.asked import Question, answer, question
 from operations.lanes import FRONT, key_made
 from spark.box_paths import SECRETS_DIR, key_path
 
@@ -173,8 +174,8 @@ def lanes_front(
             allow_networks=[],
         )
     """
-    keyed = [lane.name for lane in lanes if lane.key]
-    state = host.get_fact(FrontState, lanes=tuple(keyed))
+    keyed = keyed_lanes(lanes)
+    state = answer(FrontState, lanes=keyed)
     changes: list[str] = []
     if not state["installed"]:
         changes.append(debpkg.apt_install(PACKAGE))
@@ -219,3 +220,16 @@ def lanes_front(
     )
     if running and not changes:
         host.noop(f"nginx asks the key on every path of {len(lanes)} lane(s)")
+
+
+def keyed_lanes(lanes: list[FrontLane]) -> tuple[str, ...]:
+    """The lanes whose every path asks a key."""
+    return tuple(lane.name for lane in lanes if lane.key)
+
+
+def questions(lanes: list[FrontLane]) -> list[Question]:
+    """What ``lanes_front`` reads (operations/asked.py)."""
+    return [
+        question(FrontState, lanes=keyed_lanes(lanes)),
+        question(util.RootFiles, paths=(SITE,)),
+    ]

@@ -10,9 +10,13 @@ from pyinfra import host
 from pyinfra.api import FactBase, operation
 
 from operations import util
+from operations.asked import Question, answer, question
 from operations.util import CAP_SYS_RESOURCE
 
 OOM_PROTECTED = -1000  # the OOM killer never picks the process
+
+LOGIND_DROPIN = "/etc/systemd/logind.conf.d/spark-keep-ipc.conf"
+SSHD = "ssh.service"
 
 
 class LogindRemoveIpc(FactBase):
@@ -72,7 +76,7 @@ def _read_after(settings: list[tuple[str, str]], path: str) -> list[tuple[str, s
 
 
 @operation()
-def logind_keep_ipc(path: str = "/etc/systemd/logind.conf.d/spark-keep-ipc.conf"):
+def logind_keep_ipc(path: str = LOGIND_DROPIN):
     """
     Keep a user's IPC objects when their last session ends (logind ``RemoveIPC=no``).
 
@@ -83,7 +87,7 @@ def logind_keep_ipc(path: str = "/etc/systemd/logind.conf.d/spark-keep-ipc.conf"
     that, restarted otherwise (an Xorg session on the box may not survive a logind restart:
     systemd/systemd#18484; Wayland sessions and SSH logins do).
     """
-    later = _read_after(host.get_fact(LogindRemoveIpc), path)
+    later = _read_after(answer(LogindRemoveIpc), path)
     if later and later[-1][1] != "no":
         file, value = later[-1]
         yield from util.refused(
@@ -94,7 +98,7 @@ def logind_keep_ipc(path: str = "/etc/systemd/logind.conf.d/spark-keep-ipc.conf"
         return
     changes = util.template("logind-removeipc.conf.j2", path)
     yield from changes
-    if changes or host.get_fact(LogindRunningRemoveIpc):
+    if changes or answer(LogindRunningRemoveIpc):
         # A restart whose first start fails (seen in containers: status 219/CGROUP) is retried
         # by the unit itself (Restart=always): what counts is logind running on the new file.
         yield (
@@ -133,7 +137,7 @@ class SshdOomScore(FactBase):
 
 
 @operation()
-def sshd_oom_protected(unit: str = "ssh.service"):
+def sshd_oom_protected(unit: str = SSHD):
     """
     Make sure the OOM killer spares the sshd that accepts logins, so a box that ran out of
     memory can still be reached.
@@ -149,7 +153,7 @@ def sshd_oom_protected(unit: str = "ssh.service"):
     or Ray run from a shell) unkillable by the OOM killer, which would then kill docker and the
     serving containers, or panic, instead.
     """
-    sshd = host.get_fact(SshdOomScore, unit=unit)
+    sshd = answer(SshdOomScore, unit=unit)
     if sshd is None:
         host.noop(f"{unit} has no running sshd: it protects itself when it starts")
     elif sshd["oom_score_adj"] == OOM_PROTECTED:
@@ -159,3 +163,13 @@ def sshd_oom_protected(unit: str = "ssh.service"):
         host.noop(f"no CAP_SYS_RESOURCE here (a container?): sshd ({sshd['pid']}) stays as it is")
     else:
         yield f"echo {OOM_PROTECTED} > /proc/{sshd['pid']}/oom_score_adj"
+
+
+def questions() -> list[Question]:
+    """What ``logind_keep_ipc`` and ``sshd_oom_protected`` read (operations/asked.py)."""
+    return [
+        question(LogindRemoveIpc),
+        question(util.RootFiles, paths=(LOGIND_DROPIN,)),
+        question(LogindRunningRemoveIpc),
+        question(SshdOomScore, unit=SSHD),
+    ]

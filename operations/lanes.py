@@ -15,6 +15,7 @@ from pyinfra.api.exceptions import OperationError
 from pyinfra.facts.files import Sha1File
 
 from operations import ray, util
+from operations.asked import Question, answer, question
 from operations.preflight import hf_cache_dir
 from spark import llamacpp
 from spark.box_paths import HF_CACHE_IN_CONTAINER, HF_TOKEN, MODELS_DIR, SECRETS_DIR, key_path
@@ -483,7 +484,7 @@ def serving(unit: LaneUnit):
     lane = unit.lane
     if unit.after is not None and not SLUG.fullmatch(unit.after):
         raise OperationError(f"lane names are 1-32 of a-z 0-9 - (got after {unit.after!r})")
-    state = host.get_fact(LaneServing)
+    state = answer(LaneServing)
     problem = None if unit.headless else _port_owner_problem(state, lane)
     if problem:
         yield from util.refused(problem)
@@ -492,9 +493,7 @@ def serving(unit: LaneUnit):
     commands, new_key = _secret_commands(state, lane.name) if with_key else ([], False)
     yield from commands
     env_path, name = f"{LANE_DIR}/{lane.name}.env", unit_name(lane.name)
-    found = util.on_box(
-        env_path, TURN_COMMAND, CANARY_COMMAND, BENCH_COMMAND, RANKS_COMMAND, f"{UNIT_DIR}/{name}"
-    )
+    found = util.on_box(*lane_files(lane.name))
     env_changes = util.template(
         "vllm-lane.env.j2",
         env_path,
@@ -504,17 +503,21 @@ def serving(unit: LaneUnit):
     )
     yield from env_changes
     # Read at each start: a new version changes no running lane.
-    yield from util.template(
-        "spark-lane-turn.j2", TURN_COMMAND, "755", found, loading_dir=LOADING_DIR, prefix=PREFIX
-    )
-    yield from util.template(
-        "spark-lane-canary.j2", CANARY_COMMAND, "755", found, secrets_dir=SECRETS_DIR
-    )
-    yield from util.template(
-        "spark-lane-bench.j2", BENCH_COMMAND, "755", found, secrets_dir=SECRETS_DIR
-    )
-    if unit.rank is not None:
-        yield from util.template("spark-lane-ranks.j2", RANKS_COMMAND, "755", found)
+    scripts = [
+        *util.template(
+            "spark-lane-turn.j2", TURN_COMMAND, "755", found, loading_dir=LOADING_DIR, prefix=PREFIX
+        ),
+        *util.template(
+            "spark-lane-canary.j2", CANARY_COMMAND, "755", found, secrets_dir=SECRETS_DIR
+        ),
+        *util.template("spark-lane-bench.j2", BENCH_COMMAND, "755", found, secrets_dir=SECRETS_DIR),
+        *(
+            util.template("spark-lane-ranks.j2", RANKS_COMMAND, "755", found)
+            if unit.rank is not None
+            else []
+        ),
+    ]
+    yield from scripts
     unit_changes = util.template(
         "vllm-lane.service.j2",
         f"{UNIT_DIR}/{name}",
@@ -522,7 +525,7 @@ def serving(unit: LaneUnit):
         **unit.unit_variables(state["rdma"], state["unlimited_memlock"]),
     )
     yield from unit_changes
-    current = host.get_fact(LaneUnits).get(lane.name, {})
+    current = answer(LaneUnits).get(lane.name, {})
     # A deploy's start is deliberate: reset-failed keeps it from counting toward the unit's start
     # limit (meant for crash loops). A failed start shows the lane's own log (which holds no
     # secret) where pyinfra shows errors.
@@ -544,7 +547,8 @@ def serving(unit: LaneUnit):
     elif running and not changed:
         # Left running, it was not asked at a start: the deploy asks it again (it may answer
         # garbage since, its weights replaced under it, say).
-        wrong = host.get_fact(LaneAnswer, lane=lane.name, port=lane.backend_port)
+        # Asked afresh when the canary was just rewritten: what was read before is its old word.
+        wrong = answer(LaneAnswer, fresh=bool(scripts), lane=lane.name, port=lane.backend_port)
         if wrong:
             yield from util.refused(f"{host.name}: lane {lane.name} serves wrong answers:\n{wrong}")
             return
@@ -560,7 +564,7 @@ def lanes_removed(keep: list[str]):
 
     Their API keys stay in /etc/spark/secrets: a lane added back keeps its clients' key.
     """
-    stale = sorted(set(host.get_fact(LaneUnits)) - set(keep))
+    stale = sorted(set(answer(LaneUnits)) - set(keep))
     for name in stale:
         unit = unit_name(name)
         yield f"systemctl disable --now {unit}"
@@ -580,7 +584,7 @@ def image_present(image: str):
 
     + image: registry/repository:tag, or pinned: registry/repository:tag@sha256:...
     """
-    if local_name(image) in host.get_fact(LocalImages):
+    if local_name(image) in answer(LocalImages):
         host.noop(f"{image} is present")
     else:
         yield ray.pull(image)
@@ -599,7 +603,42 @@ def hf_token(src: str, path: str = HF_TOKEN):
     file it overwrites), and pyinfra's temporary copy is created 0600 for the login user first.
     """
     local = Path(src).read_bytes()
-    if host.get_fact(Sha1File, path=path) == hashlib.sha1(local).hexdigest():
+    if answer(Sha1File, path=path) == hashlib.sha1(local).hexdigest():
         host.noop(f"{path} holds the token")
         return
     yield from ray.root_only_upload(src, path)
+
+
+def lane_files(lane: str) -> tuple[str, ...]:
+    """The files ``serving`` writes for a lane: its environment, the lanes' scripts, its unit."""
+    return (
+        f"{LANE_DIR}/{lane}.env",
+        TURN_COMMAND,
+        CANARY_COMMAND,
+        BENCH_COMMAND,
+        RANKS_COMMAND,
+        f"{UNIT_DIR}/{unit_name(lane)}",
+    )
+
+
+def questions(images: list[str], hf_token: bool) -> list[Question]:
+    """What ``lanes_removed``, ``image_present`` (of these images: one question for all) and
+    ``hf_token`` read (operations/asked.py)."""
+    return [
+        question(LaneUnits),
+        *([question(LocalImages)] if images else []),
+        *([question(Sha1File, path=HF_TOKEN)] if hf_token else []),
+    ]
+
+
+def serving_questions(unit: LaneUnit) -> list[Question]:
+    """What ``serving`` reads for this lane, the canary's answer included (operations/asked.py):
+    asked with the others, the lane answers a canary even where the run then finds its unit
+    changed and restarts it."""
+    lane = unit.lane
+    return [
+        question(LaneServing),
+        question(util.RootFiles, paths=lane_files(lane.name)),
+        question(LaneUnits),
+        *([] if unit.headless else [question(LaneAnswer, lane=lane.name, port=lane.backend_port)]),
+    ]

@@ -10,10 +10,13 @@ from pyinfra.api.exceptions import OperationError
 from pyinfra.facts.systemd import SystemdEnabled, SystemdStatus
 
 from operations import util
+from operations.asked import Question, answer, question
 from operations.lanes import PREFIX, unit_name
 from spark.lane import SLUG
 
 SERVICE = "spark-memguard.service"
+SCRIPT = "/usr/local/lib/spark/memguard.py"
+CONFIG = "/etc/spark/memguard.json"
 
 
 def stop_order(lanes: list[tuple[str, int]]) -> list[dict]:
@@ -35,8 +38,8 @@ def stop_order(lanes: list[tuple[str, int]]) -> list[dict]:
 def memory_guard(
     lanes: list[tuple[str, int]],
     min_available_gib: float,
-    script: str = "/usr/local/lib/spark/memguard.py",
-    config: str = "/etc/spark/memguard.json",
+    script: str = SCRIPT,
+    config: str = CONFIG,
 ):
     """
     Run the memory guard: every second it reads MemAvailable and, below the threshold, stops
@@ -69,8 +72,8 @@ def memory_guard(
     )
     yield from changes
     yield from unit
-    running = host.get_fact(SystemdStatus, services=[SERVICE]).get(SERVICE)
-    enabled = host.get_fact(SystemdEnabled, services=[SERVICE]).get(SERVICE)
+    running = answer(SystemdStatus, services=[SERVICE]).get(SERVICE)
+    enabled = answer(SystemdEnabled, services=[SERVICE]).get(SERVICE)
     yield from util.unit_started(
         SERVICE,
         unit_changed=bool(unit),
@@ -80,3 +83,12 @@ def memory_guard(
     )
     if running and enabled and not (changes or unit):
         host.noop(f"{SERVICE} is running")
+
+
+def questions() -> list[Question]:
+    """What ``memory_guard`` reads (operations/asked.py)."""
+    return [
+        question(util.RootFiles, paths=(SCRIPT, CONFIG, f"/etc/systemd/system/{SERVICE}")),
+        question(SystemdStatus, services=[SERVICE]),
+        question(SystemdEnabled, services=[SERVICE]),
+    ]

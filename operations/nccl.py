@@ -10,6 +10,7 @@ from pyinfra import host
 from pyinfra.api import FactBase, operation
 
 from operations import preflight, util
+from operations.asked import Question, answer, question
 
 CHECK_SOURCE = Path(__file__).parents[1] / "files" / "nccl_check.py"
 CHECK_PATH = "/usr/local/lib/spark/nccl_check.py"
@@ -102,7 +103,7 @@ def prepared(
     + min_busbw_gbs: the pass mark, all_gather bus bandwidth at the largest size
     + max_bytes: the largest message size
     """
-    found = host.get_fact(NcclTestState)
+    found = answer(NcclTestState)
     docker_run = util.docker_run(CONTAINER, [], found["rdma"], found["unlimited_memlock"])
     files = util.on_box(CHECK_PATH, COMMAND)
     commands = util.put(str(CHECK_SOURCE), CHECK_PATH, found=files)
@@ -159,10 +160,15 @@ def passed(boxes: list[str]):
         return
     # Each box reads every box's kept verdict itself: the same answer on each, so all run a
     # rank or none. A verdict changes only when its box's rank ends, which needs every rank.
-    found = {box: in_run[box].get_fact(NcclTestState) for box in boxes}
+    found = {box: answer(NcclTestState, of=in_run[box]) for box in boxes}
     due = {box: why_due(found[box]["kept"], found[box]["key"]) for box in boxes}
     if not any(due.values()):
         host.noop(f"the NCCL test passed: {summary(found[host.name]['kept'] or {})}")
         return
     host.log(", ".join(f"{box}: {reason}" for box, reason in due.items() if reason))
     yield COMMAND
+
+
+def questions() -> list[Question]:
+    """What ``prepared`` and ``passed`` read of this box (operations/asked.py)."""
+    return [question(NcclTestState), question(util.RootFiles, paths=(CHECK_PATH, COMMAND))]

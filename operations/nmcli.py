@@ -9,6 +9,7 @@ from pyinfra import host
 from pyinfra.api import FactBase, operation
 
 from operations import util
+from operations.asked import Question, answer, question
 
 # What ethernet() manages, plus where a profile is active (the GENERAL.* lines appear only then).
 FIELDS = (
@@ -148,7 +149,7 @@ def ethernet(
             address="192.168.100.10/24",
         )
     """
-    foreign = host.get_fact(ForeignNetplanFiles, ifname=ifname)
+    foreign = answer(ForeignNetplanFiles, ifname=ifname)
     if foreign:
         yield from util.refused(
             f"{host.name}: {', '.join(foreign)} configure(s) {ifname} outside NetworkManager. "
@@ -167,7 +168,7 @@ def ethernet(
         "ipv6.method": ipv6_method,
         "802-3-ethernet.mtu": str(mtu),
     }
-    profiles = host.get_fact(NmConnections).values()
+    profiles = answer(NmConnections).values()
     named = [profile for profile in profiles if profile["connection.id"] == con_name]
     strays = [p for p in profiles if p["connection.id"] != con_name and _bound_to(p, ifname)]
     if len(named) > 1:
@@ -208,3 +209,11 @@ def ethernet(
         yield _delete_if_present(stray["connection.uuid"])
     if not (changes or strays) and active:
         host.noop(f"profile {con_name} is up to date and active on {ifname}")
+
+
+def questions(ifnames: list[str]) -> list[Question]:
+    """What ``ethernet`` reads for each of these interfaces (operations/asked.py)."""
+    return [
+        *(question(ForeignNetplanFiles, ifname=ifname) for ifname in ifnames),
+        question(NmConnections),
+    ]

@@ -10,6 +10,7 @@ from pyinfra.api import FactBase, operation
 from pyinfra.api.host import Host
 
 from operations import util
+from operations.asked import Question, answer, question
 from spark.box_paths import HF_CACHE_IN_CONTAINER
 
 IP_ICMP_HEADERS = 28  # a ping's payload is the MTU less the IPv4 (20) and ICMP (8) headers
@@ -118,7 +119,7 @@ def management_address(ifname: str, address: str):
             name="Management address", ifname="enP7s7", address="10.0.0.21"
         )
     """
-    found = host.get_fact(Ipv4Addresses, ifname=ifname)
+    found = answer(Ipv4Addresses, ifname=ifname)
     if address not in found:
         yield from util.refused(
             f"{host.name}: management_address: {address} is not on {ifname}, which has"
@@ -156,7 +157,7 @@ def fabric_ports_cabled(twins: list[tuple[str, int | None]]):
             name="Fabric ports cabled", twins=[("enp1s0f1np1", 1), ("enP2p1s0f1np1", 1)]
         )
     """
-    speeds = host.get_fact(LinkSpeeds, ifnames=tuple(ifname for ifname, _ in twins))
+    speeds = answer(LinkSpeeds, ifnames=tuple(ifname for ifname, _ in twins))
     missing = defaultdict(list)
     for ifname, port in twins:
         if ifname not in speeds:
@@ -229,7 +230,7 @@ def link_speeds(ifnames: list[str], expected_mbps: int, low: str = "refuse"):
             expected_mbps=200000,
         )
     """
-    speeds = host.get_fact(LinkSpeeds, ifnames=tuple(ifnames))
+    speeds = answer(LinkSpeeds, ifnames=tuple(ifnames))
     slow = [
         _slow(ifname, speeds[ifname], expected_mbps)
         for ifname in ifnames
@@ -319,8 +320,8 @@ def fabric_peers(peers: list[Peer], mtu: int = 9000):
     failed = {failed_host.name for failed_host in state.failed_hosts}
     left_out = sorted({name for _ifname, name, _address in peers if name in failed})
     checked = [peer for peer in peers if peer[1] not in failed]
-    pairs = tuple(dict.fromkeys((ifname, address) for ifname, _name, address in checked))
-    answers = host.get_fact(FabricPeers, pairs=pairs, size=mtu - IP_ICMP_HEADERS) if pairs else {}
+    pairs = peer_pairs(checked)
+    answers = answer(FabricPeers, pairs=pairs, size=mtu - IP_ICMP_HEADERS) if pairs else {}
     silent = [peer for peer in checked if not answers.get((peer[0], peer[2]))]
     if silent:
         yield _check_command(silent, mtu)
@@ -434,7 +435,7 @@ def model_present(
 
     An absolute path is never fetched: without its config.json the box stops, to copy it there.
     """
-    if host.get_fact(ModelWeights, model=model, models_dir=models_dir, files=files):
+    if answer(ModelWeights, model=model, models_dir=models_dir, files=files):
         host.noop(f"{model} is on this box")
         return
     if model.startswith("/"):
@@ -501,14 +502,14 @@ def image_agrees(image: str, boxes: list[str]):
             " nothing of the cluster lane starts until it passes"
         )
         return
-    mine = host.get_fact(ImageLayers, image=image)
+    mine = answer(ImageLayers, image=image)
     if mine is None:
         yield from util.refused(f"{host.name}: {image} is not on this box; pull it first")
         return
     in_run = boxes_in_run(boxes)
     # A box of the run without the image stops at its own check (above, there).
     seen = {
-        box: other.get_fact(ImageLayers, image=image)
+        box: answer(ImageLayers, of=other, image=image)
         for box, other in in_run.items()
         if box != host.name
     }
@@ -527,3 +528,33 @@ def image_agrees(image: str, boxes: list[str]):
     )
     return
     yield  # an operation is a generator
+
+
+def peer_pairs(peers: list[Peer]) -> tuple[tuple[str, str], ...]:
+    """Each (twin, peer address) ``fabric_peers`` pings, once."""
+    return tuple(dict.fromkeys((ifname, address) for ifname, _name, address in peers))
+
+
+def fabric_questions(
+    twins: list[str], ifnames: list[str], peers: list[Peer], mtu: int, management: str | None
+) -> list[Question]:
+    """What ``fabric_ports_cabled`` (its twins), ``link_speeds`` (its interfaces),
+    ``fabric_peers`` (no box of the run failed) and ``management_address`` (its interface)
+    read (operations/asked.py)."""
+    pairs = peer_pairs(peers)
+    return [
+        question(LinkSpeeds, ifnames=tuple(twins)),
+        question(LinkSpeeds, ifnames=tuple(ifnames)),
+        *([question(FabricPeers, pairs=pairs, size=mtu - IP_ICMP_HEADERS)] if pairs else []),
+        *([question(Ipv4Addresses, ifname=management)] if management else []),
+    ]
+
+
+def model_questions(model: str, models_dir: str, files: tuple[str, ...] | None) -> list[Question]:
+    """What ``model_present`` reads (operations/asked.py)."""
+    return [question(ModelWeights, model=model, models_dir=models_dir, files=files)]
+
+
+def image_questions(image: str) -> list[Question]:
+    """What ``image_agrees`` reads of this box (operations/asked.py)."""
+    return [question(ImageLayers, image=image)]

@@ -18,6 +18,7 @@ from pyinfra.api.exceptions import OperationError
 from pyinfra.facts.files import File
 
 from operations import util
+from operations.asked import Question, answer, question
 from spark.box_paths import SECRETS_DIR
 from spark.ports import DASHBOARD_PORT, PORT_OPTIONS, WORKER_PORTS
 
@@ -242,7 +243,7 @@ def node(
     if role == "worker" and (stopped := util.missing([head] if head else [])):
         yield from util.refused(f"{host.name}: this Ray worker {util.waits_for(stopped)}")
         return
-    state = host.get_fact(RayNode, image=image)
+    state = answer(RayNode, image=image)
     changes: list = []
     if state["image"] is None:
         # The version is compared on the next run; today a missing Ray stops this one here.
@@ -314,9 +315,19 @@ def node_removed():
     a cluster lane on Ray: a cluster lane on vLLM's own multi-node mode (executor mp) needs no
     Ray, whose containers would hold memory the lanes need. Its token and images stay.
     """
-    if host.get_fact(File, path=UNIT_PATH) is None:
+    if answer(File, path=UNIT_PATH) is None:
         host.noop(f"no {UNIT} on this box")
         return
     yield f"systemctl disable --now {UNIT}"
     yield f"rm -f {UNIT_PATH}"
     yield "systemctl daemon-reload"
+
+
+def questions(image: str | None) -> list[Question]:
+    """What ``node`` (Ray in this image) or else ``node_removed`` reads (operations/asked.py)."""
+    if image is None:
+        return [question(File, path=UNIT_PATH)]
+    return [
+        question(RayNode, image=image),
+        question(util.RootFiles, paths=(NODES_COMMAND, UNIT_PATH)),
+    ]

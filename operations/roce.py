@@ -10,6 +10,7 @@ from pyinfra import host
 from pyinfra.api import FactBase, operation
 
 from operations import util
+from operations.asked import Question, answer, question
 
 SYSFS = "/sys/class/infiniband"
 ZERO_GID = "0000:0000:0000:0000:0000:0000:0000:0000"
@@ -135,7 +136,7 @@ def roce_v2_entry(ifname: str, address: str, expected_index: int = 3):
 
         roce.roce_v2_entry(ifname="enp1s0f1np1", address="192.168.100.10/24", expected_index=3)
     """
-    tables = host.get_fact(GidTables)
+    tables = answer(GidTables)
     ports = sorted(
         {(hca, e["port"]) for hca, table in tables.items() for e in table if e["ndev"] == ifname}
     )
@@ -195,3 +196,8 @@ def roce_v2_entry(ifname: str, address: str, expected_index: int = 3):
         found = f"{address} has no RoCE v2 entry"
         todo = f"Find out why the port has no RoCE v2 GID for {address} (RoCE v2 disabled?)."
     yield from util.refused(f"{host.name}: {where}: {found}.\n{format_table(entries)}\n{todo}")
+
+
+def questions() -> list[Question]:
+    """What ``roce_v2_entry`` reads (operations/asked.py)."""
+    return [question(GidTables)]

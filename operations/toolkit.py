@@ -10,6 +10,7 @@ from pyinfra.api import FactBase, operation
 from pyinfra.facts.files import File
 
 from operations import util
+from operations.asked import Question, answer, question
 from operations.debpkg import PackageStates, apt_install
 
 # NVIDIA's documented install line names these four, each at the same version.
@@ -20,6 +21,9 @@ PACKAGES = (
     "libnvidia-container1",
 )
 DAEMON_JSON = "/etc/docker/daemon.json"
+DOCKER = "docker.service"
+KEYRING = "/usr/share/keyrings/nvidia-container-toolkit-keyring.gpg"
+LIST_PATH = "/etc/apt/sources.list.d/nvidia-container-toolkit.list"
 HOOK = "nvidia-container-runtime-hook"  # docker looks it up in its PATH when it starts
 
 
@@ -98,8 +102,8 @@ class DockerDaemon(FactBase):
 def repository(
     url: str,
     key_url: str,
-    keyring: str = "/usr/share/keyrings/nvidia-container-toolkit-keyring.gpg",
-    list_path: str = "/etc/apt/sources.list.d/nvidia-container-toolkit.list",
+    keyring: str = KEYRING,
+    list_path: str = LIST_PATH,
 ):
     """
     Add NVIDIA's container toolkit apt repository, signed by its own key only.
@@ -119,7 +123,7 @@ def repository(
         "nvidia-container-toolkit.list.j2", list_path, url=url, keyring=keyring
     )
     yield from list_changes
-    key_missing = host.get_fact(File, path=keyring) is None
+    key_missing = answer(File, path=keyring) is None
     if key_missing:
         armored = shlex.quote(f"{keyring}.asc")
         yield (
@@ -148,7 +152,7 @@ def installed(version: str):
     (a toolkit upgrade may change how containers see the GPU); a fix, say for a toolkit CVE,
     comes by raising the version there.
     """
-    current = host.get_fact(ToolkitPackages)
+    current = answer(ToolkitPackages)
     install = any(current.get(name, {}).get("version") != version for name in PACKAGES)
     if install:
         yield apt_install(
@@ -164,7 +168,7 @@ def installed(version: str):
 
 
 @operation()
-def docker_runtime(service: str = "docker.service"):
+def docker_runtime(service: str = DOCKER):
     """
     Register the toolkit's ``nvidia`` runtime in docker's daemon.json (with nvidia-ctk) and make
     sure the running docker has it, and ``--gpus``.
@@ -183,7 +187,7 @@ def docker_runtime(service: str = "docker.service"):
 
         toolkit.docker_runtime(name="docker's nvidia runtime")
     """
-    config = host.get_fact(DockerDaemonConfig)
+    config = answer(DockerDaemonConfig)
     if config is None:
         yield from util.refused(
             f"{host.name}: {DAEMON_JSON} is not a JSON object, so docker cannot start with it"
@@ -192,7 +196,7 @@ def docker_runtime(service: str = "docker.service"):
         return
     runtimes = config.get("runtimes")
     if isinstance(runtimes, dict) and "nvidia" in runtimes:
-        daemon = host.get_fact(DockerDaemon, service=service)
+        daemon = answer(DockerDaemon, service=service)
         running = daemon["runtimes"] or []
         if "nvidia" in running and not daemon["started_before_hook"]:
             host.noop("docker has the nvidia runtime and --gpus")
@@ -208,3 +212,14 @@ def docker_runtime(service: str = "docker.service"):
         f"systemctl restart {unit} || timeout 60 sh -c 'until systemctl is-active --quiet {unit};"
         f" do sleep 1; done' || {{ journalctl -u {unit} -n 30 --no-pager >&2; exit 1; }}"
     )
+
+
+def questions() -> list[Question]:
+    """What ``repository``, ``installed`` and ``docker_runtime`` read (operations/asked.py)."""
+    return [
+        question(util.RootFiles, paths=(LIST_PATH,)),
+        question(File, path=KEYRING),
+        question(ToolkitPackages),
+        question(DockerDaemonConfig),
+        question(DockerDaemon, service=DOCKER),
+    ]

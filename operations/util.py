@@ -16,6 +16,8 @@ from pyinfra.api.host import Host
 from pyinfra.api.util import get_file_sha1, get_template
 from pyinfra.operations import files
 
+from operations.asked import answer
+
 TEMPLATES = Path(__file__).parents[1] / "templates"
 # A variable name that sh, systemd's EnvironmentFile= and docker's --env-file all read as one
 # (POSIX, Base Definitions 8.1: letters, digits and underscores, not starting with a digit).
@@ -65,7 +67,7 @@ class RootFiles(FactBase):
 def on_box(*paths: str) -> dict[str, dict[str, str] | None]:
     """RootFiles' answer for these paths: one question for all the files of an operation (give
     it to ``put`` and ``template`` as ``found``)."""
-    return host.get_fact(RootFiles, paths=paths)
+    return answer(RootFiles, paths=paths)
 
 
 def put(

@@ -14,6 +14,7 @@ from pyinfra import host
 from pyinfra.api import FactBase, operation
 
 from operations import util
+from operations.asked import Question, answer, question
 from operations.preflight import ModelWeights, boxes_in_run, fetch_command, hf_cache_dir
 
 SHARE_UNIT = "spark-weights-share"
@@ -69,7 +70,8 @@ def shared(model: str, models_dir: str, address: str, fetch: bool, boxes: list[s
     lacking = [
         box
         for box, other in boxes_in_run(boxes).items()
-        if box != host.name and not other.get_fact(ModelWeights, model=model, models_dir=models_dir)
+        if box != host.name
+        and not answer(ModelWeights, of=other, model=model, models_dir=models_dir)
     ]
     if not fetch or not lacking:
         host.noop(f"{model}: nothing to copy to another box")
@@ -113,7 +115,7 @@ def copied(
     + address: the head's first fabric address
     + fetch: copy a missing model here (False: stop the box with the command)
     """
-    if host.name == head or host.get_fact(ModelWeights, model=model, models_dir=models_dir):
+    if host.name == head or answer(ModelWeights, model=model, models_dir=models_dir):
         host.noop(f"{model} is on this box")
         return
     if not fetch:
@@ -146,7 +148,16 @@ def unshared():
     Stop serving the model over the fabric where ``shared`` left it served (in this run, or in
     one cut off before this step).
     """
-    if not host.get_fact(Shared):
+    if not answer(Shared):
         host.noop("nothing was served")
         return
     yield f"systemctl stop {SHARE_UNIT} 2>/dev/null; rm -rf {SHARE_DIR}; true"
+
+
+def questions(model: str, models_dir: str, serves: bool) -> list[Question]:
+    """What ``copied`` and, on the box that ``serves`` the model, ``shared`` read of this box
+    (operations/asked.py)."""
+    return [
+        question(ModelWeights, model=model, models_dir=models_dir),
+        *([question(Shared)] if serves else []),
+    ]

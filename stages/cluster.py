@@ -5,10 +5,11 @@ after each box has done what it can alone."""
 from pyinfra import logger
 from pyinfra.api import deploy
 
-from operations import firewall, lanes, nccl, preflight, ray, weights
+from operations import asked, firewall, lanes, nccl, preflight, ray, weights
+from operations.asked import Question
 from spark.box_paths import MODELS_DIR
-from spark.plan import BoxPlan, NcclRun
-from stages.lanes_front import model_on_box, serve
+from spark.plan import BoxPlan, Cluster, NcclRun
+from stages.lanes_front import lane_unit, model_on_box, model_questions, serve
 
 
 def nccl_test(run: NcclRun | None) -> None:
@@ -35,6 +36,23 @@ def nccl_test(run: NcclRun | None) -> None:
     )
 
 
+def questions(plan: Cluster) -> list[Question]:
+    """Everything the stage reads of the box (operations/asked.py)."""
+    lane = plan.lane
+    copy = lane and lane.copied
+    return [
+        *(firewall.questions() if plan.firewall is not None else []),
+        *(ray.questions(None) if plan.ray_removed else []),
+        *(ray.questions(plan.ray.image) if plan.ray is not None else []),
+        *(lanes.questions([plan.nccl_image], hf_token=False) if plan.nccl_image else []),
+        *(model_questions(lane.weights) if lane and lane.weights else []),
+        *(weights.questions(copy.model, MODELS_DIR, copy.serves) if copy else []),
+        *(preflight.image_questions(lane.image) if lane else []),
+        *(nccl.questions() if plan.nccl_test is not None else []),
+        *(lanes.serving_questions(lane_unit(lane.served)) if lane and lane.served else []),
+    ]
+
+
 # The stage's name: pyinfra names its operations "Cluster | ..."; a box stopped here has its own
 # lanes serving (stages/run_summary.py).
 STAGE = "Cluster"
@@ -45,6 +63,7 @@ def cluster(box: BoxPlan) -> None:
     plan = box.cluster
     if plan is None:
         return
+    asked.ahead(questions(plan))
     if plan.firewall is None:
         # No address reaches every box (a ring): Ray needs one, so no Ray and no ports for
         # the firewall to close; the NCCL test runs over the management network.

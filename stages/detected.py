@@ -26,44 +26,14 @@ from __future__ import annotations
 
 from pyinfra import host, state
 from pyinfra.api import State
-from pyinfra.api.host import Host
-from pyinfra.api.operation import OperationMeta
-from pyinfra.api.state import BaseStateCallback
 
-
-class Executed(BaseStateCallback):
-    """What the execution did so far: whether an operation of this run changed something or
-    failed on any box."""
-
-    def __init__(self) -> None:
-        self.done: list[OperationMeta] = []  # succeeded, not looked at yet
-        self.changed = False
-
-    def operation_host_success(
-        self, state: State, host: Host, op_hash: str, retry_count: int = 0
-    ) -> None:
-        self.done.append(state.get_op_data_for_host(host, op_hash).operation_meta)
-
-    def operation_host_error(
-        self, state: State, host: Host, op_hash: str, retry_count: int = 0, max_retries: int = 0
-    ) -> None:
-        self.changed = True
-
-    def anything_changed(self) -> bool:
-        """Whether an operation executed so far ran a command or failed. pyinfra calls
-        operation_host_success before it records the operation's commands
-        (OperationMeta.set_complete, in operations.py ``_run_host_op``): they are looked at here,
-        later; one still unrecorded counts as a change."""
-        while self.done and not self.changed:
-            meta = self.done.pop()
-            self.changed = not meta.is_complete() or meta.did_change()
-        return self.changed
+from operations import asked
 
 
 def register(run: State) -> None:
-    """Follow the execution (call from deploy.py; once per run is kept)."""
-    if not any(isinstance(handler, Executed) for handler in run.callback_handlers):
-        run.add_callback_handler(Executed())
+    """Follow the execution (call from deploy.py; once per run is kept): operations/asked.py's
+    Asked counts what changed."""
+    asked.register(run)
 
 
 def still_to_run() -> bool:
@@ -73,8 +43,8 @@ def still_to_run() -> bool:
     if not state.should_check_for_changes() or state.failed_hosts:
         return True
     op_hash = host.nested_executing_op_hash or host.executing_op_hash
-    executed = [handler for handler in state.callback_handlers if isinstance(handler, Executed)]
-    if op_hash is None or not executed or executed[0].anything_changed():
+    executed = asked.following(state)
+    if op_hash is None or executed is None or executed.generation(state) > 0:
         return True
     # OperationMeta.will_change: what detection found (it runs the generator only without it).
     metas = [ops[op_hash].operation_meta for ops in state.ops.values() if op_hash in ops]

@@ -3,13 +3,30 @@ RoCE v2 entry, the peers reached with jumbo frames; then the cluster environment
 
 from pyinfra.api import deploy
 
-from operations import environment, nmcli, preflight, roce
+from operations import asked, environment, nmcli, preflight, roce
 from spark.plan import BoxPlan
 
 
 @deploy("Fabric")
 def fabric(box: BoxPlan) -> None:
     plan = box.fabric
+    questions = environment.questions(box.environment.path)
+    if plan is not None:
+        peers = [(peer.ifname, peer.box, peer.address) for peer in plan.peers]
+        ifnames = [link.ifname for link in plan.links]
+        questions += [
+            *preflight.fabric_questions(
+                twins=[ifname for ifname, _port in plan.ports],
+                ifnames=ifnames,
+                peers=peers,
+                mtu=plan.mtu,
+                management=plan.management and plan.management[0],
+            ),
+            *nmcli.questions(ifnames),
+            *roce.questions(),
+        ]
+    # Everything this stage reads of the box, asked in one command (operations/asked.py).
+    asked.ahead(questions)
     if plan is not None:
         preflight.fabric_ports_cabled(
             name=f"Fabric ports of {plan.shape} cabled: every twin there",
@@ -26,7 +43,7 @@ def fabric(box: BoxPlan) -> None:
         # After the profiles: a twin NetworkManager just brought up may report its rate only now.
         preflight.link_speeds(
             name=f"Fabric twins link at {plan.link_speed_mbps} Mb/s",
-            ifnames=[link.ifname for link in plan.links],
+            ifnames=ifnames,
             expected_mbps=plan.link_speed_mbps,
             low=plan.link_speed_low,
         )
@@ -40,7 +57,7 @@ def fabric(box: BoxPlan) -> None:
             )
         preflight.fabric_peers(
             name=f"Fabric twins reach the other boxes' twins ({plan.mtu}-byte frames)",
-            peers=[(peer.ifname, peer.box, peer.address) for peer in plan.peers],
+            peers=peers,
             mtu=plan.mtu,
         )
         if plan.management is not None:  # a ring's rendezvous and sockets go over it

@@ -3,12 +3,16 @@ the host hygiene the field learned. Nothing here needs the fabric or another box
 
 from pyinfra.api import deploy
 
-from operations import debpkg, driver, hygiene, toolkit
+from operations import asked, debpkg, driver, hygiene, toolkit
 from spark.plan import BoxPlan
 
 
 @deploy("Host layer")
 def host_layer(box: BoxPlan) -> None:
+    # Everything this stage reads of the box, asked in one command (operations/asked.py).
+    asked.ahead(
+        [*debpkg.questions(), *driver.questions(), *toolkit.questions(), *hygiene.questions()]
+    )
     # What an interrupted run left dpkg in the middle of is finished first: apt installs
     # nothing until it is. Then the driver, so that a box on another branch stops before
     # anything else changes.

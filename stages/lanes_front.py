@@ -4,9 +4,14 @@ asks each lane's key on every path. None of it needs another box."""
 
 from pyinfra.api import deploy
 
-from operations import front, lanes, memguard, preflight
+from operations import asked, front, lanes, memguard, preflight
+from operations.asked import Question
 from spark.box_paths import MODELS_DIR
 from spark.plan import BoxPlan, ModelOnBox, ServedLane
+
+
+def model_questions(weights: ModelOnBox) -> list[Question]:
+    return preflight.model_questions(weights.model, MODELS_DIR, weights.files)
 
 
 def model_on_box(weights: ModelOnBox, what: str) -> None:
@@ -21,15 +26,36 @@ def model_on_box(weights: ModelOnBox, what: str) -> None:
     )
 
 
+def lane_unit(served: ServedLane) -> lanes.LaneUnit:
+    return lanes.LaneUnit(**dict(served))  # the plan's fields, as LaneUnit names them
+
+
 def serve(served: ServedLane) -> None:
-    lanes.serving(
-        name=f"Lane {served.lane.name}: {served.title}",
-        unit=lanes.LaneUnit(**dict(served)),  # the plan's fields, as LaneUnit names them
-    )
+    lanes.serving(name=f"Lane {served.lane.name}: {served.title}", unit=lane_unit(served))
 
 
 @deploy("Lanes and front")
 def lanes_and_front(box: BoxPlan) -> None:
+    fronted = [
+        front.FrontLane(lane.name, lane.port, lane.backend_port, key=lane.key)
+        for lane in box.front.lanes
+    ]
+    # Everything this stage reads of the box, asked in one command (operations/asked.py).
+    asked.ahead(
+        [
+            *memguard.questions(),
+            *lanes.questions(list(box.images), hf_token=bool(box.hf_token_file)),
+            *(
+                question
+                for lane in box.lanes
+                for question in [
+                    *model_questions(lane.weights),
+                    *lanes.serving_questions(lane_unit(lane.served)),
+                ]
+            ),
+            *front.questions(fronted),
+        ]
+    )
     guard = box.memory_guard
     memguard.memory_guard(
         name=f"Memory guard: a lane stopped below {guard.floor_gib:g} GiB available",
@@ -46,10 +72,7 @@ def lanes_and_front(box: BoxPlan) -> None:
         serve(lane.served)
     front.lanes_front(
         name=f"Front: nginx asks the key on every path of {len(box.front.lanes)} lane(s)",
-        lanes=[
-            front.FrontLane(lane.name, lane.port, lane.backend_port, key=lane.key)
-            for lane in box.front.lanes
-        ],
+        lanes=fronted,
         allow_networks=list(box.front.allow_networks),
         tls=box.front.tls,
     )

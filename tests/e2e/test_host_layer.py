@@ -149,10 +149,16 @@ def test_host_hygiene(bare: simlab.Lab) -> None:
 
 def test_second_deploy_changes_nothing(bare: simlab.Lab) -> None:
     before = [host_snapshot(host) for host in bare.hosts]
-    result = pyinfra(INVENTORY, "deploy.py", typed=True)
+    result = pyinfra(INVENTORY, "deploy.py", "--debug", typed=True)
     assert detected(result) == [], result.stderr  # nothing planned,
     assert changes(result) == 0, result.stdout  # nothing done
     assert [host_snapshot(host) for host in bare.hosts] == before
+    # Each of the four stages asks a box what it reads in one command (operations/asked.py),
+    # in change detection; with nothing changed, the execution asks nothing again.
+    asked = re.findall(r"Running command on (\S+):", result.stdout + result.stderr)
+    assert {host.name: asked.count(host.name) for host in bare.hosts} == {
+        host.name: 4 for host in bare.hosts
+    }
 
 
 @pytest.mark.parametrize("mode", ["--serial", "--no-wait"])

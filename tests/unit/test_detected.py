@@ -11,87 +11,32 @@ from __future__ import annotations
 import shlex
 from pathlib import Path
 
-import pytest
 from pyinfra import host
-from pyinfra.api import Config, FactBase, Inventory, State, operation
-from pyinfra.api.connect import connect_all
-from pyinfra.api.operation import OperationMeta, add_op
-from pyinfra.api.operations import run_ops
-from pyinfra.api.state import StateStage
-from pyinfra.connectors.util import CommandOutput
+from pyinfra.api import operation
 
+from operations import asked
 from stages import detected
-
-
-class Asked(FactBase):
-    """A file's text ("" when absent); each time it is read, a line in ``log`` says so."""
-
-    def command(self, path: str, log: str) -> str:
-        return f"echo {shlex.quote(path)} >> {shlex.quote(log)}; cat {shlex.quote(path)} || true"
-
-    def process(self, output: list[str]) -> str:
-        return "\n".join(output)
+from tests.unit.local_run import Read, Run
 
 
 @operation()
 def copy(src: str, dest: str, log: str):
     """dest holds src's text as it is when this operation runs."""
-    wanted = host.get_fact(Asked, path=src, log=log)
-    if host.get_fact(Asked, path=dest, log=log) != wanted:
+    wanted = host.get_fact(Read, path=src, log=log)
+    if host.get_fact(Read, path=dest, log=log) != wanted:
         yield f"printf %s {shlex.quote(wanted)} > {shlex.quote(dest)}"
 
 
 @operation()
 def text(path: str, content: str, log: str):
     """The file holds exactly this text."""
-    if host.get_fact(Asked, path=path, log=log) != content:
+    if host.get_fact(Read, path=path, log=log) != content:
         yield f"printf %s {shlex.quote(content)} > {shlex.quote(path)}"
 
 
 @operation()
 def fails():
     yield "exit 3"
-
-
-class Run:
-    """One run on @local, staged as the CLI stages it: ``yes`` is -y (no change detection)."""
-
-    def __init__(self, box: Path, yes: bool = False, once: bool = True):
-        self.box = box
-        self.log = str(box / "asked.log")
-        self.state = State(check_for_changes=not yes)
-        self.inventory = Inventory((["@local"], {}))
-        self.state.init(self.inventory, Config())
-        self.state.set_stage(StateStage.Connect)
-        connect_all(self.state)
-        self.host = self.inventory.get_host("@local")
-        self.state.set_stage(StateStage.Prepare)
-        detected.register(self.state)
-        self.once = once
-
-    def path(self, name: str, text: str | None = None) -> str:
-        if text is not None:
-            (self.box / name).write_text(text)
-        return str(self.box / name)
-
-    def add(self, op, **kwargs) -> OperationMeta:
-        if self.once:
-            kwargs["_if"] = [detected.still_to_run]
-        return add_op(self.state, op, log=self.log, **kwargs)[self.host]
-
-    def add_plain(self, op, **kwargs) -> OperationMeta:
-        return add_op(self.state, op, **kwargs)[self.host]
-
-    def asked(self) -> list[str]:
-        """The paths the box was asked about so far, in order; the log starts afresh."""
-        log = Path(self.log)
-        lines = log.read_text().splitlines() if log.exists() else []
-        log.unlink(missing_ok=True)
-        return [Path(line).name for line in lines]
-
-    def execute(self) -> None:
-        self.state.set_stage(StateStage.Execute)
-        run_ops(self.state)
 
 
 def test_pyinfra_alone_asks_every_question_again_at_execution(tmp_path: Path) -> None:
@@ -167,26 +112,7 @@ def test_with_yes_there_is_no_detection_and_every_operation_runs(tmp_path: Path)
     assert meta.did_change() and Path(run.path("b")).read_text() == "x"
 
 
-def test_a_success_not_recorded_yet_counts_as_a_change() -> None:
-    # pyinfra calls operation_host_success before OperationMeta.set_complete (operations.py).
-    executed = detected.Executed()
-    pending = OperationMeta("op", is_change=False)
-    executed.done.append(pending)
-    assert executed.anything_changed()
-
-
-@pytest.mark.parametrize(("commands", "changed"), [([], False), (["a command"], True)])
-def test_a_recorded_success_counts_as_a_change_when_it_ran_commands(
-    commands: list[str], changed: bool
-) -> None:
-    executed = detected.Executed()
-    meta = OperationMeta("op", is_change=False)
-    meta.set_complete(True, commands, CommandOutput([]))
-    executed.done.append(meta)
-    assert executed.anything_changed() is changed
-
-
 def test_registered_once_per_run(tmp_path: Path) -> None:
     run = Run(tmp_path)
     detected.register(run.state)
-    assert sum(isinstance(h, detected.Executed) for h in run.state.callback_handlers) == 1
+    assert sum(isinstance(h, asked.Asked) for h in run.state.callback_handlers) == 1
