@@ -8,7 +8,7 @@ asks a box a dozen commands even when it has nothing to change. Here:
 - a stage says, when pyinfra prepares it, which facts its operations will read on its box
   (``ahead``; each operations module lists its own operations' questions);
 - the first of them an operation reads (``answer``, in place of ``host.get_fact``) asks all of
-  them in one command (``Answers``: each fact's own command, parsed by the fact's own
+  them not known yet in one command (``Answers``: each fact's own command, parsed by the fact's own
   ``process``);
 - an answer is given again only while no operation of the run has changed anything or failed,
   on any box, since it was read (``Asked.generation``, from pyinfra's state callbacks), and
@@ -182,7 +182,8 @@ class Asked(BaseStateCallback):
         group = next((group for group in self.ahead.get(box.name, ()) if asked in group), None)
         if group is not None and (box.name, group, reader[0]) not in self.grouped:
             self.grouped.add((box.name, group, reader[0]))
-            for other, value in box.get_fact(Answers, questions=group).items():
+            unknown = tuple(q for q in group if getattr(known.get(q), "generation", -1) != now)
+            for other, value in box.get_fact(Answers, questions=unknown).items():
                 known[other] = Answer(value, now, frozenset())
             if asked in known and known[asked].generation == now:
                 kept = known[asked]

@@ -100,6 +100,17 @@ def test_a_change_found_in_detection_is_read_again_at_execution(tmp_path: Path) 
     assert Path(run.path("b")).read_text() == "new"
 
 
+def test_a_group_asks_only_what_is_not_known_yet(tmp_path: Path) -> None:
+    # A first stage reads a; the next one says a and b: a is known, b alone is asked.
+    run = Run(tmp_path, yes=True)
+    ahead(run, "a")
+    ahead(run, "a", "b")
+    run.add(text, path=run.path("a", "x"), content="x")
+    run.add(copy, src=run.path("a"), dest=run.path("b", "x"))
+    run.execute()
+    assert run.commands() == [["a"], ["b"]]
+
+
 def test_an_operation_reading_twice_gets_a_second_read(tmp_path: Path) -> None:
     run = Run(tmp_path, yes=True)
     ahead(run, "a")
