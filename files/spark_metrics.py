@@ -53,8 +53,9 @@ ROCE_COUNTERS = (
     "rp_cnp_handled",  # congestion: CNPs the sender slowed down for
 )
 # nvidia-smi --query-gpu fields a GB10 reports (its table: temperature, performance state, power
-# draw and utilisation; memory is "Not Supported", [N/A] in CSV: NVIDIA/k8s-device-plugin#1482).
-GPU_FIELDS = ("temperature.gpu", "power.draw", "utilization.gpu", "pstate")
+# draw and utilisation; memory is "Not Supported", [N/A] in CSV: NVIDIA/k8s-device-plugin#1482),
+# and the loaded driver's version, as operations/driver.py reads it.
+GPU_FIELDS = ("temperature.gpu", "power.draw", "utilization.gpu", "pstate", "driver_version")
 NOT_REPORTED = ("[N/A]", "N/A", "[Not Supported]", "Not Supported", "")
 CONTAINER_PREFIXES = ("spark-lane-", "spark-ray")  # the lanes' containers; Ray's holds ranks
 HEALTH_TIMEOUT_S = 2
@@ -190,14 +191,14 @@ def container_memory(metrics: Metrics, sys_fs: Path, docker_ps: str | None) -> N
 # --- GPU --------------------------------------------------------------------------------------
 
 
-def gpu(metrics: Metrics, csv: str | None) -> None:
+def gpu(metrics: Metrics, csv: str | None) -> str:
     """nvidia-smi --query-gpu=GPU_FIELDS --format=csv,noheader,nounits; a field the GPU does
-    not report ([N/A]) is left out."""
+    not report ([N/A]) is left out. Returns the loaded driver's version ("" without one)."""
     values = [value.strip() for value in (csv or "").splitlines()[0].split(",")] if csv else []
     ok = len(values) == len(GPU_FIELDS)
     metrics.add("spark_gpu_query_ok", int(ok), "nvidia-smi answered the query")
     if not ok:
-        return
+        return ""
     got = dict(zip(GPU_FIELDS, values, strict=True))
     for key, name, scale, help in (
         ("temperature.gpu", "spark_gpu_temperature_celsius", 1, "GPU temperature"),
@@ -209,6 +210,7 @@ def gpu(metrics: Metrics, csv: str | None) -> None:
                 metrics.add(name, float(got[key]) * scale, help)
     if (pstate := got["pstate"]) not in NOT_REPORTED and re.fullmatch(r"P\d+", pstate):
         metrics.add("spark_gpu_pstate", int(pstate[1:]), "GPU performance state (0: highest)")
+    return got["driver_version"]
 
 
 # --- fabric -----------------------------------------------------------------------------------
@@ -274,8 +276,9 @@ def fabric(metrics: Metrics, sys_fs: Path, expected: dict, drift: list) -> None:
                     "RoCE error and congestion counters of the port (mlx5 hw_counters)",
                     "counter", counter=counter, **labels,
                 )  # fmt: skip
-        fix = "the deploy restores it (pyinfra ... deploy.py --limit this box)"
         if mtu != expected["mtu"]:
+            # The profile holds the MTU (operations/nmcli.py): activating it again sets it.
+            fix = f"nmcli connection up fabric-{ifname}"
             drift.append(("mtu", ifname, str(expected["mtu"]), str(mtu), fix))
         if carrier != "1":
             drift.append(("carrier", ifname, "1", carrier or "none", "check the cable (ip link)"))
@@ -285,6 +288,7 @@ def fabric(metrics: Metrics, sys_fs: Path, expected: dict, drift: list) -> None:
                  "a switch port auto-negotiating 100G, a degraded ConnectX start, the cable")
             )  # fmt: skip
         if index is None:
+            fix = f"ip -4 address show {ifname}; nmcli connection up fabric-{ifname}"
             drift.append(("gid", ifname, str(expected["gid_index"]), "none", fix))
         elif index != expected["gid_index"]:
             drift.append(
@@ -378,17 +382,9 @@ def nccl(metrics: Metrics, verdict_file: Path, now: float) -> None:
 # --- versions, drift --------------------------------------------------------------------------
 
 
-def driver_version(proc_version: str | None) -> str:
-    """The loaded NVIDIA module's version from /proc/driver/nvidia/version ("NVRM version: ...
-    Kernel Module for aarch64  580.95.05  Release Build ...")."""
-    match = re.search(r"\s(\d+\.\d+(?:\.\d+)?)\s", proc_version or "")
-    return match.group(1) if match else ""
-
-
 def versions(
-    metrics: Metrics, proc: Path, expected: dict, toolkit: str | None, drift: list
+    metrics: Metrics, proc: Path, expected: dict, driver: str, toolkit: str | None, drift: list
 ) -> None:
-    driver = driver_version(read(proc / "driver/nvidia/version"))
     metrics.add(
         "spark_version_info", 1, "Versions on the box",
         driver=driver, kernel=read(proc / "sys/kernel/osrelease") or "",
@@ -428,7 +424,7 @@ def collect(
     container_memory(
         metrics, sys_fs, command(["docker", "ps", "--no-trunc", "--format", "{{.ID}} {{.Names}}"])
     )
-    gpu(
+    driver = gpu(
         metrics,
         command(
             ["nvidia-smi", f"--query-gpu={','.join(GPU_FIELDS)}", "--format=csv,noheader,nounits"]
@@ -443,7 +439,7 @@ def collect(
     if expected["nccl"]:
         nccl(metrics, Path(expected["nccl_verdict"]), now)
     toolkit = command(["dpkg-query", "-W", "-f", "${Version}", "nvidia-container-toolkit"])
-    versions(metrics, proc, expected, toolkit, drift)
+    versions(metrics, proc, expected, driver, toolkit, drift)
     report_drift(metrics, drift)
     metrics.add("spark_metrics_timestamp_seconds", now, "When the collector last wrote")
     return metrics.text(), drift

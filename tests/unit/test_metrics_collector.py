@@ -55,12 +55,6 @@ EXPECTED = {
     "nccl": True,
     "nccl_verdict": "",  # set per test
 }  # fmt: skip
-# /proc/driver/nvidia/version's first line, in the real file's layout (shared/data captures,
-# driver 580.159.04), for the lab's driver 580.142 on aarch64.
-PROC_DRIVER = (
-    "NVRM version: NVIDIA UNIX Open Kernel Module for aarch64  580.142  Release Build"
-    "  (dvs-builder@U22-I3-AF03-09-1)  Thu Oct  2 00:00:00 UTC 2025\n"
-)
 
 
 def twin(sys_fs: Path, ifname: str, hca: str, *, mtu: int, speed: int, gids: dict[int, tuple]):
@@ -91,11 +85,9 @@ LINK_LOCAL = "fe80:0000:0000:0000:7447:e0ff:fe65:cf2e"
 def box(tmp_path: Path) -> dict:
     """A deployed box: both twins at 9000 and 200G, the RoCE v2 entries at 3; coder serving."""
     proc, sys_fs = tmp_path / "proc", tmp_path / "sys"
-    (proc / "driver/nvidia").mkdir(parents=True)
     (proc / "sys/kernel").mkdir(parents=True)
     (proc / "meminfo").write_text(captured("lab-proc-meminfo.txt"))
     (proc / "uptime").write_text("1000.50 1800.00\n")
-    (proc / "driver/nvidia/version").write_text(PROC_DRIVER)
     (proc / "sys/kernel/osrelease").write_text("6.17.0-1032-nvidia\n")
     gids = {0: (LINK_LOCAL, "IB/RoCE v1"), 1: (LINK_LOCAL, "RoCE v2")}
     for ifname, hca, last in (
@@ -117,7 +109,7 @@ def box(tmp_path: Path) -> dict:
     os.utime(verdict, (5000.0, 5000.0))
     outputs = {
         "docker": f"{cid} spark-lane-coder\n{'b' * 64} unrelated\n",
-        "nvidia-smi": "40, 4.12, 0, P8\n",
+        "nvidia-smi": "40, 4.12, 0, P8, 580.142\n",
         "dpkg-query": "1.19.0-1",
         "spark-lane-coder.service": "ActiveState=active\nActiveEnterTimestampMonotonic=400500000\n",
         "spark-lane-fast.service": "ActiveState=failed\nActiveEnterTimestampMonotonic=0\n",
@@ -225,7 +217,7 @@ def test_a_twin_without_its_roce_v2_entry_or_link(box: dict) -> None:
 
 def test_gb10_memory_na_and_a_failed_query(box: dict) -> None:
     """Fields a GB10 does not report ([N/A]) are left out; nvidia-smi failing is said once."""
-    got = samples(collect(box, **{"nvidia-smi": "[N/A], [N/A], 0, P0\n"})[0])
+    got = samples(collect(box, **{"nvidia-smi": "[N/A], [N/A], 0, P0, 580.142\n"})[0])
     assert ("spark_gpu_temperature_celsius", ()) not in got
     assert ("spark_gpu_power_watts", ()) not in got
     assert got[("spark_gpu_utilization_ratio", ())] == 0 and got[("spark_gpu_query_ok", ())] == 1
@@ -238,8 +230,7 @@ def test_gb10_memory_na_and_a_failed_query(box: dict) -> None:
 
 def test_below_the_floor_and_a_590_driver_drift(box: dict) -> None:
     (box["proc"] / "meminfo").write_text("MemTotal: 124000000 kB\nMemAvailable: 4194304 kB\n")
-    (box["proc"] / "driver/nvidia/version").write_text(PROC_DRIVER.replace("580.142", "590.48"))
-    _text, drift = collect(box)
+    _text, drift = collect(box, **{"nvidia-smi": "40, 4.12, 0, P8, 590.48\n"})
     found = {d[0]: d[3] for d in drift}
     assert found["memory"] == "4.0 GiB"
     assert found["driver"] == "590"
