@@ -52,6 +52,11 @@ compliance: $(STAMP)
 prometheus-config: $(STAMP)
 	$(PY) -m stages.prometheus_config --inventory $(INVENTORY) --out $(or $(OUT),prometheus)
 
+# One table for the whole inventory from the boxes' metrics endpoints (no SSH); exit 1 when anything
+# is red. KEYS=<dir> where the boxes' metrics keys are (<box>.key; README: Watching the fleet).
+status: $(STAMP)
+	@$(PY) -m stages.status --inventory $(INVENTORY) $(if $(KEYS),--keys-dir $(KEYS))
+
 # Every lane of every box measured against the field's figures (README: Lanes). It loads each
 # lane for about a minute, one lane of one box at a time: run it deliberately (deploy.py never
 # does); INVENTORY=inventories/sim.py for the lab, whose stand-ins give only their own numbers.
