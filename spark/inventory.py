@@ -400,7 +400,9 @@ class HostSettings(BaseModel):
             "fabric_mtu": _mtu_problems(self.fabric_mtu, self.fabric_mtu_below_9000_because),
             "lanes": clash_problems(self.lanes, port_owners(self.ray_port, ssh_port))
             + box.problems(),
-            "metrics_port": _metrics_port_problems(self.metrics_port, self.lanes)
+            "metrics_port": _metrics_port_problems(
+                self.metrics_port, self.lanes, port_owners(self.ray_port, ssh_port)
+            )
             if self.metrics
             else [],
             "memory_guard_min_available_gib": box.guard_problems(
@@ -432,12 +434,21 @@ def metrics_exporter_port(metrics_port: int) -> int:
     return metrics_port + 1
 
 
-def _metrics_port_problems(metrics_port: int, lanes: list[Lane]) -> list[str]:
-    """No lane's port (nginx's) or backend port (its server's, on loopback) on the metrics
-    endpoint's port or the exporter's."""
+def _metrics_port_problems(
+    metrics_port: int, lanes: list[Lane], owners: list[tuple[int, int, str]]
+) -> list[str]:
+    """Neither the metrics endpoint's port nor the exporter's among the ports a box's services
+    hold (spark/ports.py port_owners), nor any lane's port (nginx's) or backend port (its
+    server's, on loopback)."""
     taken = {metrics_port: "the metrics endpoint's", metrics_exporter_port(metrics_port): "the"
              " node exporter's (on 127.0.0.1)"}  # fmt: skip
-    return [
+    problems = [
+        f"port {port} ({whose}) is {owner}; give metrics_port another port"
+        for port, whose in taken.items()
+        for low, high, owner in owners
+        if low <= port <= high
+    ]
+    return problems + [
         f"lane {lane.name}: port {port} is {taken[port]}; give metrics_port another port"
         for lane in lanes
         for port in dict.fromkeys((lane.port, lane.backend_port))

@@ -208,6 +208,20 @@ def test_a_lane_on_the_metrics_ports_is_refused() -> None:
     assert "port 9101 is the node exporter's (on 127.0.0.1)" in str(refused.value)
 
 
+def test_a_metrics_port_among_the_boxs_services_ports_is_refused() -> None:
+    """32768-60999: the kernel's ephemeral range (spark/ports.py, Linux's ip-sysctl docs);
+    8265: Ray's dashboard, where metrics_port 8264 puts the exporter (the port after it)."""
+    for port, said in (
+        (40000, "port 40000 (the metrics endpoint's) is in the kernel's ephemeral range"),
+        (8264, "port 8265 (the node exporter's (on 127.0.0.1)) is Ray's"),
+    ):
+        hosts = merged(TWO_SPARKS)
+        hosts["spark-1"]["metrics_port"] = port
+        with pytest.raises(ConfigError) as refused:
+            load_from_dicts(hosts)
+        assert said in str(refused.value)
+
+
 def test_the_plan_gives_the_collector_the_boxes_values() -> None:
     """group_data's defaults: MTU 9000, 200000 Mb/s, GID index 3, driver 580, the guard's 8
     GiB, the two lanes coder (10101, vLLM on 11101) and fast (10102, 11102); a pair runs the
