@@ -432,9 +432,11 @@ def collect(
     )
     fabric(metrics, sys_fs, expected, drift)
     uptime = float((read(proc / "uptime") or "0").split()[0])
-    show = lambda unit: command(  # noqa: E731
-        ["systemctl", "show", unit, "-p", "ActiveState", "-p", "ActiveEnterTimestampMonotonic"]
-    )
+
+    def show(unit: str) -> str | None:
+        properties = ["-p", "ActiveState", "-p", "ActiveEnterTimestampMonotonic"]
+        return command(["systemctl", "show", unit, *properties])
+
     lanes(metrics, expected, show, health, uptime, drift)
     if expected["nccl"]:
         nccl(metrics, Path(expected["nccl_verdict"]), now)

@@ -66,7 +66,9 @@ def rules(plan: Plan) -> dict:
     jobs = "|".join(job_name(box.name) for box in plan.boxes if box.metrics is not None)
     spark = f'job=~"{jobs}"'
 
-    def alert(name: str, expr: str, summary: str, severity: str = "critical", wait: str = wait):
+    def alert(
+        name: str, expr: str, summary: str, severity: str = "critical", wait: str = wait
+    ) -> dict:
         return {
             "alert": name,
             "expr": expr,
