@@ -64,9 +64,11 @@ def key_map() -> str:
 
 
 class MetricsState(FactBase):
-    """The exporter's package, its unit's and the timer's state, the textfile directory, and
+    """The exporter's package, its unit's and the timer's state, the textfile directory,
     whether the metrics key's map is what its key file gives, root 0600 ("same") or not
-    ("differs"; no key file yet, too). Never the key: the shell compares.
+    ("differs"; no key file yet, too), and which of ``ports`` something listens on (a run cut
+    off after writing a file, before the reload or restart it needed, leaves one unserved).
+    Never the key: the shell compares.
 
     .. code:: python
 
@@ -76,12 +78,19 @@ class MetricsState(FactBase):
                       "UnitFileState": "enabled"}, "spark-metrics.timer": {...}},
             "textfile_dir": True,
             "key_map": "same",
+            "listening": [9100, 9101],
         }
     """
 
-    def command(self) -> str:
+    def command(self, ports: tuple[int, ...] = ()) -> str:
+        # ss(8) filter: a listening TCP socket on that local port (iproute2, on every box).
+        listening = [
+            f"ss -Hltn 'sport = :{port}' 2>/dev/null | grep -q . && echo 'listening {port}';"
+            for port in ports
+        ]
         return " ".join(
             [
+                *listening,
                 f"{debpkg.query([PACKAGE])} 2>/dev/null | sed 's/^/package /';",
                 f"systemctl show {EXPORTER} {TIMER} -p Id -p ActiveState -p UnitFileState"
                 " 2>/dev/null;",
@@ -94,7 +103,13 @@ class MetricsState(FactBase):
 
     @staticmethod
     def default() -> dict:
-        return {"installed": False, "units": {}, "textfile_dir": False, "key_map": "differs"}
+        return {
+            "installed": False,
+            "units": {},
+            "textfile_dir": False,
+            "key_map": "differs",
+            "listening": [],
+        }
 
     def process(self, output: list[str]) -> dict:
         state = self.default()
@@ -112,6 +127,8 @@ class MetricsState(FactBase):
                 state["textfile_dir"] = True
             elif kind == "key-map":
                 state["key_map"] = rest
+            elif kind == "listening":
+                state["listening"].append(int(rest))
         return state
 
 
@@ -135,7 +152,7 @@ def endpoint(
 
     Runs after the front: nginx is installed and its secrets directory made.
     """
-    state = host.get_fact(MetricsState)
+    state = host.get_fact(MetricsState, ports=(port, exporter_port))
     units = state["units"]
     commands: list[str] = []
     if not state["installed"]:
@@ -195,7 +212,7 @@ def endpoint(
         unit_changed=False,
         enabled=exporter.get("UnitFileState"),
         running=exporter.get("ActiveState") == "active",
-        changed=bool(arguments),
+        changed=bool(arguments) or exporter_port not in state["listening"],
     )
     timing = units.get(TIMER, {})
     yield from util.unit_started(
@@ -207,9 +224,11 @@ def endpoint(
     )
     if collector or unit_files or commands:  # the figures now, not one interval later
         yield f"systemctl start {SERVICE}"
-    if front:
+    if front or port not in state["listening"]:
         yield RELOAD_FRONT
-    if not (commands or arguments or collector or unit_files or front) and all(
-        units.get(unit, {}).get("ActiveState") == "active" for unit in (EXPORTER, TIMER)
+    if (
+        not (commands or arguments or collector or unit_files or front)
+        and all(units.get(unit, {}).get("ActiveState") == "active" for unit in (EXPORTER, TIMER))
+        and {port, exporter_port} <= set(state["listening"])
     ):
         host.noop(f"the metrics endpoint asks its key on port {port}")

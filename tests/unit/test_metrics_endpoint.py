@@ -6,6 +6,10 @@ Captures:
   node exporter, no nginx), the lab of SIMLAB_ID 51.
 - lab-metrics-deployed.txt: the same on spark-1 of that lab after a deploy of the default
   inventory (prometheus-node-exporter 1.5.0 from Debian 12).
+- lab-metrics-not-reloaded.txt: the same after the site was moved away, nginx reloaded and the
+  site put back without a reload (what a run cut off between the two leaves): nothing listens
+  on 9100.
+Each asked for ports 9100 and 9101 (metrics_port and the exporter's).
 """
 
 from __future__ import annotations
@@ -87,6 +91,7 @@ def test_the_fact_reads_a_bare_and_a_deployed_box() -> None:
         },
         "textfile_dir": False,
         "key_map": "differs",
+        "listening": [],
     }
     assert process(metrics.MetricsState, captured("lab-metrics-deployed.txt")) == {
         "installed": True,
@@ -99,7 +104,11 @@ def test_the_fact_reads_a_bare_and_a_deployed_box() -> None:
         },
         "textfile_dir": True,
         "key_map": "same",
+        "listening": [9100, 9101],
     }
+    assert process(metrics.MetricsState, captured("lab-metrics-not-reloaded.txt"))["listening"] == [
+        9101
+    ]
 
 
 def test_a_bare_box_gets_the_exporter_the_collector_its_timer_and_the_front() -> None:
@@ -138,13 +147,13 @@ def test_a_bare_box_gets_the_exporter_the_collector_its_timer_and_the_front() ->
     ]
 
 
-def test_a_deployed_box_needs_nothing() -> None:
-    files = deployed_files()
+def deployed_host(capture: str) -> FakeHost:
+    """A box whose files are as the deploy wrote them, its state as ``capture`` says."""
     expected = '{\n "floor_gib": 8,\n "mtu": 9000,\n "lanes": []\n}\n'
     host = FakeHost(
         {
-            metrics.MetricsState: captured("lab-metrics-deployed.txt"),
-            **file_facts(files | {"/etc/spark/metrics/expected.json": expected}),
+            metrics.MetricsState: captured(capture),
+            **file_facts(deployed_files() | {"/etc/spark/metrics/expected.json": expected}),
         }
     )
     # file_facts answers 0644; the collector is 0755, the expected values' file 0600.
@@ -155,10 +164,23 @@ def test_a_deployed_box_needs_nothing() -> None:
         host.outputs[metrics.util.RootFiles] = host.outputs[metrics.util.RootFiles].replace(
             f"{path}\troot root 644", f"{path}\troot root {mode}"
         )
-    arguments = {"port": 9100, "exporter_port": 9101, "interval_s": 30, "allow_networks": []}
-    commands = run_op(metrics.endpoint, host=host, tls=False, expected=EXPECTED, **arguments)
+    return host
+
+
+ARGUMENTS = {"port": 9100, "exporter_port": 9101, "interval_s": 30, "allow_networks": []}
+
+
+def test_a_deployed_box_needs_nothing() -> None:
+    host = deployed_host("lab-metrics-deployed.txt")
+    commands = run_op(metrics.endpoint, host=host, tls=False, expected=EXPECTED, **ARGUMENTS)
     assert commands == []
     assert host.noops[-1] == "the metrics endpoint asks its key on port 9100"
+
+
+def test_a_site_written_but_never_loaded_is_loaded() -> None:
+    host = deployed_host("lab-metrics-not-reloaded.txt")
+    commands = run_op(metrics.endpoint, host=host, tls=False, expected=EXPECTED, **ARGUMENTS)
+    assert commands == [RELOAD]
 
 
 def test_a_new_plan_value_runs_the_collector_again_without_restarting_the_exporter() -> None:
