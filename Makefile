@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed-$(shell sha256sum requirements.txt | cut -c1-12)
 
 INVENTORY ?= inventories/lab.py
 
-.PHONY: demo test unit plan compliance lane-bench lab-up lab-down bench
+.PHONY: demo test unit plan compliance lane-bench lab-up lab-down bench prometheus-config status
 
 $(STAMP): requirements.txt
 	@command -v python3 >/dev/null && python3 -c 'import venv, ensurepip' 2>/dev/null \
@@ -46,6 +46,16 @@ plan: $(STAMP)
 # Is every box still what the inventory says? Read-only; INVENTORY=inventories/sim.py for the lab.
 compliance: $(STAMP)
 	$(PY) -m pytest -p no:cacheprovider tests/compliance --inventory $(INVENTORY) -n 4 --dist loadgroup
+
+# A Prometheus configuration for the inventory's boxes (README: Watching the fleet): OUT/prometheus.yml
+# (a scrape job per box) and OUT/spark-rules.yml (the alerts); no box is contacted.
+prometheus-config: $(STAMP)
+	$(PY) -m stages.prometheus_config --inventory $(INVENTORY) --out $(or $(OUT),prometheus)
+
+# One table for the whole inventory from the boxes' metrics endpoints (no SSH); exit 1 when anything
+# is red. KEYS=<dir> where the boxes' metrics keys are (<box>.key; README: Watching the fleet).
+status: $(STAMP)
+	@$(PY) -m stages.status --inventory $(INVENTORY) $(if $(KEYS),--keys-dir $(KEYS))
 
 # Every lane of every box measured against the field's figures (README: Lanes). It loads each
 # lane for about a minute, one lane of one box at a time: run it deliberately (deploy.py never

@@ -189,3 +189,16 @@ fetch_weights = False
 front_allow_networks = []
 front_tls_certificate_file = None
 front_tls_key_file = None
+
+# Metrics (operations/metrics.py, issue 28): the distribution's Prometheus node exporter on each
+# box, with the box's own figures (memory against the guard's floor, the lanes, the fabric, the
+# NCCL verdict, drift from the plan) from files/spark_metrics.py every metrics_interval_s
+# through its textfile collector. The exporter listens on 127.0.0.1 only; nginx serves it on
+# metrics_port (9100, the node exporter's port in Prometheus' default port allocations) and asks
+# the box's metrics key (/etc/spark/secrets/_metrics.key, root 0600) on every path, with the
+# front's TLS where it has one. Scraper networks it admits ([] admits any; the key is still
+# asked), e.g. ["192.168.1.0/24"].
+metrics = True
+metrics_port = 9100
+metrics_interval_s = 30
+metrics_allow_networks = []

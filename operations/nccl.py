@@ -11,13 +11,14 @@ from pyinfra.api import FactBase, operation
 
 from operations import preflight, util
 from operations.asked import Question, answer, question
+from spark.box_paths import NCCL_RESULT_DIR, NCCL_VERDICT
 
 CHECK_SOURCE = Path(__file__).parents[1] / "files" / "nccl_check.py"
 CHECK_PATH = "/usr/local/lib/spark/nccl_check.py"
 # What the user runs on every box (the deploy runs it there too, on all boxes at once).
 COMMAND = "/usr/local/sbin/spark-nccl-test"
-RESULT_DIR = "/var/lib/spark/nccl-test"
-VERDICT = f"{RESULT_DIR}/verdict.json"
+RESULT_DIR = NCCL_RESULT_DIR
+VERDICT = NCCL_VERDICT
 CONTAINER = "spark-nccl-test"
 # torch's TCPStore default port (torch.distributed env:// rendezvous), which the cluster's
 # firewall admits from the fabric (operations/firewall.py BACKEND_PORTS); the ranks' NCCL

@@ -6,6 +6,9 @@ HF_TOKEN = f"{SECRETS_DIR}/hf-token"
 MODELS_DIR = "/var/lib/spark/models"  # the Hugging Face cache the lanes share
 # Where the lanes mount MODELS_DIR: huggingface_hub's default cache of root (HF_HOME unset).
 HF_CACHE_IN_CONTAINER = "/root/.cache/huggingface"
+# The NCCL test's kept verdict (files/nccl_check.py report), which the metrics collector reads.
+NCCL_RESULT_DIR = "/var/lib/spark/nccl-test"
+NCCL_VERDICT = f"{NCCL_RESULT_DIR}/verdict.json"
 
 
 def key_path(lane: str) -> str:

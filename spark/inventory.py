@@ -215,6 +215,17 @@ class HostSettings(BaseModel):
     front_tls_key_file: str | None = Field(
         description="None, or the certificate's PEM private key file on this machine"
     )
+    metrics: bool = Field(description="True or False (the metrics endpoint on every box)")
+    metrics_port: int = Field(
+        ge=1024, le=65534, description="an integer 1024..65534, the metrics endpoint's port (9100)"
+    )
+    metrics_interval_s: int = Field(
+        ge=5, le=3600, description="seconds between two collections, 5..3600 (30)"
+    )
+    metrics_allow_networks: list[IPv4Network] = Field(
+        description='scraper networks the metrics endpoint admits, e.g. ["192.168.1.0/24"];'
+        " [] admits any (the metrics key is still asked)"
+    )
 
     @field_validator("fabric_addresses")
     @classmethod
@@ -335,7 +346,7 @@ class HostSettings(BaseModel):
             )
         return path
 
-    @field_validator("front_allow_networks", mode="before")
+    @field_validator("front_allow_networks", "metrics_allow_networks", mode="before")
     @classmethod
     def _front_allow_networks(cls, networks: object) -> object:
         # strict=False for this one: the networks are written as strings in group_data.
@@ -389,6 +400,11 @@ class HostSettings(BaseModel):
             "fabric_mtu": _mtu_problems(self.fabric_mtu, self.fabric_mtu_below_9000_because),
             "lanes": clash_problems(self.lanes, port_owners(self.ray_port, ssh_port))
             + box.problems(),
+            "metrics_port": _metrics_port_problems(
+                self.metrics_port, self.lanes, port_owners(self.ray_port, ssh_port)
+            )
+            if self.metrics
+            else [],
             "memory_guard_min_available_gib": box.guard_problems(
                 self.memory_guard_min_available_gib
             ),
@@ -411,6 +427,33 @@ class HostSettings(BaseModel):
         if errors:
             raise ValidationError.from_exception_data(type(self).__name__, errors)
         return self
+
+
+def metrics_exporter_port(metrics_port: int) -> int:
+    """Where the node exporter listens on 127.0.0.1: the port after the one nginx serves."""
+    return metrics_port + 1
+
+
+def _metrics_port_problems(
+    metrics_port: int, lanes: list[Lane], owners: list[tuple[int, int, str]]
+) -> list[str]:
+    """Neither the metrics endpoint's port nor the exporter's among the ports a box's services
+    hold (spark/ports.py port_owners), nor any lane's port (nginx's) or backend port (its
+    server's, on loopback)."""
+    taken = {metrics_port: "the metrics endpoint's", metrics_exporter_port(metrics_port): "the"
+             " node exporter's (on 127.0.0.1)"}  # fmt: skip
+    problems = [
+        f"port {port} ({whose}) is {owner}; give metrics_port another port"
+        for port, whose in taken.items()
+        for low, high, owner in owners
+        if low <= port <= high
+    ]
+    return problems + [
+        f"lane {lane.name}: port {port} is {taken[port]}; give metrics_port another port"
+        for lane in lanes
+        for port in dict.fromkeys((lane.port, lane.backend_port))
+        if port in taken
+    ]
 
 
 def _device_problems(fabric: dict[str, str], hcas: dict[str, str]) -> list[str]:
@@ -575,6 +618,10 @@ class HostConfig(Frozen):
     fetch_weights: bool
     front_allow_networks: tuple[str, ...]
     front_tls: tuple[str, str] | None  # certificate and key files on this machine
+    metrics: bool
+    metrics_port: int
+    metrics_interval_s: int
+    metrics_allow_networks: tuple[str, ...]
 
     @classmethod
     def from_settings(
@@ -640,6 +687,10 @@ class HostConfig(Frozen):
                 if data.front_tls_certificate_file and data.front_tls_key_file
                 else None
             ),
+            metrics=data.metrics,
+            metrics_port=data.metrics_port,
+            metrics_interval_s=data.metrics_interval_s,
+            metrics_allow_networks=tuple(str(network) for network in data.metrics_allow_networks),
         )
 
     def cluster_environment(self, head: HostConfig) -> dict[str, str]:

@@ -12,8 +12,16 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict
 
-from spark.box_paths import HF_CACHE_IN_CONTAINER, HF_TOKEN, MODELS_DIR
-from spark.inventory import Driver, FabricLink, HostConfig, SparkConfig, Toolkit, box_budget
+from spark.box_paths import HF_CACHE_IN_CONTAINER, HF_TOKEN, MODELS_DIR, NCCL_VERDICT
+from spark.inventory import (
+    Driver,
+    FabricLink,
+    HostConfig,
+    SparkConfig,
+    Toolkit,
+    box_budget,
+    metrics_exporter_port,
+)
 from spark.lane import Lane, MpRank
 from spark.ports import listen_ports
 
@@ -202,6 +210,49 @@ class Cluster(Record):
     lane: ClusterLane | None
 
 
+class MetricsLane(Record):
+    """A lane unit on the box as the collector watches it (no backend port: a headless rank)."""
+
+    name: str
+    engine: str
+    served_name: str
+    image: str
+    port: int
+    backend_port: int | None
+
+
+class MetricsTwin(Record):
+    ifname: str
+    hca: str
+    address: str
+
+
+class Expected(Record):
+    """What the collector compares the box with (files/spark_metrics.py reads it as JSON)."""
+
+    floor_gib: float
+    mtu: int
+    rate_mbps: int
+    gid_index: int
+    driver_branch: int
+    twins: tuple[MetricsTwin, ...]
+    lanes: tuple[MetricsLane, ...]
+    nccl: bool
+    nccl_verdict: str
+
+
+class Metrics(Record):
+    """The box's metrics endpoint: the node exporter on loopback, nginx asking the metrics key
+    on ``port``, the collector every ``interval_s`` against ``expected``."""
+
+    port: int
+    exporter_port: int
+    interval_s: int
+    allow_networks: tuple[str, ...]
+    tls: bool  # the front's certificate, where it has one
+    expected: Expected
+
+
 class BoxPlan(Record):
     """Everything the deploy does to one box, in the order of its stages."""
 
@@ -224,6 +275,8 @@ class BoxPlan(Record):
     front: Front
     # Cluster
     cluster: Cluster | None
+    # Watching it between deploys
+    metrics: Metrics | None
 
 
 class Plan(Record):
@@ -465,6 +518,48 @@ def memory(me: HostConfig, spark: SparkConfig) -> Memory:
     )
 
 
+def metrics(me: HostConfig, spark: SparkConfig) -> Metrics | None:
+    """The collector's expected values are the plan's own: the fabric's MTU, rate and GID index,
+    the driver branch, the guard's floor, every lane unit the box keeps (a cluster lane's rank
+    too; a headless one answers no /health), and the NCCL test where it runs."""
+    if not me.metrics:
+        return None
+    units = []
+    for lane in spark.units(me.name):
+        headless = lane.is_cluster and lane.cluster_executor == "mp" and me.role != "head"
+        units.append(
+            MetricsLane(
+                name=lane.name,
+                engine=lane.engine,
+                served_name=lane.served_name,
+                image=lane.image,
+                port=lane.port,
+                backend_port=None if headless else lane.backend_port,
+            )
+        )
+    return Metrics(
+        port=me.metrics_port,
+        exporter_port=metrics_exporter_port(me.metrics_port),
+        interval_s=me.metrics_interval_s,
+        allow_networks=me.metrics_allow_networks,
+        tls=me.front_tls is not None,
+        expected=Expected(
+            floor_gib=me.memory_guard_min_available_gib,
+            mtu=me.mtu,
+            rate_mbps=me.link_speed_mbps,
+            gid_index=me.gid_index,
+            driver_branch=me.driver.branch,
+            twins=tuple(
+                MetricsTwin(ifname=link.ifname, hca=link.hca, address=str(link.address.ip))
+                for link in me.fabric
+            ),
+            lanes=tuple(units),
+            nccl=len(spark.hosts) > 1 and me.nccl_test is not None,
+            nccl_verdict=NCCL_VERDICT,
+        ),
+    )
+
+
 def box_plan(me: HostConfig, spark: SparkConfig) -> BoxPlan:
     lanes = own_lanes(me, spark)
     units = spark.units(me.name)
@@ -491,6 +586,7 @@ def box_plan(me: HostConfig, spark: SparkConfig) -> BoxPlan:
         lanes=lanes,
         front=front(me),
         cluster=cluster(me, spark, lanes[-1].served.lane.name if lanes else None),
+        metrics=metrics(me, spark),
     )
 
 

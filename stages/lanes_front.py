@@ -1,10 +1,11 @@
 """The box's own lanes and their front: the memory guard first, so it watches while they load,
 then each lane once the one before it serves, its weights on the box before it starts; nginx
-asks each lane's key on every path. None of it needs another box."""
+asks each lane's key on every path; then the box's metrics endpoint behind nginx too. None of
+it needs another box."""
 
 from pyinfra.api import deploy
 
-from operations import asked, front, lanes, memguard, preflight
+from operations import asked, front, lanes, memguard, metrics, preflight
 from operations.asked import Question
 from spark.box_paths import MODELS_DIR
 from spark.plan import BoxPlan, ModelOnBox, ServedLane
@@ -54,6 +55,7 @@ def lanes_and_front(box: BoxPlan) -> None:
                 ]
             ),
             *front.questions(fronted),
+            *(metrics.questions(box.metrics.port, box.metrics.exporter_port) if box.metrics else []),
         ]
     )
     guard = box.memory_guard
@@ -76,3 +78,14 @@ def lanes_and_front(box: BoxPlan) -> None:
         allow_networks=list(box.front.allow_networks),
         tls=box.front.tls,
     )
+    if box.metrics:
+        watch = box.metrics
+        metrics.endpoint(
+            name=f"Metrics: the node exporter behind the metrics key on port {watch.port}",
+            port=watch.port,
+            exporter_port=watch.exporter_port,
+            interval_s=watch.interval_s,
+            allow_networks=list(watch.allow_networks),
+            tls=watch.tls,
+            expected=watch.expected.model_dump(mode="json"),
+        )

@@ -123,6 +123,17 @@ def box_text(box: BoxPlan) -> str:
         ],
     )
     out += rows("cluster", cluster_lines(box.cluster) if box.cluster else [])
+    watch = box.metrics
+    out += rows(
+        "metrics",
+        [
+            f"node exporter on 127.0.0.1:{watch.exporter_port}, nginx on {watch.port} asking"
+            f" the metrics key; collected every {watch.interval_s} s"
+            + (f"; from {', '.join(watch.allow_networks)} only" if watch.allow_networks else "")
+        ]
+        if watch
+        else [],
+    )
     return "\n".join(out)
 
 

@@ -3,10 +3,11 @@
 Before a deploy from bare hosts, sentinels take the place of the Hugging Face token (the
 inventory's token file) and of each lane's API key (a key file already on the box, which the
 deploy keeps); the Ray token, the controller's own (shared by every lab on this machine, so not
-replaced), is read back from a box. Each box is then searched, as root, for all of them: every
-process's argv (/proc/*/cmdline, containers' processes included), the unit files, the whole
-journal with its metadata (the command lines sudo and systemd log), `docker inspect` and `docker
-logs` of every container, and every world-readable file under /etc, /run, /var, /home and /tmp.
+replaced), and each box's metrics key (made there) are read back from the boxes. Each box is
+then searched, as root, for all of them: every process's argv (/proc/*/cmdline, containers'
+processes included), the unit files, the whole journal with its metadata (the command lines sudo
+and systemd log), `docker inspect` and `docker logs` of every container, and every
+world-readable file under /etc, /run, /var, /home and /tmp.
 The secrets reach the search on its stdin, never in an argv. The only hits allowed are the
 secret files themselves, which the search must find (so it can fail).
 """
@@ -23,7 +24,7 @@ from typing import Any
 
 import pytest
 
-from operations import ray
+from operations import metrics, ray
 from spark import box_paths
 from tests.conftest import pyinfra, reimage_all, run_on
 from tests.e2e.runs import INVENTORY, output_of
@@ -85,7 +86,10 @@ def test_secrets_are_in_their_files_and_nowhere_else(deployed: dict[str, Any]) -
     hosts = deployed["lab"].hosts
     ray_token = run_on(hosts[0], f"sudo cat {ray.TOKEN_PATH}").strip()
     assert len(ray_token) == 64
-    every = [*deployed["planted"].values(), ray_token]
+    # Each box's metrics key, made on the box (operations/metrics.py), is searched for too.
+    metrics_keys = [run_on(host, f"sudo cat {metrics.KEY_PATH}").strip() for host in hosts]
+    assert all(len(key) == 43 for key in metrics_keys)  # 32 random bytes, base64 unpadded
+    every = [*deployed["planted"].values(), ray_token, *metrics_keys]
     # The deploy kept the planted keys, and the lanes serve with them.
     for host in hosts:
         for lane in LANES:
@@ -94,7 +98,10 @@ def test_secrets_are_in_their_files_and_nowhere_else(deployed: dict[str, Any]) -
                 == (deployed["planted"][f"{host.name} {lane['name']}"])
             )
     keys = [box_paths.key_path(lane["name"]) for lane in LANES]
-    secret_files = {f"secret file {path}" for path in (ray.TOKEN_PATH, box_paths.HF_TOKEN, *keys)}
+    secret_files = {
+        f"secret file {path}"
+        for path in (ray.TOKEN_PATH, box_paths.HF_TOKEN, metrics.KEY_PATH, *keys)
+    }
     for host in hosts:
         places = as_root(host, SEARCH, "".join(f"{secret}\n" for secret in every)).splitlines()
         assert set(places) == secret_files, f"{host.name}: secrets found in {places}"

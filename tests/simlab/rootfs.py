@@ -78,6 +78,30 @@ def _install_host_packages(missing: list[str]) -> None:
     )
 
 
+def prometheus_binaries() -> Path:
+    """The directory holding `prometheus` and `promtool` of the distribution's prometheus
+    package, unpacked into the cache once (not installed: its service would start on this
+    machine); the generated configuration and rules are checked, and the lab scraped, with
+    them."""
+    target = CACHE / "prometheus"
+    if not (target / "usr/bin/promtool").exists():
+        with _building(target) as needed:
+            if needed:
+                staging = CACHE / "prometheus.staging"
+                shutil.rmtree(staging, ignore_errors=True)
+                staging.mkdir(parents=True)
+                quiet = {"stdin": subprocess.DEVNULL, "capture_output": True}
+                download = ["apt-get", "download", "-qq", "prometheus"]
+                if subprocess.run(download, cwd=staging, check=False, **quiet).returncode:
+                    subprocess.run(["apt-get", "update", "-qq"], check=True, **quiet)
+                    subprocess.run(download, cwd=staging, check=True, **quiet)
+                deb = next(staging.glob("prometheus_*.deb"))
+                subprocess.run(["dpkg-deb", "-x", str(deb), str(staging / "tree")], check=True)
+                (staging / "tree").rename(target)
+                shutil.rmtree(staging)
+    return target / "usr/bin"
+
+
 def debian_mirror() -> str:
     """The Debian mirror this machine's apt already uses (deb822 or one-line sources)."""
     sources = sorted(Path("/etc/apt/sources.list.d").glob("*.sources"))

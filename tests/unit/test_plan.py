@@ -267,6 +267,11 @@ def test_make_plan_prints_every_box_of_the_owners_inventory_without_reaching_one
     assert shown.returncode == 0, shown.stderr
     assert "spark-1.local (head), reached at spark-1.local" in shown.stdout
     assert "spark-2.local (worker), reached at spark-2.local" in shown.stdout
+    # group_data: metrics_port 9100 (the exporter on the next port), every 30 s
+    assert (
+        "  metrics     node exporter on 127.0.0.1:9101, nginx on 9100 asking the metrics key;"
+        " collected every 30 s\n" in shown.stdout
+    )
     as_json = show("--inventory", "inventories/lab.py", "--json", "--box", "spark-2.local")
     read = Plan.model_validate_json(as_json.stdout)
     assert [each.name for each in read.boxes] == ["spark-2.local"]

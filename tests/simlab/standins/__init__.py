@@ -30,7 +30,9 @@ DRIVER_BRANCHES = {"580": ("580.142-0ubuntu1", "13.0"), "590": ("590.48-0ubuntu1
 TOOLKIT_VERSIONS = ["1.19.0-1", "1.18.0-1"]
 # Ubuntu packages the deploy installs and a box's archive serves (the firewall's nft, the lanes'
 # front): the real Debian packages of this machine's release, which the lab's hosts run.
-DISTRIBUTION_PACKAGES = ["nftables", "libnftables1", "nginx", "nginx-common"]
+DISTRIBUTION_PACKAGES = [
+    "nftables", "libnftables1", "nginx", "nginx-common", "prometheus-node-exporter",
+]  # fmt: skip
 # Fixed timestamps make the .debs byte-identical from build to build, so a rebuild never
 # changes a package behind a host's cached package lists.
 SOURCE_DATE_EPOCH = 1767225600  # 2026-01-01

@@ -1,0 +1,477 @@
+#!/usr/bin/python3
+"""The box's own figures for the node exporter's textfile collector (issue 28).
+
+    spark_metrics.py --expected /etc/spark/metrics/expected.json \
+        --out /var/lib/prometheus/node-exporter/spark.prom
+
+Run by a systemd timer (operations/metrics.py). Reads what the box has (memory, each lane's and
+the cluster rank's container memory, the GPU figures GB10 reports, each fabric twin, the lanes,
+the NCCL test's verdict, versions) and compares it with the box's plan, which the deploy writes
+to the root-only EXPECTED file: every value that differs is its own `spark_drift` series and a
+line on stdout (the journal) naming it and what to run. The file is written whole or not at
+all: a temporary file in the same directory, then a rename (the node exporter's textfile
+collector documentation: "atomically", or it may read a half-written file). The standard
+library alone, like files/nccl_check.py.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from ipaddress import IPv6Address
+from pathlib import Path
+
+GIB = 1024**3
+# The RoCE error and congestion counters of an mlx5 port (ConnectX-7), as the kernel's mlx5
+# driver names them under /sys/class/infiniband/<hca>/ports/1/hw_counters/
+# (drivers/infiniband/hw/mlx5/counters.c: the retransmission, out-of-sequence and completion
+# error q-counters, and the congestion counters of "IB/mlx5: Support congestion related
+# counters"). A counter the box lacks is left out.
+ROCE_COUNTERS = (
+    "out_of_buffer",  # drops: no receive WQE posted
+    "out_of_sequence",  # packets with a PSN out of sequence (loss on the wire)
+    "packet_seq_err",  # NAKs for a sequence error received
+    "duplicate_request",  # requests received again (the peer retransmitted)
+    "local_ack_timeout_err",  # ACK timeouts at the sender: retransmissions
+    "rnr_nak_retry_err",  # receiver-not-ready retries exhausted
+    "implied_nak_seq_err",  # sequence errors implied by a response
+    "req_cqe_error",
+    "resp_cqe_error",
+    "rx_icrc_encapsulated",  # RoCE packets with a bad ICRC
+    "np_cnp_sent",  # congestion: CNPs sent for ECN-marked packets
+    "np_ecn_marked_roce_packets",
+    "rp_cnp_handled",  # congestion: CNPs the sender slowed down for
+)
+# nvidia-smi --query-gpu fields a GB10 reports (its table: temperature, performance state, power
+# draw and utilisation; memory is "Not Supported", [N/A] in CSV: NVIDIA/k8s-device-plugin#1482),
+# and the loaded driver's version, as operations/driver.py reads it.
+GPU_FIELDS = ("temperature.gpu", "power.draw", "utilization.gpu", "pstate", "driver_version")
+NOT_REPORTED = ("[N/A]", "N/A", "[Not Supported]", "Not Supported", "")
+CONTAINER_PREFIXES = ("spark-lane-", "spark-ray")  # the lanes' containers; Ray's holds ranks
+HEALTH_TIMEOUT_S = 2
+
+
+@dataclass
+class Family:
+    kind: str  # gauge, counter
+    help: str
+    samples: list[tuple[dict[str, str], float]] = field(default_factory=list)
+
+
+class Metrics:
+    """Metric families in the Prometheus text exposition format (version 0.0.4)."""
+
+    def __init__(self) -> None:
+        self.families: dict[str, Family] = {}
+
+    def add(self, name: str, value: float, help: str, _type: str = "gauge", **labels: str) -> None:
+        family = self.families.setdefault(name, Family(_type, help))
+        family.samples.append((labels, value))
+
+    def text(self) -> str:
+        lines = []
+        for name, family in self.families.items():
+            lines.append(f"# HELP {name} {escape(family.help, quote=False)}")
+            lines.append(f"# TYPE {name} {family.kind}")
+            for labels, value in family.samples:
+                inner = ",".join(f'{key}="{escape(str(v))}"' for key, v in labels.items())
+                lines.append(
+                    f"{name}{{{inner}}} {number(value)}" if inner else f"{name} {number(value)}"
+                )
+        return "\n".join(lines) + "\n"
+
+
+def escape(text: str, quote: bool = True) -> str:
+    """A label value (or a HELP text, without quotes) as the text format escapes it."""
+    text = text.replace("\\", "\\\\").replace("\n", "\\n")
+    return text.replace('"', '\\"') if quote else text
+
+
+def number(value: float) -> str:
+    if value != value:
+        return "NaN"
+    if float(value).is_integer():
+        return str(int(value))
+    return repr(float(value))
+
+
+def read(path: Path) -> str | None:
+    try:
+        return path.read_text().strip()
+    except OSError:
+        return None
+
+
+def run(command: list[str], timeout: float = 10) -> str | None:
+    """A command's stdout, or None where it is missing or fails."""
+    try:
+        done = subprocess.run(command, capture_output=True, text=True, timeout=timeout)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return done.stdout if done.returncode == 0 else None
+
+
+# --- memory -----------------------------------------------------------------------------------
+
+
+def meminfo(text: str) -> dict[str, int]:
+    """/proc/meminfo's fields in bytes (the kernel prints kB, meaning KiB: proc(5))."""
+    fields = {}
+    for line in text.splitlines():
+        name, _, rest = line.partition(":")
+        parts = rest.split()
+        if parts and parts[0].isdigit():
+            fields[name] = int(parts[0]) * (1024 if parts[1:] == ["kB"] else 1)
+    return fields
+
+
+def memory(metrics: Metrics, proc: Path, expected: dict, drift: list) -> None:
+    fields = meminfo(read(proc / "meminfo") or "")
+    floor = expected["floor_gib"] * GIB
+    metrics.add("spark_memory_guard_floor_bytes", floor, "The memory guard's floor of MemAvailable")
+    for key, name in (("MemAvailable", "available"), ("MemTotal", "total")):
+        if key in fields:
+            metrics.add(f"spark_memory_{name}_bytes", fields[key], f"/proc/meminfo {key}")
+    if fields.get("MemAvailable", floor) < floor:
+        drift.append(
+            ("memory", "MemAvailable", f">= {expected['floor_gib']:g} GiB",
+             f"{fields['MemAvailable'] / GIB:.1f} GiB",
+             "the memory guard stops the lowest-priority lane; journalctl -u spark-memguard")
+        )  # fmt: skip
+
+
+def container_cgroups(sys_fs: Path, containers: dict[str, str]) -> dict[str, Path]:
+    """Each container's cgroup directory, by name: docker's systemd cgroup driver puts it in
+    system.slice/docker-<id>.scope, its cgroupfs driver in docker/<id> (docker's runtime
+    metrics documentation)."""
+    found = {}
+    for name, cid in containers.items():
+        for candidate in (f"system.slice/docker-{cid}.scope", f"docker/{cid}"):
+            path = sys_fs / "fs/cgroup" / candidate
+            if (path / "memory.current").exists():
+                found[name] = path
+                break
+    return found
+
+
+def containers_of(docker_ps: str) -> dict[str, str]:
+    """`docker ps --no-trunc --format '{{.ID}} {{.Names}}'`: the deploy's containers, by name."""
+    found = {}
+    for line in docker_ps.splitlines():
+        cid, _, name = line.strip().partition(" ")
+        if name.startswith(CONTAINER_PREFIXES):
+            found[name] = cid
+    return found
+
+
+def container_memory(metrics: Metrics, sys_fs: Path, docker_ps: str | None) -> None:
+    """Each lane's and the Ray node's container memory from its cgroup (memory.current: the
+    cgroup v2 documentation), the per-process view GB10's driver cannot give."""
+    for name, path in sorted(container_cgroups(sys_fs, containers_of(docker_ps or "")).items()):
+        current = read(path / "memory.current")
+        if current and current.isdigit():
+            metrics.add(
+                "spark_container_memory_bytes",
+                int(current),
+                "A lane's (or the Ray node's) container memory: its cgroup's memory.current",
+                container=name,
+            )
+
+
+# --- GPU --------------------------------------------------------------------------------------
+
+
+def gpu(metrics: Metrics, csv: str | None) -> str:
+    """nvidia-smi --query-gpu=GPU_FIELDS --format=csv,noheader,nounits; a field the GPU does
+    not report ([N/A]) is left out. Returns the loaded driver's version ("" without one)."""
+    values = [value.strip() for value in (csv or "").splitlines()[0].split(",")] if csv else []
+    ok = len(values) == len(GPU_FIELDS)
+    metrics.add("spark_gpu_query_ok", int(ok), "nvidia-smi answered the query")
+    if not ok:
+        return ""
+    got = dict(zip(GPU_FIELDS, values, strict=True))
+    for key, name, scale, help in (
+        ("temperature.gpu", "spark_gpu_temperature_celsius", 1, "GPU temperature"),
+        ("power.draw", "spark_gpu_power_watts", 1, "GPU power draw"),
+        ("utilization.gpu", "spark_gpu_utilization_ratio", 0.01, "GPU utilisation (0-1)"),
+    ):
+        if got[key] not in NOT_REPORTED:
+            with contextlib.suppress(ValueError):  # a value in a form not known: left out
+                metrics.add(name, float(got[key]) * scale, help)
+    if (pstate := got["pstate"]) not in NOT_REPORTED and re.fullmatch(r"P\d+", pstate):
+        metrics.add("spark_gpu_pstate", int(pstate[1:]), "GPU performance state (0: highest)")
+    return got["driver_version"]
+
+
+# --- fabric -----------------------------------------------------------------------------------
+
+
+def ipv4_gid(address: str) -> str:
+    """The GID of an IPv4 address: its IPv4-mapped IPv6 address, as sysfs prints it."""
+    return IPv6Address(f"::ffff:{address}").exploded
+
+
+def roce_v2_index(port: Path, address: str) -> int | None:
+    """The index of the port's RoCE v2 entry of ``address`` (gids/N and gid_attrs/types/N:
+    the kernel's ABI, sysfs-class-infiniband), or None."""
+    want = ipv4_gid(address)
+    gids = port / "gids"
+    if not gids.is_dir():
+        return None
+    for entry in sorted(
+        gids.iterdir(), key=lambda path: int(path.name) if path.name.isdigit() else -1
+    ):
+        if read(entry) == want and read(port / "gid_attrs/types" / entry.name) == "RoCE v2":
+            return int(entry.name)
+    return None
+
+
+def fabric(metrics: Metrics, sys_fs: Path, expected: dict, drift: list) -> None:
+    for twin in expected["twins"]:
+        ifname, hca, labels = (
+            twin["ifname"],
+            twin["hca"],
+            {"twin": twin["ifname"], "hca": twin["hca"]},
+        )
+        net = sys_fs / "class/net" / ifname
+        carrier = read(net / "carrier")
+        metrics.add("spark_twin_carrier", int(carrier == "1"), "The twin has a link", **labels)
+        speed = read(net / "speed")
+        rate = int(speed) if speed and speed.lstrip("-").isdigit() else -1
+        metrics.add("spark_twin_rate_mbps", rate, "The twin's link rate (-1: no link)", **labels)
+        mtu_text = read(net / "mtu")
+        mtu = int(mtu_text) if mtu_text and mtu_text.isdigit() else 0
+        metrics.add("spark_twin_mtu_bytes", mtu, "The twin's MTU (0: no interface)", **labels)
+        port = sys_fs / "class/infiniband" / hca / "ports/1"
+        index = roce_v2_index(port, twin["address"])
+        metrics.add(
+            "spark_twin_roce_v2_gid_index",
+            -1 if index is None else index,
+            "Index of the twin's RoCE v2 IPv4 GID entry (-1: none)",
+            **labels,
+        )
+        state = read(port / "state")  # "4: ACTIVE" (sysfs-class-infiniband)
+        if state:
+            metrics.add(
+                "spark_rdma_port_active",
+                int(state.endswith("ACTIVE")),
+                "RDMA port state is ACTIVE",
+                **labels,
+            )
+        for counter in ROCE_COUNTERS:
+            value = read(port / "hw_counters" / counter)
+            if value and value.isdigit():
+                metrics.add(
+                    "spark_roce_events_total", int(value),
+                    "RoCE error and congestion counters of the port (mlx5 hw_counters)",
+                    "counter", counter=counter, **labels,
+                )  # fmt: skip
+        if mtu != expected["mtu"]:
+            # The profile holds the MTU (operations/nmcli.py): activating it again sets it.
+            fix = f"nmcli connection up fabric-{ifname}"
+            drift.append(("mtu", ifname, str(expected["mtu"]), str(mtu), fix))
+        if carrier != "1":
+            drift.append(("carrier", ifname, "1", carrier or "none", "check the cable (ip link)"))
+        elif rate < expected["rate_mbps"]:
+            drift.append(
+                ("rate", ifname, f">= {expected['rate_mbps']}", str(rate),
+                 "a switch port auto-negotiating 100G, a degraded ConnectX start, the cable")
+            )  # fmt: skip
+        if index is None:
+            fix = f"ip -4 address show {ifname}; nmcli connection up fabric-{ifname}"
+            drift.append(("gid", ifname, str(expected["gid_index"]), "none", fix))
+        elif index != expected["gid_index"]:
+            drift.append(
+                ("gid", ifname, str(expected["gid_index"]), str(index),
+                 "NCCL selects it; a fixed NCCL_IB_GID_INDEX elsewhere would not")
+            )  # fmt: skip
+
+
+# --- lanes, NCCL ------------------------------------------------------------------------------
+
+
+def unit_state(show: str) -> dict[str, str]:
+    """`systemctl show UNIT -p ActiveState -p ActiveEnterTimestampMonotonic` as a dict."""
+    return dict(line.split("=", 1) for line in show.splitlines() if "=" in line)
+
+
+def healthy(port: int) -> bool:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=HEALTH_TIMEOUT_S):
+            return True
+    except Exception:  # anything but an answer is not healthy
+        return False
+
+
+def lanes(
+    metrics: Metrics,
+    expected: dict,
+    show: Callable[[str], str | None],
+    health: Callable[[int], bool],
+    uptime_s: float,
+    drift: list,
+) -> None:
+    """Each lane: its unit active (up), /health on loopback (healthy), and the canary's last
+    verdict and age: the canary runs after /health in the unit's start (ExecStartPost,
+    templates/vllm-lane.service.j2), so an active unit passed it when it became active, and a
+    failed one did not pass its last start."""
+    for lane in expected["lanes"]:
+        name = lane["name"]
+        state = unit_state(show(f"spark-lane-{name}.service") or "")
+        active = state.get("ActiveState")
+        labels = {"lane": name}
+        metrics.add(
+            "spark_lane_info", 1, "A lane of the plan", lane=name, engine=lane["engine"],
+            served_name=lane["served_name"], image=lane["image"], port=str(lane["port"]),
+        )  # fmt: skip
+        metrics.add("spark_lane_up", int(active == "active"), "The lane's unit is active", **labels)
+        if lane["backend_port"] is not None:
+            ok = active == "active" and health(lane["backend_port"])
+            metrics.add("spark_lane_healthy", int(ok), "The lane answers /health", **labels)
+        if active in ("active", "failed"):
+            metrics.add(
+                "spark_lane_canary_passed", int(active == "active"),
+                "The canary's verdict at the lane's last start", **labels,
+            )  # fmt: skip
+        entered = state.get("ActiveEnterTimestampMonotonic", "0")
+        if active == "active" and entered.isdigit() and int(entered):
+            age = max(0.0, uptime_s - int(entered) / 1e6)
+            metrics.add(
+                "spark_lane_canary_age_seconds", age, "Since the canary last passed", **labels
+            )
+        if active != "active":
+            drift.append(
+                ("lane", name, "active", active or "unknown",
+                 f"journalctl -u spark-lane-{name}; systemctl start spark-lane-{name}")
+            )  # fmt: skip
+
+
+def nccl(metrics: Metrics, verdict_file: Path, now: float) -> None:
+    """The NCCL test's kept verdict (files/nccl_check.py report): passed, the all_gather bus
+    bandwidth at its largest size, and its age."""
+    try:
+        verdict = json.loads(verdict_file.read_text())
+        age = now - verdict_file.stat().st_mtime
+    except (OSError, ValueError):
+        metrics.add("spark_nccl_verdict_present", 0, "The NCCL test has a verdict on the box")
+        return
+    metrics.add("spark_nccl_verdict_present", 1, "The NCCL test has a verdict on the box")
+    metrics.add(
+        "spark_nccl_passed", int(verdict.get("passed") is True), "The NCCL test's last verdict"
+    )
+    metrics.add("spark_nccl_age_seconds", max(0.0, age), "Since the NCCL test's last verdict")
+    gathers = [row for row in verdict.get("rows", []) if row.get("op") == "all_gather"]
+    if gathers:
+        largest = max(gathers, key=lambda row: row["bytes"])
+        metrics.add(
+            "spark_nccl_busbw_gbs", largest["busbw"],
+            "all_gather bus bandwidth at the largest size (GB/s, 10^9 bytes)",
+        )  # fmt: skip
+
+
+# --- versions, drift --------------------------------------------------------------------------
+
+
+def versions(
+    metrics: Metrics, proc: Path, expected: dict, driver: str, toolkit: str | None, drift: list
+) -> None:
+    metrics.add(
+        "spark_version_info", 1, "Versions on the box",
+        driver=driver, kernel=read(proc / "sys/kernel/osrelease") or "",
+        toolkit=(toolkit or "").strip(),
+    )  # fmt: skip
+    branch = driver.partition(".")[0]
+    if branch != str(expected["driver_branch"]):
+        drift.append(
+            ("driver", "branch", str(expected["driver_branch"]), branch or "none",
+             "the deploy stops and says the way back (purge, install, reboot)")
+        )  # fmt: skip
+
+
+def report_drift(metrics: Metrics, drift: list) -> None:
+    for kind, subject, want, found, _fix in drift:
+        metrics.add(
+            "spark_drift", 1, "A value that differs from the box's plan",
+            kind=kind, subject=subject, expected=want, found=found,
+        )  # fmt: skip
+    metrics.add("spark_drifts", len(drift), "How many values differ from the box's plan")
+
+
+def collect(
+    expected: dict,
+    *,
+    proc: Path = Path("/proc"),
+    sys_fs: Path = Path("/sys"),
+    command: Callable[[list[str]], str | None] = run,
+    health: Callable[[int], bool] = healthy,
+    now: float | None = None,
+) -> tuple[str, list]:
+    """The text for the textfile collector, and the drift found (kind, subject, expected,
+    found, what to run)."""
+    now = time.time() if now is None else now
+    metrics, drift = Metrics(), []
+    memory(metrics, proc, expected, drift)
+    container_memory(
+        metrics, sys_fs, command(["docker", "ps", "--no-trunc", "--format", "{{.ID}} {{.Names}}"])
+    )
+    driver = gpu(
+        metrics,
+        command(
+            ["nvidia-smi", f"--query-gpu={','.join(GPU_FIELDS)}", "--format=csv,noheader,nounits"]
+        ),
+    )
+    fabric(metrics, sys_fs, expected, drift)
+    uptime = float((read(proc / "uptime") or "0").split()[0])
+
+    def show(unit: str) -> str | None:
+        properties = ["-p", "ActiveState", "-p", "ActiveEnterTimestampMonotonic"]
+        return command(["systemctl", "show", unit, *properties])
+
+    lanes(metrics, expected, show, health, uptime, drift)
+    if expected["nccl"]:
+        nccl(metrics, Path(expected["nccl_verdict"]), now)
+    toolkit = command(["dpkg-query", "-W", "-f", "${Version}", "nvidia-container-toolkit"])
+    versions(metrics, proc, expected, driver, toolkit, drift)
+    report_drift(metrics, drift)
+    metrics.add("spark_metrics_timestamp_seconds", now, "When the collector last wrote")
+    return metrics.text(), drift
+
+
+def write_atomically(out: Path, text: str) -> None:
+    """A temporary file in the same directory, renamed over ``out``: the exporter reads the old
+    file or the new one, never half of one."""
+    fd, partial = tempfile.mkstemp(prefix=".spark-", suffix=".tmp", dir=out.parent)
+    try:
+        with os.fdopen(fd, "w") as file:
+            file.write(text)
+        os.chmod(partial, 0o644)
+        os.replace(partial, out)
+    except BaseException:
+        os.unlink(partial)
+        raise
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--expected", type=Path, required=True)
+    parser.add_argument("--out", type=Path, required=True)
+    args = parser.parse_args(argv)
+    text, drift = collect(json.loads(args.expected.read_text()))
+    write_atomically(args.out, text)
+    for kind, subject, want, found, fix in drift:  # the journal's line for each
+        print(f"drift: {kind} {subject}: {found}, the plan says {want}; {fix}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,155 @@
+"""A Prometheus configuration for the fleet, from the boxes' plans (issue 28): one scrape job per
+box at its metrics endpoint (the address the inventory connects to, the plan's metrics port,
+the box's own metrics key as a bearer credentials file), and the alert rules on what the
+collector (files/spark_metrics.py) writes.
+
+Both files are JSON, which is YAML (YAML 1.2, "JSON is a subset"), so Prometheus and promtool
+read them as they are and nothing beyond the standard library writes them.
+"""
+
+from __future__ import annotations
+
+import json
+
+from spark.plan import Plan
+
+RULES_FILE = "spark-rules.yml"
+# Where the keys are on the Prometheus machine: one file per box, <box>.key, each that box's
+# /etc/spark/secrets/_metrics.key (operations/metrics.py), readable by Prometheus only.
+KEYS_DIR = "/etc/prometheus/spark-keys"
+NCCL_MAX_AGE_S = 7 * 24 * 3600  # a verdict older than a week: run the test again (issue 28)
+# Alerts wait this many collections before firing, so one late or slow collection is no page.
+FOR_COLLECTIONS = 2
+
+
+def job_name(box: str) -> str:
+    return f"spark-{box}"
+
+
+def scrape_config(plan: Plan, keys_dir: str = KEYS_DIR) -> dict:
+    """prometheus.yml: a job per box with a metrics endpoint, scraped every collection
+    interval (the collector writes no oftener), its key as the bearer token from a file
+    (Prometheus' scrape_config: authorization.credentials_file) and https with the front's
+    TLS."""
+    boxes = [box for box in plan.boxes if box.metrics is not None]
+    jobs = []
+    for box in boxes:
+        assert box.metrics is not None
+        jobs.append(
+            {
+                "job_name": job_name(box.name),
+                "scrape_interval": f"{box.metrics.interval_s}s",
+                "scheme": "https" if box.metrics.tls else "http",
+                "authorization": {
+                    "type": "Bearer",
+                    "credentials_file": f"{keys_dir}/{box.name}.key",
+                },
+                "static_configs": [
+                    {"targets": [f"{box.address}:{box.metrics.port}"], "labels": {"box": box.name}}
+                ],
+            }
+        )
+    return {
+        "global": {"evaluation_interval": "15s"},
+        "rule_files": [RULES_FILE],
+        "scrape_configs": jobs,
+    }
+
+
+def rules(plan: Plan) -> dict:
+    """The alert rules (Prometheus' alerting rules format): box down, lane down, canary failing,
+    memory below the guard's floor, fabric drifted, the driver off its branch, NCCL failing or
+    older than a week, the collector stopped."""
+    intervals = [box.metrics.interval_s for box in plan.boxes if box.metrics is not None]
+    interval = max(intervals, default=30)
+    wait = f"{interval * FOR_COLLECTIONS}s"
+    jobs = "|".join(job_name(box.name) for box in plan.boxes if box.metrics is not None)
+    spark = f'job=~"{jobs}"'
+
+    def alert(
+        name: str, expr: str, summary: str, severity: str = "critical", wait: str = wait
+    ) -> dict:
+        return {
+            "alert": name,
+            "expr": expr,
+            "for": wait,
+            "labels": {"severity": severity},
+            "annotations": {"summary": summary},
+        }
+
+    return {
+        "groups": [
+            {
+                "name": "spark",
+                "rules": [
+                    alert(
+                        "SparkBoxDown",
+                        f"up{{{spark}}} == 0",
+                        "{{ $labels.box }}: its metrics endpoint does not answer (box down,"
+                        " nginx or the node exporter stopped, or the key refused)",
+                    ),
+                    alert(
+                        "SparkMetricsStale",
+                        f"time() - spark_metrics_timestamp_seconds{{{spark}}} > {interval * 3}",
+                        "{{ $labels.box }}: the collector has not written for"
+                        " {{ $value | humanizeDuration }} (systemctl status spark-metrics.timer)",
+                        "warning",
+                    ),
+                    alert(
+                        "SparkLaneDown",
+                        f"spark_lane_up{{{spark}}} == 0",
+                        "{{ $labels.box }}: lane {{ $labels.lane }} is not active"
+                        " (journalctl -u spark-lane-{{ $labels.lane }})",
+                    ),
+                    alert(
+                        "SparkCanaryFailing",
+                        f"spark_lane_canary_passed{{{spark}}} == 0",
+                        "{{ $labels.box }}: lane {{ $labels.lane }} failed its answer canary at"
+                        " its last start (journalctl -u spark-lane-{{ $labels.lane }})",
+                        wait="0s",
+                    ),
+                    alert(
+                        "SparkMemoryBelowFloor",
+                        f"spark_memory_available_bytes{{{spark}}}"
+                        f" < spark_memory_guard_floor_bytes{{{spark}}}",
+                        "{{ $labels.box }}: MemAvailable below the memory guard's floor; it"
+                        " stops the lowest-priority lane (journalctl -u spark-memguard)",
+                        wait="0s",
+                    ),
+                    alert(
+                        "SparkFabricDrifted",
+                        f'spark_drift{{{spark},kind=~"mtu|gid|rate|carrier"}} == 1',
+                        "{{ $labels.box }}: {{ $labels.kind }} of {{ $labels.subject }} is"
+                        " {{ $labels.found }}, the plan says {{ $labels.expected }}; deploy"
+                        " again (--limit {{ $labels.box }})",
+                        "warning",
+                    ),
+                    alert(
+                        "SparkDriverDrifted",
+                        f'spark_drift{{{spark},kind="driver"}} == 1',
+                        "{{ $labels.box }}: driver branch {{ $labels.found }} loaded, the plan"
+                        " says {{ $labels.expected }} (590 deadlocks CUDA graphs on GB10)",
+                    ),
+                    alert(
+                        "SparkNcclFailing",
+                        f"spark_nccl_passed{{{spark}}} == 0",
+                        "{{ $labels.box }}: the NCCL test's last verdict failed (sudo cat"
+                        " /var/lib/spark/nccl-test/run/report.txt)",
+                        wait="0s",
+                    ),
+                    alert(
+                        "SparkNcclStale",
+                        f"spark_nccl_age_seconds{{{spark}}} > {NCCL_MAX_AGE_S}",
+                        "{{ $labels.box }}: the NCCL test's verdict is older than a week"
+                        " (sudo spark-nccl-test on every box)",
+                        "warning",
+                        wait="0s",
+                    ),
+                ],
+            }
+        ]
+    }
+
+
+def dump(document: dict) -> str:
+    return json.dumps(document, indent=2) + "\n"

@@ -1,0 +1,43 @@
+"""Write a Prometheus configuration for the inventory's boxes, contacting no box.
+
+    .venv/bin/python -m stages.prometheus_config [--inventory inventories/lab.py] [--out DIR]
+        [--keys-dir /etc/prometheus/spark-keys]
+
+`make prometheus-config` runs it: DIR/prometheus.yml (a scrape job per box) and
+DIR/spark-rules.yml (the alert rules), from spark/prometheus.py. Each box's metrics key goes in
+KEYS_DIR/<box>.key on the Prometheus machine (README: Watching the fleet).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from spark import prometheus
+from stages.settings import InventoryRefused, read_inventory
+from stages.settings import plan as inventory_plan
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--inventory", default="inventories/lab.py")
+    parser.add_argument("--out", type=Path, default=Path("prometheus"))
+    parser.add_argument("--keys-dir", default=prometheus.KEYS_DIR)
+    args = parser.parse_args(argv)
+    try:
+        plan = inventory_plan(read_inventory(args.inventory))
+    except InventoryRefused as error:
+        print(error, file=sys.stderr)
+        return 2
+    args.out.mkdir(parents=True, exist_ok=True)
+    config = prometheus.scrape_config(plan, args.keys_dir)
+    (args.out / "prometheus.yml").write_text(prometheus.dump(config))
+    (args.out / prometheus.RULES_FILE).write_text(prometheus.dump(prometheus.rules(plan)))
+    print(f"{args.out}/prometheus.yml: {len(config['scrape_configs'])} box(es);"
+          f" their keys in {args.keys_dir}/<box>.key")  # fmt: skip
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

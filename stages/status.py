@@ -1,0 +1,181 @@
+"""One table for the whole inventory, read from the boxes' metrics endpoints (no SSH).
+
+    .venv/bin/python -m stages.status [--inventory inventories/lab.py] [--keys-dir DIR]
+
+`make status` runs it. Per box: the lanes (up, canary), MemAvailable against the memory guard's
+floor, each twin (rate, MTU, RoCE v2 GID index), the NCCL test's verdict and its age, and every
+drift from the plan. A box is red when its endpoint does not answer, a lane is down or failed
+its canary, memory is below the floor, anything drifted, or the NCCL test failed or is older
+than a week; the command then exits 1. Each box's metrics key is read from KEYS_DIR/<box>.key
+(its /etc/spark/secrets/_metrics.key; README: Watching the fleet).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import ssl
+import sys
+import urllib.request
+from collections import defaultdict
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from prometheus_client.parser import text_string_to_metric_families
+
+from spark.plan import BoxPlan
+from spark.prometheus import NCCL_MAX_AGE_S
+from stages.settings import InventoryRefused, read_inventory
+from stages.settings import plan as inventory_plan
+
+KEYS_DIR = "~/.config/spark-provisioning/metrics-keys"
+TIMEOUT_S = 1.5  # every box at once: the table in under 2 s (issue 28)
+GIB = 1024**3
+RED, GREEN, RESET = "\033[31m", "\033[32m", "\033[0m"
+
+Samples = dict[str, list[tuple[dict[str, str], float]]]
+
+
+@dataclass
+class Row:
+    box: str
+    cells: list[str] = field(default_factory=list)
+    problems: list[str] = field(default_factory=list)
+
+
+def samples_of(text: str) -> Samples:
+    """The exposition text as {metric name: [(labels, value)]} (Prometheus' text format)."""
+    found: Samples = defaultdict(list)
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            found[sample.name].append((sample.labels, sample.value))
+    return found
+
+
+def one(samples: Samples, name: str) -> float | None:
+    values = samples.get(name, [])
+    return values[0][1] if values else None
+
+
+def by(samples: Samples, name: str, label: str) -> dict[str, float]:
+    return {labels.get(label, ""): value for labels, value in samples.get(name, [])}
+
+
+def age(seconds: float) -> str:
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if seconds >= size:
+            return f"{seconds / size:.0f}{unit}"
+    return f"{seconds:.0f}s"
+
+
+def row(box: str, samples: Samples | None, error: str = "") -> Row:
+    """A box's cells and what makes it red, from its endpoint's samples (None: no answer)."""
+    result = Row(box)
+    if samples is None:
+        result.cells = [f"no answer: {error}", "", "", "", ""]
+        result.problems.append(f"endpoint: {error}")
+        return result
+    up, canary = (
+        by(samples, "spark_lane_up", "lane"),
+        by(samples, "spark_lane_canary_passed", "lane"),
+    )
+    lanes = []
+    for lane, value in up.items():
+        state = "up" if value == 1 else "DOWN"
+        if canary.get(lane) == 0:
+            state += ",canary FAILED"
+        lanes.append(f"{lane} {state}")
+        if value != 1 or canary.get(lane) == 0:
+            result.problems.append(f"lane {lane} {state}")
+    available = one(samples, "spark_memory_available_bytes")
+    floor = one(samples, "spark_memory_guard_floor_bytes")
+    memory = "?"
+    if available is not None and floor is not None:
+        memory = f"{available / GIB:.1f}/{floor / GIB:g} GiB"
+        if available < floor:
+            result.problems.append("memory below the floor")
+    rates = by(samples, "spark_twin_rate_mbps", "twin")
+    mtus = by(samples, "spark_twin_mtu_bytes", "twin")
+    gids = by(samples, "spark_twin_roce_v2_gid_index", "twin")
+    twins = [
+        f"{twin} {rates[twin] / 1000:g}G/{mtus.get(twin, 0):.0f}/gid {gids.get(twin, -1):.0f}"
+        for twin in rates
+    ]
+    nccl = "-"
+    if one(samples, "spark_nccl_verdict_present") == 0:
+        nccl = "no verdict"
+    elif (passed := one(samples, "spark_nccl_passed")) is not None:
+        seconds = one(samples, "spark_nccl_age_seconds") or 0
+        busbw = one(samples, "spark_nccl_busbw_gbs")
+        nccl = f"{'pass' if passed == 1 else 'FAIL'} {busbw or 0:.2f} GB/s {age(seconds)} ago"
+        if passed != 1 or seconds > NCCL_MAX_AGE_S:
+            result.problems.append(f"NCCL {nccl}")
+    drift = [
+        f"{labels['kind']} {labels['subject']} {labels['found']} (plan {labels['expected']})"
+        for labels, value in samples.get("spark_drift", [])
+        if value == 1
+    ]
+    result.problems += [f"drift: {text}" for text in drift]
+    result.cells = [", ".join(lanes) or "-", memory, ", ".join(twins) or "-", nccl]
+    result.cells.append("; ".join(drift) or "-")
+    return result
+
+
+def scrape(box: BoxPlan, keys_dir: Path) -> tuple[Samples | None, str]:
+    assert box.metrics is not None
+    scheme = "https" if box.metrics.tls else "http"
+    try:
+        key = (keys_dir / f"{box.name}.key").read_text().strip()
+    except OSError as error:
+        return None, f"no key ({error.strerror}: {keys_dir}/{box.name}.key)"
+    request = urllib.request.Request(f"{scheme}://{box.address}:{box.metrics.port}/metrics")
+    request.add_header("Authorization", f"Bearer {key}")
+    try:
+        context = ssl.create_default_context() if scheme == "https" else None
+        with urllib.request.urlopen(request, timeout=TIMEOUT_S, context=context) as response:
+            return samples_of(response.read().decode()), ""
+    except Exception as error:  # any failure to read is a box not answering
+        return None, str(getattr(error, "reason", error))
+
+
+def table(rows: list[Row], colour: bool) -> str:
+    header = ["box", "lanes (canary)", "memory avail/floor", "twins rate/MTU/GID", "NCCL", "drift"]
+    lines = [header] + [[r.box, *r.cells] for r in rows]
+    widths = [max(len(line[i]) for line in lines) for i in range(len(header))]
+    out = []
+    for index, line in enumerate(lines):
+        text = "  ".join(cell.ljust(width) for cell, width in zip(line, widths, strict=True))
+        if index and colour:
+            text = (RED if rows[index - 1].problems else GREEN) + text + RESET
+        out.append(text.rstrip())
+    return "\n".join(out) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--inventory", default="inventories/lab.py")
+    parser.add_argument("--keys-dir", default=KEYS_DIR)
+    args = parser.parse_args(argv)
+    try:
+        plan = inventory_plan(read_inventory(args.inventory))
+    except InventoryRefused as error:
+        print(error, file=sys.stderr)
+        return 2
+    boxes = [box for box in plan.boxes if box.metrics is not None]
+    keys_dir = Path(args.keys_dir).expanduser()
+    with ThreadPoolExecutor(max_workers=max(1, len(boxes))) as pool:
+        answers = list(pool.map(lambda box: scrape(box, keys_dir), boxes))
+    rows = [
+        row(box.name, samples, error) for box, (samples, error) in zip(boxes, answers, strict=True)
+    ]
+    colour = sys.stdout.isatty() and "NO_COLOR" not in os.environ  # no-color.org
+    print(table(rows, colour), end="")
+    red = [r for r in rows if r.problems]
+    for r in red:
+        print(f"{r.box}: {'; '.join(r.problems)}")
+    return 1 if red else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

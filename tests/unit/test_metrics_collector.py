@@ -1,0 +1,261 @@
+"""The box's metrics collector (files/spark_metrics.py) on the real formats it reads, every line it
+writes read back by the Prometheus text format parser (prometheus_client's).
+
+Inputs:
+- tests/unit/captured/lab-proc-meminfo.txt: the lab's /proc/meminfo (the kernel's format).
+- sysfs trees built here in the kernel's formats (Documentation/ABI/stable/sysfs-class-net:
+  carrier, speed, mtu; sysfs-class-infiniband: ports/N/state "4: ACTIVE", gids/N as the
+  IPv6-mapped address, gid_attrs/types/N "RoCE v2"; hw_counters/<name> one decimal number),
+  with the mlx5 counter names of drivers/infiniband/hw/mlx5/counters.c.
+- nvidia-smi's CSV as `--format=csv,noheader,nounits` prints it (the real tool's layout:
+  shared/data captures of driver 580.159.04), with the figures of a GB10's table in public
+  issues (40C, P8, 4W, 0%: NVIDIA/k8s-device-plugin#1482) written by hand, and "[N/A]" where
+  a GB10 does not report a field.
+- files/nccl_check.py's verdict.json layout (its report()).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import sys
+from pathlib import Path
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from tests.unit.harness import captured
+
+_SPEC = importlib.util.spec_from_file_location(
+    "spark_metrics", Path(__file__).resolve().parents[2] / "files/spark_metrics.py"
+)
+assert _SPEC and _SPEC.loader
+spark_metrics = importlib.util.module_from_spec(_SPEC)
+sys.modules["spark_metrics"] = spark_metrics
+_SPEC.loader.exec_module(spark_metrics)
+
+GIB = 1024**3
+EXPECTED = {
+    "floor_gib": 8,
+    "mtu": 9000,
+    "rate_mbps": 200000,
+    "gid_index": 3,
+    "driver_branch": 580,
+    "twins": [
+        {"ifname": "enp1s0f1np1", "hca": "rocep1s0f1", "address": "192.168.100.10"},
+        {"ifname": "enP2p1s0f1np1", "hca": "roceP2p1s0f1", "address": "192.168.101.10"},
+    ],
+    "lanes": [
+        {"name": "coder", "engine": "vllm", "served_name": "qwen3-coder-next",
+         "image": "nvcr.io/nvidia/vllm:26.04-py3", "port": 10101, "backend_port": 11101},
+        {"name": "fast", "engine": "vllm", "served_name": "qwen3.6-35b-a3b",
+         "image": "nvcr.io/nvidia/vllm:26.04-py3", "port": 10102, "backend_port": 11102},
+    ],
+    "nccl": True,
+    "nccl_verdict": "",  # set per test
+}  # fmt: skip
+
+
+def twin(sys_fs: Path, ifname: str, hca: str, *, mtu: int, speed: int, gids: dict[int, tuple]):
+    net = sys_fs / "class/net" / ifname
+    net.mkdir(parents=True)
+    (net / "carrier").write_text("1\n" if speed > 0 else "0\n")
+    (net / "speed").write_text(f"{speed}\n")
+    (net / "mtu").write_text(f"{mtu}\n")
+    port = sys_fs / "class/infiniband" / hca / "ports/1"
+    for sub in ("gids", "gid_attrs/types", "hw_counters"):
+        (port / sub).mkdir(parents=True)
+    (port / "state").write_text("4: ACTIVE\n")
+    for index, (gid, kind) in gids.items():
+        (port / "gids" / str(index)).write_text(gid + "\n")
+        (port / "gid_attrs/types" / str(index)).write_text(kind + "\n")
+    (port / "hw_counters/out_of_sequence").write_text("12\n")
+    (port / "hw_counters/np_cnp_sent").write_text("0\n")
+
+
+def v4(last: str) -> str:
+    return f"0000:0000:0000:0000:0000:ffff:{last}"
+
+
+LINK_LOCAL = "fe80:0000:0000:0000:7447:e0ff:fe65:cf2e"
+
+
+@pytest.fixture
+def box(tmp_path: Path) -> dict:
+    """A deployed box: both twins at 9000 and 200G, the RoCE v2 entries at 3; coder serving."""
+    proc, sys_fs = tmp_path / "proc", tmp_path / "sys"
+    (proc / "sys/kernel").mkdir(parents=True)
+    (proc / "meminfo").write_text(captured("lab-proc-meminfo.txt"))
+    (proc / "uptime").write_text("1000.50 1800.00\n")
+    (proc / "sys/kernel/osrelease").write_text("6.17.0-1032-nvidia\n")
+    gids = {0: (LINK_LOCAL, "IB/RoCE v1"), 1: (LINK_LOCAL, "RoCE v2")}
+    for ifname, hca, last in (
+        ("enp1s0f1np1", "rocep1s0f1", "c0a8:640a"),
+        ("enP2p1s0f1np1", "roceP2p1s0f1", "c0a8:650a"),
+    ):
+        mine = {2: (v4(last), "IB/RoCE v1"), 3: (v4(last), "RoCE v2")}
+        twin(sys_fs, ifname, hca, mtu=9000, speed=200000, gids={**gids, **mine})
+    cid = "a" * 64
+    scope = sys_fs / f"fs/cgroup/system.slice/docker-{cid}.scope"
+    scope.mkdir(parents=True)
+    (scope / "memory.current").write_text(f"{40 * GIB}\n")
+    verdict = tmp_path / "verdict.json"
+    verdict.write_text(json.dumps({"passed": True, "problems": [], "rows": [
+        {"op": "all_gather", "bytes": 1048576, "busbw": 0.4},
+        {"op": "all_gather", "bytes": 4194304, "busbw": 0.75},
+        {"op": "all_reduce", "bytes": 4194304, "busbw": 0.9},
+    ]}))  # fmt: skip
+    os.utime(verdict, (5000.0, 5000.0))
+    outputs = {
+        "docker": f"{cid} spark-lane-coder\n{'b' * 64} unrelated\n",
+        "nvidia-smi": "40, 4.12, 0, P8, 580.142\n",
+        "dpkg-query": "1.19.0-1",
+        "spark-lane-coder.service": "ActiveState=active\nActiveEnterTimestampMonotonic=400500000\n",
+        "spark-lane-fast.service": "ActiveState=failed\nActiveEnterTimestampMonotonic=0\n",
+    }
+    return {"proc": proc, "sys": sys_fs, "verdict": verdict, "outputs": outputs}
+
+
+def collect(box: dict, **changes):
+    outputs = {**box["outputs"], **changes}
+
+    def command(argv: list[str]) -> str | None:
+        key = argv[2] if argv[0] == "systemctl" else argv[0]
+        return outputs.get(key)
+
+    expected = {**EXPECTED, "nccl_verdict": str(box["verdict"])}
+    return spark_metrics.collect(
+        expected,
+        proc=box["proc"],
+        sys_fs=box["sys"],
+        command=command,
+        health=lambda port: port == 11101,
+        now=5600.0,
+    )
+
+
+def samples(text: str) -> dict[tuple, float]:
+    """Every sample as the Prometheus parser reads it: (name, sorted labels) -> value."""
+    return {
+        (sample.name, tuple(sorted(sample.labels.items()))): sample.value
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
+    }
+
+
+def test_a_converged_box_reads_back_through_the_parser(box: dict) -> None:
+    text, drift = collect(box)
+    got = samples(text)
+    coder, fast = (("lane", "coder"),), (("lane", "fast"),)
+    first = (("hca", "rocep1s0f1"), ("twin", "enp1s0f1np1"))
+    assert got[("spark_memory_available_bytes", ())] == 23527300 * 1024
+    assert got[("spark_memory_guard_floor_bytes", ())] == 8 * GIB
+    assert got[("spark_container_memory_bytes", (("container", "spark-lane-coder"),))] == 40 * GIB
+    assert got[("spark_gpu_temperature_celsius", ())] == 40
+    assert got[("spark_gpu_power_watts", ())] == 4.12
+    assert got[("spark_gpu_utilization_ratio", ())] == 0
+    assert got[("spark_gpu_pstate", ())] == 8
+    assert got[("spark_twin_mtu_bytes", first)] == 9000
+    assert got[("spark_twin_rate_mbps", first)] == 200000
+    assert got[("spark_twin_roce_v2_gid_index", first)] == 3
+    assert got[("spark_rdma_port_active", first)] == 1
+    assert got[("spark_roce_events_total", (("counter", "out_of_sequence"), *first))] == 12
+    assert got[("spark_lane_up", coder)] == 1 and got[("spark_lane_up", fast)] == 0
+    assert got[("spark_lane_healthy", coder)] == 1 and got[("spark_lane_healthy", fast)] == 0
+    assert got[("spark_lane_canary_passed", coder)] == 1
+    assert got[("spark_lane_canary_passed", fast)] == 0
+    assert got[("spark_lane_canary_age_seconds", coder)] == 1000.5 - 400.5
+    assert got[("spark_nccl_passed", ())] == 1
+    assert got[("spark_nccl_busbw_gbs", ())] == 0.75  # all_gather at its largest size
+    assert got[("spark_nccl_age_seconds", ())] == 600
+    versions = (("driver", "580.142"), ("kernel", "6.17.0-1032-nvidia"), ("toolkit", "1.19.0-1"))
+    assert got[("spark_version_info", versions)] == 1
+    # the failed lane is the only drift
+    assert drift == [("lane", "fast", "active", "failed", drift[0][4])]
+    assert got[("spark_drifts", ())] == 1
+    drifted = (("expected", "active"), ("found", "failed"), ("kind", "lane"), ("subject", "fast"))
+    assert got[("spark_drift", drifted)] == 1
+
+
+def test_fabric_faults_are_drift_series(box: dict) -> None:
+    """MTU 1500 set by hand, the RoCE v2 entry moved to 4 (the field's GID drift), a twin at
+    100G (a switch auto-negotiating)."""
+    first = box["sys"] / "class/net/enp1s0f1np1"
+    (first / "mtu").write_text("1500\n")
+    second = box["sys"] / "class/net/enP2p1s0f1np1"
+    (second / "speed").write_text("100000\n")
+    gids = box["sys"] / "class/infiniband/roceP2p1s0f1/ports/1"
+    (gids / "gids/3").write_text(LINK_LOCAL + "\n")
+    (gids / "gids/4").write_text(v4("c0a8:650a") + "\n")
+    (gids / "gid_attrs/types/4").write_text("RoCE v2\n")
+    text, drift = collect(box)
+    got = samples(text)
+    kinds = {(kind, subject, found) for kind, subject, _want, found, _fix in drift}
+    assert kinds == {
+        ("mtu", "enp1s0f1np1", "1500"),
+        ("rate", "enP2p1s0f1np1", "100000"),
+        ("gid", "enP2p1s0f1np1", "4"),
+        ("lane", "fast", "failed"),
+    }
+    mtu = (("expected", "9000"), ("found", "1500"), ("kind", "mtu"), ("subject", "enp1s0f1np1"))
+    assert got[("spark_drift", mtu)] == 1
+    assert got[("spark_drifts", ())] == 4
+
+
+def test_a_twin_without_its_roce_v2_entry_or_link(box: dict) -> None:
+    port = box["sys"] / "class/infiniband/rocep1s0f1/ports/1"
+    (port / "gid_attrs/types/3").write_text("IB/RoCE v1\n")  # the address, not as RoCE v2
+    (box["sys"] / "class/net/enP2p1s0f1np1/carrier").write_text("0\n")
+    (box["sys"] / "class/net/enP2p1s0f1np1/speed").write_text("-1\n")
+    text, drift = collect(box)
+    first = (("hca", "rocep1s0f1"), ("twin", "enp1s0f1np1"))
+    assert samples(text)[("spark_twin_roce_v2_gid_index", first)] == -1
+    assert ("gid", "enp1s0f1np1", "3", "none") in [d[:4] for d in drift]
+    assert ("carrier", "enP2p1s0f1np1", "1", "0") in [d[:4] for d in drift]
+
+
+def test_gb10_memory_na_and_a_failed_query(box: dict) -> None:
+    """Fields a GB10 does not report ([N/A]) are left out; nvidia-smi failing is said once."""
+    got = samples(collect(box, **{"nvidia-smi": "[N/A], [N/A], 0, P0, 580.142\n"})[0])
+    assert ("spark_gpu_temperature_celsius", ()) not in got
+    assert ("spark_gpu_power_watts", ()) not in got
+    assert got[("spark_gpu_utilization_ratio", ())] == 0 and got[("spark_gpu_query_ok", ())] == 1
+    got = samples(collect(box, **{"nvidia-smi": None})[0])
+    assert got[("spark_gpu_query_ok", ())] == 0
+    assert not [
+        key for key in got if key[0].startswith("spark_gpu_") and key[0] != "spark_gpu_query_ok"
+    ]
+
+
+def test_below_the_floor_and_a_590_driver_drift(box: dict) -> None:
+    (box["proc"] / "meminfo").write_text("MemTotal: 124000000 kB\nMemAvailable: 4194304 kB\n")
+    _text, drift = collect(box, **{"nvidia-smi": "40, 4.12, 0, P8, 590.48\n"})
+    found = {d[0]: d[3] for d in drift}
+    assert found["memory"] == "4.0 GiB"
+    assert found["driver"] == "590"
+
+
+def test_no_nccl_verdict_yet(box: dict) -> None:
+    box["verdict"].unlink()
+    got = samples(collect(box)[0])
+    assert got[("spark_nccl_verdict_present", ())] == 0
+    assert ("spark_nccl_passed", ()) not in got
+
+
+def test_label_values_are_escaped_for_the_parser() -> None:
+    metrics = spark_metrics.Metrics()
+    metrics.add("x_info", 1, 'help with \\ and "quotes"', image='a"b\\c\nd')
+    parsed = list(text_string_to_metric_families(metrics.text()))
+    assert parsed[0].samples[0].labels == {"image": 'a"b\\c\nd'}
+
+
+def test_written_atomically_and_readable_by_the_exporter(tmp_path: Path) -> None:
+    """Written through a temporary file in the same directory, renamed over the old one, mode
+    0644 (the exporter runs as its own user: the Debian package's README.textfile)."""
+    out = tmp_path / "spark.prom"
+    out.write_text("old 1\n")
+    spark_metrics.write_atomically(out, "new 2\n")
+    assert out.read_text() == "new 2\n"
+    assert oct(out.stat().st_mode & 0o777) == "0o644"
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["spark.prom"]

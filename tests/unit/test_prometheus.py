@@ -1,0 +1,263 @@
+"""The fleet's Prometheus configuration (spark/prometheus.py): a job per box, checked with
+`promtool check config`, and its alert rules unit-tested with `promtool test rules`, both the
+distribution's (Debian 12's prometheus 2.42, unpacked by tests/simlab/rootfs.py).
+
+The series fed to the rules are named and labelled as files/spark_metrics.py writes them and as
+Prometheus attaches a job's labels (job, instance, and the static config's box).
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from spark import prometheus
+from spark.inventory import load_from_dicts
+from spark.plan import Plan, plan
+from stages import prometheus_config
+from tests.simlab.rootfs import prometheus_binaries
+from tests.unit.test_config import TWO_SPARKS, merged
+
+
+@pytest.fixture(scope="module")
+def promtool() -> str:
+    return str(prometheus_binaries() / "promtool")
+
+
+def pair() -> Plan:
+    return plan(load_from_dicts(merged(TWO_SPARKS)))
+
+
+def written(tmp_path: Path) -> Path:
+    """prometheus.yml and its rules in tmp_path, with a key file per box."""
+    fleet = pair()
+    keys = tmp_path / "keys"
+    keys.mkdir()
+    for box in fleet.boxes:
+        (keys / f"{box.name}.key").write_text("k\n")
+    config = tmp_path / "prometheus.yml"
+    config.write_text(prometheus.dump(prometheus.scrape_config(fleet, str(keys))))
+    (tmp_path / prometheus.RULES_FILE).write_text(prometheus.dump(prometheus.rules(fleet)))
+    return config
+
+
+def test_a_job_per_box_with_its_key_and_interval(tmp_path: Path) -> None:
+    """The address pyinfra connects to (the inventory's name, TWO_SPARKS has no ssh_hostname),
+    group_data's metrics_port 9100 and interval 30 s, each box's key file."""
+    jobs = prometheus.scrape_config(pair(), "/k")["scrape_configs"]
+    assert [
+        (
+            job["job_name"],
+            job["static_configs"],
+            job["authorization"],
+            job["scrape_interval"],
+            job["scheme"],
+        )
+        for job in jobs
+    ] == [
+        (
+            f"spark-{name}",
+            [{"targets": [f"{name}:9100"], "labels": {"box": name}}],
+            {"type": "Bearer", "credentials_file": f"/k/{name}.key"},
+            "30s",
+            "http",
+        )
+        for name in ("spark-1", "spark-2")
+    ]
+
+
+def test_promtool_checks_the_config_and_its_rules(tmp_path: Path, promtool: str) -> None:
+    done = subprocess.run(
+        [promtool, "check", "config", str(written(tmp_path))], capture_output=True, text=True
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "SUCCESS: 9 rules found" in done.stdout
+
+
+def series(name: str, values: str, **labels: str) -> dict:
+    labels = {"job": "spark-spark-1", "box": "spark-1", "instance": "spark-1:9100"} | labels
+    inner = ",".join(f'{key}="{value}"' for key, value in labels.items())
+    return {"series": f"{name}{{{inner}}}", "values": values}
+
+
+BOX = {"job": "spark-spark-1", "box": "spark-1", "instance": "spark-1:9100"}
+
+
+def fires(alert: str, at: str, severity: str, summary: str, **labels: str) -> dict:
+    return {
+        "eval_time": at,
+        "alertname": alert,
+        "exp_alerts": [
+            {
+                "exp_labels": BOX | labels | {"severity": severity},
+                "exp_annotations": {"summary": summary},
+            }
+        ],
+    }
+
+
+def quiet(alert: str, at: str) -> dict:
+    return {"eval_time": at, "alertname": alert, "exp_alerts": []}
+
+
+def test_the_alert_rules_fire_on_each_fault_and_not_before(tmp_path: Path, promtool: str) -> None:
+    """Scraped every 30 s; an alert with `for: 60s` (two collections) is pending at 30 s and
+    fires at 60 s; the canary, memory and NCCL verdict alerts fire at once."""
+    written(tmp_path)
+    now = 600  # the collector's timestamp series, as time() runs in the test (from 0)
+    tests = {
+        "rule_files": [prometheus.RULES_FILE],
+        "evaluation_interval": "15s",
+        "tests": [
+            {
+                "interval": "30s",
+                "input_series": [
+                    series("up", "0 0 0 0"),
+                    series("spark_lane_up", "1 0 0 0", lane="fast"),
+                    series("spark_lane_canary_passed", "0 0 0 0", lane="fast"),
+                    series("spark_memory_available_bytes", "4294967296+0x3"),
+                    series("spark_memory_guard_floor_bytes", "8589934592+0x3"),
+                    series(
+                        "spark_drift",
+                        "1 1 1 1",
+                        kind="mtu",
+                        subject="enp1s0f1np1",
+                        expected="9000",
+                        found="1500",
+                    ),
+                    series("spark_nccl_passed", "1 1 1 1"),
+                    series("spark_nccl_age_seconds", "604900+0x3"),
+                    series("spark_metrics_timestamp_seconds", f"{now}+0x3"),
+                ],
+                "alert_rule_test": [
+                    quiet("SparkBoxDown", "30s"),
+                    fires(
+                        "SparkBoxDown",
+                        "60s",
+                        "critical",
+                        "spark-1: its metrics endpoint does not answer (box down, nginx or the"
+                        " node exporter stopped, or the key refused)",
+                    ),
+                    quiet("SparkLaneDown", "60s"),  # down from 30 s: pending
+                    fires(
+                        "SparkLaneDown",
+                        "90s",
+                        "critical",
+                        "spark-1: lane fast is not active (journalctl -u spark-lane-fast)",
+                        lane="fast",
+                    ),
+                    fires(
+                        "SparkCanaryFailing",
+                        "0s",
+                        "critical",
+                        "spark-1: lane fast failed its answer canary at its last start"
+                        " (journalctl -u spark-lane-fast)",
+                        lane="fast",
+                    ),
+                    fires(
+                        "SparkMemoryBelowFloor",
+                        "0s",
+                        "critical",
+                        "spark-1: MemAvailable below the memory guard's floor; it stops the"
+                        " lowest-priority lane (journalctl -u spark-memguard)",
+                    ),
+                    fires(
+                        "SparkFabricDrifted",
+                        "60s",
+                        "warning",
+                        "spark-1: mtu of enp1s0f1np1 is 1500, the plan says 9000; deploy again"
+                        " (--limit spark-1)",
+                        kind="mtu",
+                        subject="enp1s0f1np1",
+                        expected="9000",
+                        found="1500",
+                    ),
+                    quiet("SparkNcclFailing", "60s"),
+                    fires(
+                        "SparkNcclStale",
+                        "0s",
+                        "warning",
+                        "spark-1: the NCCL test's verdict is older than a week (sudo"
+                        " spark-nccl-test on every box)",
+                    ),
+                    quiet("SparkMetricsStale", "0s"),
+                    quiet("SparkDriverDrifted", "60s"),
+                ],
+            },
+            {
+                "interval": "30s",
+                "input_series": [
+                    series("spark_nccl_passed", "0 0"),
+                    series("spark_nccl_age_seconds", "60+0x1"),
+                    series(
+                        "spark_drift",
+                        "1 1 1",
+                        kind="driver",
+                        subject="branch",
+                        expected="580",
+                        found="590",
+                    ),
+                    # written at 0 and never again: stale once 90 s (three intervals) pass
+                    series("spark_metrics_timestamp_seconds", "0+0x10"),
+                ],
+                "alert_rule_test": [
+                    fires(
+                        "SparkNcclFailing",
+                        "0s",
+                        "critical",
+                        "spark-1: the NCCL test's last verdict failed (sudo cat"
+                        " /var/lib/spark/nccl-test/run/report.txt)",
+                    ),
+                    quiet("SparkNcclStale", "0s"),
+                    fires(
+                        "SparkDriverDrifted",
+                        "60s",
+                        "critical",
+                        "spark-1: driver branch 590 loaded, the plan says 580 (590 deadlocks"
+                        " CUDA graphs on GB10)",
+                        kind="driver",
+                        subject="branch",
+                        expected="580",
+                        found="590",
+                    ),
+                    quiet("SparkMetricsStale", "90s"),  # 90 s behind: not more than 90
+                    fires(
+                        "SparkMetricsStale",
+                        "210s",  # more than 90 s behind from 105 s, then 60 s pending
+                        "warning",
+                        "spark-1: the collector has not written for 3m 30s (systemctl status"
+                        " spark-metrics.timer)",
+                    ),
+                ],
+            },
+        ],
+    }
+    test_file = tmp_path / "spark-rules.test.yml"
+    test_file.write_text(json.dumps(tests, indent=1))
+    done = subprocess.run(
+        [promtool, "test", "rules", str(test_file)], capture_output=True, text=True, cwd=tmp_path
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+
+
+def test_make_prometheus_config_writes_both_files_for_the_owners_inventory(
+    tmp_path: Path, promtool: str
+) -> None:
+    """inventories/lab.py's two boxes (spark-1.local, spark-2.local), no box contacted."""
+    out, keys = tmp_path / "out", tmp_path / "keys"
+    keys.mkdir()
+    assert prometheus_config.main(["--inventory", "inventories/lab.py", "--out", str(out),
+                                   "--keys-dir", str(keys)]) == 0  # fmt: skip
+    config = json.loads((out / "prometheus.yml").read_text())
+    assert [job["static_configs"][0]["targets"] for job in config["scrape_configs"]] == [
+        ["spark-1.local:9100"],
+        ["spark-2.local:9100"],
+    ]
+    for name in ("spark-1.local", "spark-2.local"):
+        (keys / f"{name}.key").write_text("k\n")
+    done = subprocess.run([promtool, "check", "config", str(out / "prometheus.yml")],
+                          capture_output=True, text=True)  # fmt: skip
+    assert done.returncode == 0, done.stdout + done.stderr

@@ -1,0 +1,116 @@
+"""make status (stages/status.py): the table from the boxes' metrics endpoints, red where a box
+does not answer, a lane is down or failed its canary, memory is below the floor, anything
+drifted or the NCCL test failed or is a week old; exit 1 then.
+
+The endpoint's text is the collector's own (files/spark_metrics.py, as the lab's spark-1 served it
+after a deploy: tests/unit/captured/lab-metrics-scrape.txt, its spark_ lines), served here by a
+loopback HTTP server that asks the key as nginx does (401 without it).
+"""
+
+from __future__ import annotations
+
+import threading
+from http.server import BaseHTTPRequestHandler, HTTPServer
+from pathlib import Path
+
+import pytest
+
+from spark.inventory import load_from_dicts
+from spark.plan import plan
+from stages import status
+from tests.unit.harness import captured
+from tests.unit.test_config import TWO_SPARKS, merged
+
+SCRAPE = captured("lab-metrics-scrape.txt")
+KEY = "k3y-_AZ"
+
+
+def test_the_labs_deployed_box_reads_as_its_lanes_memory_twins_and_drift() -> None:
+    """The lab's twins link at 10000 Mb/s (veths) against the plan's 200000: drift, so red."""
+    row = status.row("spark-1", status.samples_of(SCRAPE))
+    assert row.cells[0] == "coder up, fast up"
+    assert row.cells[1] == "21.4/1 GiB"  # MemAvailable 22989479936 B; the lab's floor 1 GiB
+    assert row.cells[2] == ("enP2p1s0f1np1 10G/9000/gid 3, enp1s0f1np1 10G/9000/gid 3")
+    assert row.cells[3] == "no verdict"
+    assert row.problems == [
+        "drift: driver branch none (plan 580)",
+        "drift: rate enP2p1s0f1np1 10000 (plan >= 200000)",
+        "drift: rate enp1s0f1np1 10000 (plan >= 200000)",
+    ]
+
+
+def test_a_lane_down_a_failed_canary_low_memory_and_a_failing_nccl_are_red() -> None:
+    text = "\n".join(
+        [
+            'spark_lane_up{lane="coder"} 0',
+            'spark_lane_up{lane="fast"} 1',
+            'spark_lane_canary_passed{lane="fast"} 0',
+            "spark_memory_available_bytes 4294967296",
+            "spark_memory_guard_floor_bytes 8589934592",
+            "spark_nccl_verdict_present 1",
+            "spark_nccl_passed 0",
+            "spark_nccl_busbw_gbs 2.7",
+            "spark_nccl_age_seconds 7200",
+        ]
+    )
+    row = status.row("spark-2", status.samples_of(text + "\n"))
+    assert row.cells[:2] == ["coder DOWN, fast up,canary FAILED", "4.0/8 GiB"]
+    assert row.cells[3] == "FAIL 2.70 GB/s 2h ago"
+    assert row.problems == [
+        "lane coder DOWN",
+        "lane fast up,canary FAILED",
+        "memory below the floor",
+        "NCCL FAIL 2.70 GB/s 2h ago",
+    ]
+
+
+def test_a_verdict_older_than_a_week_is_red() -> None:
+    text = "spark_nccl_verdict_present 1\nspark_nccl_passed 1\nspark_nccl_age_seconds 605000\n"
+    assert status.row("b", status.samples_of(text)).problems == ["NCCL pass 0.00 GB/s 7d ago"]
+
+
+def test_colour_only_where_asked() -> None:
+    rows = [status.Row("a", ["-"] * 5), status.Row("b", ["-"] * 5, ["x"])]
+    plain = status.table(rows, colour=False)
+    assert "\033" not in plain and plain.splitlines()[1].startswith("a  ")
+    coloured = status.table(rows, colour=True).splitlines()
+    assert coloured[1].startswith(status.GREEN) and coloured[2].startswith(status.RED)
+
+
+class Endpoint(BaseHTTPRequestHandler):
+    def do_GET(self) -> None:
+        ok = self.headers.get("Authorization") == f"Bearer {KEY}"
+        self.send_response(200 if ok else 401)
+        self.end_headers()
+        self.wfile.write(SCRAPE.encode() if ok else b"needs the metrics key\n")
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+@pytest.fixture
+def endpoint() -> int:
+    server = HTTPServer(("127.0.0.1", 0), Endpoint)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield server.server_address[1]
+    server.shutdown()
+
+
+def box_at(port: int):
+    box = plan(load_from_dicts(merged(TWO_SPARKS))).box("spark-1")
+    assert box.metrics is not None
+    return box.model_copy(
+        update={"address": "127.0.0.1", "metrics": box.metrics.model_copy(update={"port": port})}
+    )
+
+
+def test_scrape_sends_the_key_and_says_why_not(endpoint: int, tmp_path: Path) -> None:
+    box = box_at(endpoint)
+    samples, error = status.scrape(box, tmp_path)
+    assert samples is None and error.startswith("no key (No such file or directory")
+    (tmp_path / "spark-1.key").write_text("wrong\n")
+    assert status.scrape(box, tmp_path) == (None, "Unauthorized")
+    (tmp_path / "spark-1.key").write_text(KEY + "\n")
+    samples, error = status.scrape(box, tmp_path)
+    assert error == "" and samples is not None
+    assert samples["spark_drifts"] == [({}, 3.0)]
