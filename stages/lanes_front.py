@@ -55,7 +55,7 @@ def lanes_and_front(box: BoxPlan) -> None:
                 ]
             ),
             *front.questions(fronted),
-            *(metrics.questions(box.metrics.port, box.metrics.exporter_port) if box.metrics else []),
+            *(metrics.questions(watch.port, watch.exporter_port) if (watch := box.metrics) else []),
         ]
     )
     guard = box.memory_guard
