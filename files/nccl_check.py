@@ -221,6 +221,19 @@ class RankLog:
         return {transport_family(via) for via in self.channels}
 
 
+# What a channel's transport moves the bytes through, as NCCL names it in its "via ..." lines
+# (NVIDIA/nccl src/transport/): p2p.cc "P2P/CUMEM", "P2P/IPC", "P2P/direct pointer",
+# "P2P/indirect/..." (CUDA peer access between GPUs of one host: NVLink or PCIe); shm.cc
+# "SHM/direct" (host memory shared by processes of one host); net.cc "NET/<network>/<device>"
+# (the network NCCL chose: IB for verbs, RoCE included, or Socket for TCP).
+THROUGH = {
+    "P2P": "GPU to GPU within one host",
+    "SHM": "shared memory within one host",
+    "NET/IB": "RDMA",
+    "NET/Socket": "TCP sockets",
+}
+
+
 def transport_family(via: str) -> str:
     """'NET/IB/0', 'NET/IBext_v8/2' and an RDMA plugin's 'NET/NCCL RDMA Plugin v10/0' ->
     'NET/IB' (verbs, RoCE included); 'NET/Socket/1' -> 'NET/Socket'; 'P2P/CUMEM' -> 'P2P'."""
@@ -308,16 +321,8 @@ def verdict(
         problems.append(f"no timings: the collective did not complete (NCCL warned: {said})")
     for log in logs:
         who = f"rank {log.rank} ({log.host})"
-        found = log.transports()
-        if transport and ("NET/Socket" in found or log.network == "Socket"):
-            hca = f"NCCL_IB_HCA={log.ib_hca_env} found no device; " if log.ib_hca_env else ""
-            problems.append(
-                f"{who}: NCCL fell back to sockets (NET/Socket on {', '.join(log.socket_ifaces)}):"
-                f" {hca}no usable RDMA device in the container (--device /dev/infiniband,"
-                " NCCL_IB_HCA naming the box's devices, a RoCE v2 GID)"
-            )
-        elif transport and found and found != {transport}:
-            problems.append(f"{who}: channels via {', '.join(sorted(found))}, not {transport}")
+        if transport and (problem := transport_problem(log, transport)):
+            problems.append(f"{who}: {problem}")
         if missing := [hca for hca in expect_hcas if hca not in log.ib_devices]:
             using = ", ".join(log.ib_devices) or "none"
             problems.append(f"{who}: NCCL does not use {', '.join(missing)} (NET/IB uses {using})")
@@ -333,6 +338,33 @@ def verdict(
                 f" pass mark {min_busbw:g} GB/s"
             )
     return problems
+
+
+def transport_problem(log: RankLog, transport: str) -> str | None:
+    """Why a rank's channels did not all go through ``transport``, naming what they used.
+
+    NCCL names a network for the communicator even when no channel uses it ("Using network
+    Socket" on a host without RDMA whose ranks talk over NVLink): the channels say what carried
+    the bytes, and NCCL's network choice speaks only where there is no channel line."""
+    found = log.transports()
+    if "NET/Socket" in found or (not found and log.network == "Socket"):
+        hca = f"NCCL_IB_HCA={log.ib_hca_env} found no device; " if log.ib_hca_env else ""
+        return (
+            f"NCCL fell back to sockets (NET/Socket on {', '.join(log.socket_ifaces)}):"
+            f" {hca}no usable RDMA device in the container (--device /dev/infiniband,"
+            " NCCL_IB_HCA naming the box's devices, a RoCE v2 GID)"
+        )
+    if found and found != {transport}:
+        used = "; ".join(
+            f"{', '.join(sorted(via for via in log.channels if transport_family(via) == family))}"
+            f" ({THROUGH.get(family, family)})"
+            for family in sorted(found - {transport})
+        )
+        crossed = any(family.startswith("NET/") for family in found)
+        return f"channels via {used}, not {transport}" + (
+            "" if crossed else ": no channel crossed the fabric"
+        )
+    return None
 
 
 def report(

@@ -15,7 +15,8 @@ Captures (tests/unit/captured/):
   lines and rank 0's TUNING lines), each rank's log and the timings; `p2p-rank1` as NCCL chose
   (NVLink: `via P2P/CUMEM`), rank 1's log.
 - issue-*.log: real lines quoted in public issues (each file's first line names its issue):
-  multi-rank channel lines, which a one-GPU machine cannot produce.
+  multi-rank channel lines (NET/Socket, NET/IB, SHM, P2P/IPC, P2P/direct pointer), which a
+  one-GPU machine cannot produce.
 - public-spark-rdma-plugin.log: a Spark rank's lines quoted in public notes (its first line names
   them): NCCL through an RDMA net plugin, its channels "via NET/NCCL RDMA Plugin v10/0".
 """
@@ -112,12 +113,42 @@ def test_real_two_rank_socket_run_is_named_a_fallback_with_nccls_own_algorithm()
     ]
 
 
-def test_real_nvlink_channels_on_a_socket_network_are_no_rdma_either():
-    # NCCL's network for the communicator is still Socket: NVLink carries the channels.
+def test_real_nvlink_channels_on_a_socket_network_are_named_not_a_socket_fallback():
+    # NCCL's network for the communicator is Socket (no RDMA device), yet NVLink carried every
+    # channel: the verdict names P2P/CUMEM, not sockets.
     log = log_of("real-h100x2-nccl-check-2rank-p2p-rank1.log")
     assert (log.transports(), log.network) == ({"P2P"}, "Socket")
     problems = nccl_check.verdict([], [log], transport="NET/IB", expect_hcas=[], min_busbw=None)
-    assert problems[1].startswith("rank 1 (vm): NCCL fell back to sockets (NET/Socket on eth0)")
+    assert problems[1:] == [
+        "rank 1 (vm): channels via P2P/CUMEM (GPU to GPU within one host), not NET/IB:"
+        " no channel crossed the fabric"
+    ]
+    assert nccl_check.verdict([], [log], transport=None, expect_hcas=[], min_busbw=None)[1:] == []
+
+
+def test_quoted_ipc_channels_beside_socket_ones_are_a_socket_fallback():
+    log = log_of("issue-nccl-952-ipc-and-socket.log")
+    assert log.channels == {"NET/Socket/3": 2, "P2P/IPC/read": 2}
+    problem = nccl_check.transport_problem(log, "NET/IB")
+    assert problem is not None and problem.startswith("NCCL fell back to sockets")
+
+
+def test_quoted_direct_pointer_channels_beside_rdma_ones_are_named():
+    log = log_of("issue-nccl-429-direct-pointer-and-ib.log")
+    assert log.channels == {"P2P/direct pointer": 3, "NET/IB/0/GDRDMA": 1}
+    assert log.transports() == {"P2P", "NET/IB"}
+    assert nccl_check.transport_problem(log, "NET/IB") == (
+        "channels via P2P/direct pointer (GPU to GPU within one host), not NET/IB"
+    )
+
+
+def test_shm_channels_named_with_what_they_use():
+    # the via string as issue-nccl-1232-socket-fallback.log quotes it
+    log = nccl_check.RankLog(host="node0", rank=2, channels={"SHM/direct/direct": 2})
+    assert nccl_check.transport_problem(log, "NET/IB") == (
+        "channels via SHM/direct/direct (shared memory within one host), not NET/IB:"
+        " no channel crossed the fabric"
+    )
 
 
 def test_quoted_socket_channels_and_shm_lines():
@@ -223,7 +254,8 @@ def test_wrong_results_and_foreign_transport_named():
         expect_hcas=[], min_busbw=None,
     )  # fmt: skip
     assert problems == [
-        "rank 0 (spark-1): channels via P2P, not NET/IB",
+        "rank 0 (spark-1): channels via P2P/CUMEM (GPU to GPU within one host), not NET/IB:"
+        " no channel crossed the fabric",
         "all_gather 1073741824 B: 3 wrong elements",
     ]
 
