@@ -13,9 +13,10 @@ is the standard library alone, so the verdict can be read anywhere.
 Each rank runs all_gather and all_reduce (float32) from 1 MiB to --max-bytes, 4x apart, times
 them as nccl-tests does (warm-up, then the mean of timed iterations, averaged over the ranks),
 checks every result (nccl-tests' "#wrong"), and every rank writes DIR/timings.json. NCCL writes its
-INFO log to DIR/nccl.<host>.<pid>.log (NCCL_DEBUG_FILE). `report` reads both and prints, per
-size, NCCL's algorithm and the bus bandwidth; per rank, the transport of every channel; and a
-verdict, exit status 0 only on a pass.
+INFO log to DIR/nccl.<host>.<pid>.log (NCCL_DEBUG_FILE); at the end every rank hands its log to
+the others, so every rank's DIR holds them all. `report` reads them and prints, per size,
+NCCL's algorithm and the bus bandwidth; per rank, the transport of every channel; and the
+cluster's verdict (every rank judged), exit status 0 only on a pass.
 """
 
 from __future__ import annotations
@@ -129,8 +130,8 @@ def run_rank(out: Path, max_bytes: int) -> None:
                     "wrong": int(wrong.item()),
                 }
             )
-    # Every rank keeps the timings (all of them have the averages): each box's report judges
-    # its own NCCL log beside them.
+    share_logs(dist, out, world)
+    # Every rank keeps the timings (all of them have the averages) beside every rank's log.
     timings = {
         "ranks": world,
         "hosts": _hosts(dist, world),
@@ -140,6 +141,25 @@ def run_rank(out: Path, max_bytes: int) -> None:
     }
     (out / "timings.json").write_text(json.dumps(timings, indent=1))
     dist.destroy_process_group()
+
+
+def share_logs(dist, out: Path, world: int) -> None:
+    """Every rank's NCCL log into every rank's ``out``: each box's report then judges the whole
+    cluster's run, so a box whose own rank did well does not pass when a peer's did not (a
+    twin left out on one box, a fallback on one side). NCCL writes its log line by line
+    (NVIDIA/nccl src/debug.cc: setvbuf _IOLBF), so it is whole up to here."""
+    mine = {path.name: path.read_text(errors="replace") for path in _own_logs(out)}
+    everyone: list[dict[str, str] | None] = [None] * world
+    dist.all_gather_object(everyone, mine)
+    for logs in everyone:
+        for name, text in (logs or {}).items():
+            if not (out / name).exists():  # `local`: the ranks share one ``out`` already
+                (out / name).write_text(text)
+
+
+def _own_logs(out: Path) -> list[Path]:
+    """This process's NCCL log: NCCL_DEBUG_FILE's %p is the process id (rank_environment)."""
+    return sorted(out.glob(LOG_GLOB.replace("*", f"*.{os.getpid()}")))
 
 
 def _hosts(dist, world: int) -> list[str]:

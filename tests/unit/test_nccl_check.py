@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import os
 import shutil
 import sys
 from pathlib import Path
@@ -273,3 +274,62 @@ def test_report_on_the_real_run_writes_its_verdict(tmp_path, capsys):
     assert saved["passed"] is False
     assert saved["ranks"][0]["network"] == "Socket"
     assert len(saved["rows"]) == 12
+
+
+class Gathered:
+    """torch.distributed's all_gather_object as two ranks see it: rank 0's object (ours) and
+    ``peer``'s, in rank order."""
+
+    def __init__(self, peer: dict[str, str]) -> None:
+        self.peer = peer
+        self.sent: object = None
+
+    def all_gather_object(self, objects: list, obj: object) -> None:
+        self.sent = obj
+        objects[:] = [obj, self.peer]
+
+
+def test_every_rank_gets_every_ranks_log(tmp_path):
+    own = tmp_path / f"nccl.spark-1.{os.getpid()}.log"
+    own.write_text("spark-1 lines\n")
+    (tmp_path / "timings.json").write_text("{}")
+    dist = Gathered({"nccl.spark-2.77.log": "spark-2 lines\n"})
+    nccl_check.share_logs(dist, tmp_path, 2)
+    assert dist.sent == {own.name: "spark-1 lines\n"}  # this process's log only
+    assert (tmp_path / "nccl.spark-2.77.log").read_text() == "spark-2 lines\n"
+    assert own.read_text() == "spark-1 lines\n"
+
+
+def test_ranks_sharing_a_directory_leave_each_others_logs_as_they_are(tmp_path):
+    # `local`: every rank writes into the same directory; the peer's log is there already
+    # and growing, and is not overwritten with what the peer had when it handed it over.
+    (tmp_path / "nccl.vm.77.log").write_text("vm:77 lines, and more since\n")
+    nccl_check.share_logs(Gathered({"nccl.vm.77.log": "vm:77 lines\n"}), tmp_path, 2)
+    assert (tmp_path / "nccl.vm.77.log").read_text() == "vm:77 lines, and more since\n"
+
+
+def test_a_box_whose_own_rank_did_well_fails_when_a_peers_did_not(tmp_path, capsys):
+    # Both ranks' logs in this box's directory (share_logs): rank 0's, NCCL on both RoCE
+    # devices as NVIDIA/nccl-tests issue 185 quotes it; rank 1's, the same run's lines with its
+    # second device left out (an edit of the quoted lines, as a box whose NCCL_IB_HCA names one);
+    # the rank lines in the form of real-h100x2-nccl-check-2rank-socket-rank1.log's.
+    quoted = (CAPTURED / "issue-nccl-tests-185-roce.log").read_text()
+    init = " NCCL INFO ncclCommInitRankConfig comm 0x17191b90 rank {} nranks 2 cudaDev 0\n"
+    (tmp_path / "nccl.dgxh100-4.460770.log").write_text(
+        quoted + "dgxh100-4:460770:460842 [0]" + init.format(0)
+    )
+    peer = quoted.replace("dgxh100-4:460770", "dgxh100-5:1234").replace(" [1]mlx5_11:1/RoCE", "")
+    (tmp_path / "nccl.dgxh100-5.1234.log").write_text(
+        peer + "dgxh100-5:1234:1 [0]" + init.format(1)
+    )
+    args = ["report", "--out", str(tmp_path), "--expect-hca", "mlx5_10,mlx5_11"]
+    assert nccl_check.main(args) == 1
+    saved = json.loads((tmp_path / "verdict.json").read_text())
+    assert [(rank["rank"], rank["ib_devices"]) for rank in saved["ranks"]] == [
+        (0, ["mlx5_10", "mlx5_11"]),
+        (1, ["mlx5_10"]),
+    ]
+    assert saved["problems"][1:] == [
+        "rank 1 (dgxh100-5): NCCL does not use mlx5_11 (NET/IB uses mlx5_10)"
+    ]
+    assert "FAIL: rank 1 (dgxh100-5): NCCL does not use mlx5_11" in capsys.readouterr().err
