@@ -195,15 +195,19 @@ def run_local(ranks: int, out: Path, max_bytes: int, port: int) -> int:
 
 # "spark-1:432:463 [0] NCCL INFO ..." (host:pid:tid [device]; NCCL src/debug.cc); a WARN has a
 # "[date time] " before it and "file.cc:line " before "NCCL"; launchers such as mpirun put "[rank] "
-# in front of every line.
+# in front of every line, and Ray "(actor pid=N, ip=A) " (a Spark pair's vLLM workers, quoted in
+# tests/unit/captured/public-spark-pair-ray-hpcx.log).
 LINE = re.compile(
-    r"^(?:\[[^\]]*\] )*(?P<host>[^\s:]+):(?P<pid>\d+):\d+ \[\d+\] (?:\S+:\d+ )?"
+    r"^(?:\[[^\]]*\] |\([^)]*\) )*(?P<host>[^\s:]+):(?P<pid>\d+):\d+ \[\d+\] (?:\S+:\d+ )?"
     r"NCCL (?P<level>INFO|WARN) (?P<msg>.*)$"
 )
 VERSION = re.compile(r"NCCL version (\S+)")
 # "NET/IB : Using [0]rocep1s0f1:1/RoCE [1]roceP2p1s0f1:1/RoCE [RO]; OOB enp1s0f1np1:..."
 IB_USING = re.compile(r"^NET/IB ?: Using (?P<devices>.*?)(?: \[RO\])?; OOB")
-IB_DEVICE = re.compile(r"\[\d+\](?P<name>[\w.-]+):\d+/(?P<link>\w+)")
+# Each device as "[d]name:port", then ":rail" or ":" and ":plane" where NCCL knows them, then
+# "/link" (NVIDIA/nccl src/transport/net_ib/init.cc, the "NET/IB : Using" line); ports merged into
+# one virtual device as "[0]={[0] mlx5_2:1/RoCE, [1] mlx5_3:1/RoCE}" (NVIDIA/nccl-tests#373).
+IB_DEVICE = re.compile(r"\[\d+\] ?(?P<name>[\w.-]+):\d+(?::\d*)*/(?P<link>\w+)")
 SOCKET_USING = re.compile(r"^NET/Socket ?: Using (?P<ifaces>.*)$")
 USING_NETWORK = re.compile(r"^Using network (?P<net>\w+)")
 IB_HCA_SET = re.compile(r"^NCCL_IB_HCA set (?:by environment )?to (?P<hcas>\S+)")

@@ -19,6 +19,10 @@ Captures (tests/unit/captured/):
   one-GPU machine cannot produce.
 - public-spark-rdma-plugin.log: a Spark rank's lines quoted in public notes (its first line names
   them): NCCL through an RDMA net plugin, its channels "via NET/NCCL RDMA Plugin v10/0".
+- public-nccl-tests-spark-pair.txt: nccl-tests tables of Spark pairs quoted in
+  NVIDIA/dgx-spark-playbooks issue 25 and pull request 103 (its first line names them).
+- public-spark-pair-ray-hpcx.log: a Spark pair's vLLM worker under Ray, quoted in
+  mark-ramsey-ri/vllm-dgx-spark issue 1: HPC-X's plugin, channels alternating between the twins.
 """
 
 from __future__ import annotations
@@ -179,6 +183,32 @@ def test_a_sparks_rdma_plugin_channel_is_net_ib_with_its_one_twin_named():
     ]
 
 
+def test_a_spark_pairs_ray_worker_lines_read_through_rays_prefix():
+    # Real lines of a Spark pair (HPC-X's plugin), each behind Ray's "(actor pid=N, ip=A) ":
+    # before, the parser read none of them.
+    log = log_of("public-spark-pair-ray-hpcx.log")
+    assert log.host == "spark-3995"
+    assert log.channels == {"NET/IBext_v10/1": 1, "NET/IBext_v10/0": 1}  # one on each twin
+    assert log.transports() == {"NET/IB"}
+    assert nccl_check.transport_problem(log, "NET/IB") is None
+
+
+def test_devices_merged_into_virtual_ones_are_each_named():
+    # Before, "[0]={[0] mlx5_2:1/RoCE, ...}" gave no device: a pass would have read as "NCCL
+    # does not use" every one.
+    log = log_of("issue-nccl-tests-373-merged-nics.log")
+    assert (log.rank, log.network) == (2, "IBext_v8")
+    assert log.ib_devices == ["mlx5_2", "mlx5_3", "mlx5_0", "mlx5_1"]
+    assert log.transports() == {"NET/IB"}
+
+
+def test_a_device_with_its_rail_or_plane_is_named():
+    # NVIDIA/nccl src/transport/net_ib/init.cc: " [%d]%s:%d", then ":%d" (rail) or ":", then
+    # ":%d" (plane), then "/%s" (link layer).
+    line = "h:1:1 [0] NCCL INFO NET/IB : Using [0]rocep1s0f1:1:0/RoCE [1]mlx5_0:1::2/IB [RO]; OOB e"
+    assert nccl_check.parse_log(line).ib_devices == ["rocep1s0f1", "mlx5_0"]
+
+
 def test_transport_families():
     assert nccl_check.transport_family("NET/IB/0") == "NET/IB"
     assert nccl_check.transport_family("NET/IBext_v8/2") == "NET/IB"
@@ -201,6 +231,30 @@ def test_transport_families():
 def test_bus_bandwidth_by_ncc_tests_formulas(op, size, seconds, ranks, algbw, busbw):
     got = nccl_check.bus_bandwidth(op, size, seconds, ranks)
     assert got == pytest.approx((algbw, busbw), rel=1e-6)
+
+
+def nccl_tests_rows(text: str) -> list[tuple[str, int, float, float, float]]:
+    """(op, size, time in s, algbw, busbw) of every out-of-place and in-place result of an
+    nccl-tests table (its columns: size count type redop root, then time algbw busbw #wrong
+    twice), the op from its "Collective test starting: <op>_perf" line."""
+    rows, op = [], ""
+    for line in text.splitlines():
+        if "Collective test starting:" in line:
+            op = line.split()[-1].removesuffix("_perf")
+        elif line.strip() and not line.startswith("#"):
+            fields = line.split()
+            for time_us, algbw, busbw in (fields[5:8], fields[9:12]):
+                rows.append((op, int(fields[0]), float(time_us) / 1e6, float(algbw), float(busbw)))
+    return rows
+
+
+def test_bus_bandwidth_agrees_with_nccl_tests_on_real_spark_pairs():
+    # nccl-tests' own algbw and busbw columns (printed to 2 decimals) from the time it printed.
+    rows = nccl_tests_rows((CAPTURED / "public-nccl-tests-spark-pair.txt").read_text())
+    assert len(rows) == 10 and {row[0] for row in rows} == {"all_gather", "all_reduce"}
+    for op, size, seconds, algbw, busbw in rows:
+        got = nccl_check.bus_bandwidth(op, size, seconds, 2)
+        assert got == pytest.approx((algbw, busbw), abs=0.006), (op, size)
 
 
 def test_real_timings_give_rows_with_zero_bus_bandwidth_for_one_rank():
