@@ -13,9 +13,10 @@ is the standard library alone, so the verdict can be read anywhere.
 Each rank runs all_gather and all_reduce (float32) from 1 MiB to --max-bytes, 4x apart, times
 them as nccl-tests does (warm-up, then the mean of timed iterations, averaged over the ranks),
 checks every result (nccl-tests' "#wrong"), and every rank writes DIR/timings.json. NCCL writes its
-INFO log to DIR/nccl.<host>.<pid>.log (NCCL_DEBUG_FILE). `report` reads both and prints, per
-size, NCCL's algorithm and the bus bandwidth; per rank, the transport of every channel; and a
-verdict, exit status 0 only on a pass.
+INFO log to DIR/nccl.<host>.<pid>.log (NCCL_DEBUG_FILE); at the end every rank hands its log to
+the others, so every rank's DIR holds them all. `report` reads them and prints, per size,
+NCCL's algorithm and the bus bandwidth; per rank, the transport of every channel; and the
+cluster's verdict (every rank judged), exit status 0 only on a pass.
 """
 
 from __future__ import annotations
@@ -129,8 +130,8 @@ def run_rank(out: Path, max_bytes: int) -> None:
                     "wrong": int(wrong.item()),
                 }
             )
-    # Every rank keeps the timings (all of them have the averages): each box's report judges
-    # its own NCCL log beside them.
+    share_logs(dist, out, world)
+    # Every rank keeps the timings (all of them have the averages) beside every rank's log.
     timings = {
         "ranks": world,
         "hosts": _hosts(dist, world),
@@ -140,6 +141,25 @@ def run_rank(out: Path, max_bytes: int) -> None:
     }
     (out / "timings.json").write_text(json.dumps(timings, indent=1))
     dist.destroy_process_group()
+
+
+def share_logs(dist, out: Path, world: int) -> None:
+    """Every rank's NCCL log into every rank's ``out``: each box's report then judges the whole
+    cluster's run, so a box whose own rank did well does not pass when a peer's did not (a
+    twin left out on one box, a fallback on one side). NCCL writes its log line by line
+    (NVIDIA/nccl src/debug.cc: setvbuf _IOLBF), so it is whole up to here."""
+    mine = {path.name: path.read_text(errors="replace") for path in _own_logs(out)}
+    everyone: list[dict[str, str] | None] = [None] * world
+    dist.all_gather_object(everyone, mine)
+    for logs in everyone:
+        for name, text in (logs or {}).items():
+            if not (out / name).exists():  # `local`: the ranks share one ``out`` already
+                (out / name).write_text(text)
+
+
+def _own_logs(out: Path) -> list[Path]:
+    """This process's NCCL log: NCCL_DEBUG_FILE's %p is the process id (rank_environment)."""
+    return sorted(out.glob(LOG_GLOB.replace("*", f"*.{os.getpid()}")))
 
 
 def _hosts(dist, world: int) -> list[str]:
@@ -175,15 +195,19 @@ def run_local(ranks: int, out: Path, max_bytes: int, port: int) -> int:
 
 # "spark-1:432:463 [0] NCCL INFO ..." (host:pid:tid [device]; NCCL src/debug.cc); a WARN has a
 # "[date time] " before it and "file.cc:line " before "NCCL"; launchers such as mpirun put "[rank] "
-# in front of every line.
+# in front of every line, and Ray "(actor pid=N, ip=A) " (a Spark pair's vLLM workers, quoted in
+# tests/unit/captured/public-spark-pair-ray-hpcx.log).
 LINE = re.compile(
-    r"^(?:\[[^\]]*\] )*(?P<host>[^\s:]+):(?P<pid>\d+):\d+ \[\d+\] (?:\S+:\d+ )?"
+    r"^(?:\[[^\]]*\] |\([^)]*\) )*(?P<host>[^\s:]+):(?P<pid>\d+):\d+ \[\d+\] (?:\S+:\d+ )?"
     r"NCCL (?P<level>INFO|WARN) (?P<msg>.*)$"
 )
 VERSION = re.compile(r"NCCL version (\S+)")
 # "NET/IB : Using [0]rocep1s0f1:1/RoCE [1]roceP2p1s0f1:1/RoCE [RO]; OOB enp1s0f1np1:..."
 IB_USING = re.compile(r"^NET/IB ?: Using (?P<devices>.*?)(?: \[RO\])?; OOB")
-IB_DEVICE = re.compile(r"\[\d+\](?P<name>[\w.-]+):\d+/(?P<link>\w+)")
+# Each device as "[d]name:port", then ":rail" or ":" and ":plane" where NCCL knows them, then
+# "/link" (NVIDIA/nccl src/transport/net_ib/init.cc, the "NET/IB : Using" line); ports merged into
+# one virtual device as "[0]={[0] mlx5_2:1/RoCE, [1] mlx5_3:1/RoCE}" (NVIDIA/nccl-tests#373).
+IB_DEVICE = re.compile(r"\[\d+\] ?(?P<name>[\w.-]+):\d+(?::\d*)*/(?P<link>\w+)")
 SOCKET_USING = re.compile(r"^NET/Socket ?: Using (?P<ifaces>.*)$")
 USING_NETWORK = re.compile(r"^Using network (?P<net>\w+)")
 IB_HCA_SET = re.compile(r"^NCCL_IB_HCA set (?:by environment )?to (?P<hcas>\S+)")
@@ -219,6 +243,19 @@ class RankLog:
     def transports(self) -> set[str]:
         """Each channel's transport family: NET/IB, NET/Socket, P2P, SHM..."""
         return {transport_family(via) for via in self.channels}
+
+
+# What a channel's transport moves the bytes through, as NCCL names it in its "via ..." lines
+# (NVIDIA/nccl src/transport/): p2p.cc "P2P/CUMEM", "P2P/IPC", "P2P/direct pointer",
+# "P2P/indirect/..." (CUDA peer access between GPUs of one host: NVLink or PCIe); shm.cc
+# "SHM/direct" (host memory shared by processes of one host); net.cc "NET/<network>/<device>"
+# (the network NCCL chose: IB for verbs, RoCE included, or Socket for TCP).
+THROUGH = {
+    "P2P": "GPU to GPU within one host",
+    "SHM": "shared memory within one host",
+    "NET/IB": "RDMA",
+    "NET/Socket": "TCP sockets",
+}
 
 
 def transport_family(via: str) -> str:
@@ -308,16 +345,8 @@ def verdict(
         problems.append(f"no timings: the collective did not complete (NCCL warned: {said})")
     for log in logs:
         who = f"rank {log.rank} ({log.host})"
-        found = log.transports()
-        if transport and ("NET/Socket" in found or log.network == "Socket"):
-            hca = f"NCCL_IB_HCA={log.ib_hca_env} found no device; " if log.ib_hca_env else ""
-            problems.append(
-                f"{who}: NCCL fell back to sockets (NET/Socket on {', '.join(log.socket_ifaces)}):"
-                f" {hca}no usable RDMA device in the container (--device /dev/infiniband,"
-                " NCCL_IB_HCA naming the box's devices, a RoCE v2 GID)"
-            )
-        elif transport and found and found != {transport}:
-            problems.append(f"{who}: channels via {', '.join(sorted(found))}, not {transport}")
+        if transport and (problem := transport_problem(log, transport)):
+            problems.append(f"{who}: {problem}")
         if missing := [hca for hca in expect_hcas if hca not in log.ib_devices]:
             using = ", ".join(log.ib_devices) or "none"
             problems.append(f"{who}: NCCL does not use {', '.join(missing)} (NET/IB uses {using})")
@@ -333,6 +362,33 @@ def verdict(
                 f" pass mark {min_busbw:g} GB/s"
             )
     return problems
+
+
+def transport_problem(log: RankLog, transport: str) -> str | None:
+    """Why a rank's channels did not all go through ``transport``, naming what they used.
+
+    NCCL names a network for the communicator even when no channel uses it ("Using network
+    Socket" on a host without RDMA whose ranks talk over NVLink): the channels say what carried
+    the bytes, and NCCL's network choice speaks only where there is no channel line."""
+    found = log.transports()
+    if "NET/Socket" in found or (not found and log.network == "Socket"):
+        hca = f"NCCL_IB_HCA={log.ib_hca_env} found no device; " if log.ib_hca_env else ""
+        return (
+            f"NCCL fell back to sockets (NET/Socket on {', '.join(log.socket_ifaces)}):"
+            f" {hca}no usable RDMA device in the container (--device /dev/infiniband,"
+            " NCCL_IB_HCA naming the box's devices, a RoCE v2 GID)"
+        )
+    if found and found != {transport}:
+        used = "; ".join(
+            f"{', '.join(sorted(via for via in log.channels if transport_family(via) == family))}"
+            f" ({THROUGH.get(family, family)})"
+            for family in sorted(found - {transport})
+        )
+        crossed = any(family.startswith("NET/") for family in found)
+        return f"channels via {used}, not {transport}" + (
+            "" if crossed else ": no channel crossed the fabric"
+        )
+    return None
 
 
 def report(

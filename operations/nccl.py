@@ -141,9 +141,10 @@ def passed(boxes: list[str]):
     Run the NCCL test on every box of the cluster at once (``spark-nccl-test``, after
     ``prepared`` ran on each) when one of them must: it never ran, it failed, or what it depends
     on (the test itself included) changed; else nothing. Each box reads every box's verdict.
-    Fails this box when its rank fails: NCCL fell back to sockets, does not use a twin, or the
-    bus bandwidth is under the mark (files/nccl_check.py's verdict, on stderr, names what NCCL
-    reported).
+    Fails this box when any rank fails, its own or a peer's (each rank hands its NCCL log to the
+    others, and every box judges them all: the verdict is the cluster's): NCCL fell back to
+    sockets, does not use a twin, or the bus bandwidth is under the mark (files/nccl_check.py's
+    verdict, on stderr, names the rank, its box and what NCCL reported).
 
     + boxes: every box of the cluster, as the inventory names them
 

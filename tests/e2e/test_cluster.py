@@ -33,6 +33,7 @@ from tests.e2e.test_compliance import compliance
 from tests.e2e.test_host_layer import detected
 from tests.simlab import lab as simlab
 from tests.simlab.paths import STATE
+from tests.simlab.serving.standin_model import LOAD_SECONDS_FILE
 
 pytestmark = pytest.mark.lab
 
@@ -435,13 +436,14 @@ def verdict(box: simlab.Host) -> dict:
 
 
 def test_the_nccl_test_passed_over_both_twins_and_compliance_says_so(cluster: simlab.Lab) -> None:
-    for rank, box in enumerate(cluster.hosts):
+    for box in cluster.hosts:
         kept = verdict(box)
         assert kept["passed"], kept["problems"]
-        (me,) = kept["ranks"]  # each box judges its own rank's NCCL log
-        assert (me["rank"], me["host"], me["network"]) == (rank, box.name, "IB")
-        assert sorted(me["ib_devices"]) == sorted(TWINS)
-        assert me["channels"] == {"NET/IB/0": 2, "NET/IB/1": 2}  # send and receive per twin
+        # every box judges every rank's NCCL log: the verdict is the cluster's
+        for rank, (me, its_box) in enumerate(zip(kept["ranks"], cluster.hosts, strict=True)):
+            assert (me["rank"], me["host"], me["network"]) == (rank, its_box.name, "IB")
+            assert sorted(me["ib_devices"]) == sorted(TWINS)
+            assert me["channels"] == {"NET/IB/0": 2, "NET/IB/1": 2}  # send, receive per twin
         assert [(row["op"], row["bytes"], row["wrong"]) for row in kept["rows"]] == [
             (op, size, 0) for op in ("all_gather", "all_reduce") for size in (1 << 20, 4 << 20)
         ]
@@ -457,20 +459,24 @@ def test_a_twin_left_out_or_no_rdma_devices_fail_the_nccl_test_naming_box_and_tw
 ) -> None:
     worker = cluster.hosts[1]
     env = "/etc/spark/cluster.env"
-    # spark-2's environment names one twin only: its rank fails, naming the twin left out.
+    # spark-2's environment names one twin only: its rank fails, naming the twin left out, and
+    # so does the head's, whose own rank did well: the verdict is the cluster's.
     run_on(worker, f"sudo cp {env} /tmp/cluster.env.kept")
     run_on(worker, f"sudo sed -i 's/^NCCL_IB_HCA=.*/NCCL_IB_HCA=\"{TWINS[0]}\"/' {env}")
     try:
-        said_head, said_worker = nccl_on_every_box(cluster)
+        said = nccl_on_every_box(cluster)
     finally:
         run_on(worker, f"sudo cp /tmp/cluster.env.kept {env}")
-    assert said_head.endswith("rc=0\n"), said_head
-    assert f"FAIL: rank 1 (spark-2): NCCL does not use {TWINS[1]} (NET/IB uses {TWINS[0]})" in (
-        said_worker
-    ), said_worker
-    assert said_worker.endswith("rc=1\n")
+    for words in said:
+        assert f"FAIL: rank 1 (spark-2): NCCL does not use {TWINS[1]} (NET/IB uses {TWINS[0]})" in (
+            words
+        ), words
+        assert "FAIL: rank 0" not in words and words.endswith("rc=1\n"), words
     code, table, _ = compliance("-k", "nccl")
-    assert code != 0 and table["NCCL test passed"]["spark-2"].startswith("FAIL rank 1 (spark-2)")
+    assert code != 0 and {
+        box: cell.startswith("FAIL rank 1 (spark-2)")
+        for box, cell in table["NCCL test passed"].items()
+    } == {"spark-1": True, "spark-2": True}, table["NCCL test passed"]
     # The container started without the RDMA devices (a `docker run` without --device
     # /dev/infiniband): NCCL falls back to sockets on every box, and says so.
     nodev = f"sed 's| --device /dev/infiniband||' {nccl.COMMAND} > /tmp/nccl-nodev"
@@ -602,3 +608,35 @@ def test_an_mp_rank_lost_or_a_head_restarted_brings_the_lane_back_on_every_box(
             fabric_down.nft(host, "delete", "table", "netdev", fabric_down.CUT_TABLE)
     until(lambda: "canary passed" in journal(head, since), 300, "the head serving again")
     until(lambda: answers(head) == 200, 60, "the lane answering")
+
+
+def test_an_mp_rank_keeps_its_boxs_turn_to_load_until_it_has_loaded(cluster: simlab.Lab) -> None:
+    """The worker's rank loads for 20 s (the stand-in reads its load time beside the model); a
+    lane of the worker starting meanwhile (its turn taken as its ExecStartPre takes it) waits
+    until the rank has loaded, then goes: two loads at once crash a box (seed 003)."""
+    head, worker = cluster.hosts
+    each = f"sudo sh -c 'for d in {CACHE}/snapshots/*/; do"
+    run_on(worker, f"{each} echo 20 > $d/{LOAD_SECONDS_FILE}; done'")
+    probe = f"{lanes.LOADING_DIR}/probe"
+    try:
+        since = run_on(worker, "date '+%Y-%m-%d %H:%M:%S'").strip()
+        # The head restarted: the worker's watch restarts its rank, which joins the head's next
+        # start and loads.
+        run_on(head, f"sudo systemctl restart --no-block {LANE_UNIT}")
+        until(lambda: "Starting to load model" in journal(worker, since), 360, "the rank loading")
+        waited = run_on(
+            worker, f"sudo timeout 120 {lanes.TURN_COMMAND} probe; echo rc=$? at=$(date +%s.%N)"
+        )
+        log = run_on(
+            worker,
+            f"sudo journalctl -u {LANE_UNIT} --since '{since}' -o short-unix --no-pager",
+        )
+    finally:
+        run_on(worker, f"{each} rm -f $d/{LOAD_SECONDS_FILE}; done'; sudo rm -f {probe}")
+    said, ended = waited.rsplit("rc=", 1)
+    assert said == "lane probe waits for lane big to finish loading\n", waited
+    code, at = ended.split()
+    loaded = next(line for line in log.splitlines() if "Model loading took" in line)
+    assert code == "0" and float(at.removeprefix("at=")) >= float(loaded.split()[0]), log
+    assert "this box's rank has loaded its share: the next lane's turn" in log, log
+    until(lambda: answers(head) == 200, 240, "the lane answering")

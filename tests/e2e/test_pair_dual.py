@@ -58,12 +58,15 @@ def test_the_nccl_test_ran_over_all_four_twins(dual) -> None:
     lab, output = dual
     assert "NCCL test: NET/IB on every twin" in output
     hcas = ["rocep1s0f1", "roceP2p1s0f1", "rocep1s0f0", "roceP2p1s0f0"]
-    for rank, host in enumerate(lab.hosts):
+    for host in lab.hosts:
         kept = json.loads(run_on(host, f"sudo cat {nccl.VERDICT}"))
         assert kept["passed"], kept["problems"]
-        (me,) = kept["ranks"]
-        assert (me["rank"], me["network"], sorted(me["ib_devices"])) == (rank, "IB", sorted(hcas))
-        assert me["channels"] == {f"NET/IB/{index}": 2 for index in range(4)}  # send, receive
+        for rank, me in enumerate(kept["ranks"]):  # every rank's log, on every box
+            assert (me["rank"], me["network"], sorted(me["ib_devices"])) == (
+                rank, "IB", sorted(hcas)
+            )  # fmt: skip
+            assert me["channels"] == {f"NET/IB/{index}": 2 for index in range(4)}  # send, receive
+        assert len(kept["ranks"]) == len(lab.hosts)
 
 
 def test_the_link_rate_check_ran_and_warned_on_the_labs_veths(dual) -> None:

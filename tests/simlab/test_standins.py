@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from tests.simlab import standins
+from tests.simlab.paths import REPO
 from tests.simlab.standins import build_repositories
 
 DGX_DIR = standins.DGX
@@ -329,6 +330,21 @@ def test_smi_table_shows_driver_and_unsupported_memory(smi: dict[str, Path]) -> 
     assert lines[gpu_row + 1].startswith("| N/A   40C    P8  ")
     assert "| Not Supported          |" in lines[gpu_row + 1]
     assert {len(line) for line in lines[1:] if line} == {TABLE_WIDTH}
+
+
+def test_smi_table_is_laid_out_as_a_real_gb10s(smi: dict[str, Path]) -> None:
+    # The table of a real DGX Spark on driver 580.95.05, as NVIDIA/k8s-device-plugin issue 1482
+    # quotes it (tests/unit/captured/public-nvidia-smi-gb10-table.txt): every line but the
+    # versions' is the stand-in's, character for character.
+    real = (REPO / "tests/unit/captured/public-nvidia-smi-gb10-table.txt").read_text().splitlines()
+    ours = run(smi["580.142"]).stdout.splitlines()[1 : len(real) + 1]  # after the date line
+    assert [line for i, line in enumerate(ours) if i != 1] == [
+        line for i, line in enumerate(real) if i != 1
+    ]
+    versions = r"\| NVIDIA-SMI (\S+) +Driver Version: (\S+) +CUDA Version: (\S+) +\|"
+    assert re.fullmatch(versions, real[1]).groups() == ("580.95.05", "580.95.05", "13.0")
+    assert re.fullmatch(versions, ours[1]).groups() == ("580.142", "580.142", "13.0")
+    assert len(ours[1]) == len(real[1])
 
 
 # --- the container toolkit's programs -------------------------------------------------------------

@@ -7,8 +7,12 @@ Captures:
   ("rc"); and a box where `apt install nvidia-driver-open` brought branch 590.
 - lab-dpkg-query-driver-580-held.txt: DriverPackages' command on lab host spark-2 (Debian 12,
   the lab's stand-in packages) after a deploy.
-- nvidia-smi-*.sample.txt: written by hand from NVIDIA's documented CSV output of
-  `--query-gpu=... --format=csv,noheader` and its well-known "failed to communicate" message.
+- public-nvidia-smi-gb10-query.txt: real. NvidiaSmi's query (`nvidia-smi
+  --query-gpu=name,driver_version,compute_cap --format=csv,noheader`) on a DGX Spark with driver
+  580.159.03, as dramasamy/from-api-to-gpu quotes it
+  (week-02-first-local-model/ollama-model-in-llamacpp.md, "=== Driver ===").
+- public-nvidia-smi-no-driver.txt: real. nvidia-smi with no driver loaded, as
+  ci-for-research/self-hosted-runners issue 40 quotes it.
 """
 
 from __future__ import annotations
@@ -58,14 +62,14 @@ def test_driver_packages_command_answers_absence_without_failing() -> None:
 
 
 def test_nvidia_smi_reads_gb10() -> None:
-    assert process(driver.NvidiaSmi, captured("nvidia-smi-gb10.sample.txt")) == {
+    assert process(driver.NvidiaSmi, captured("public-nvidia-smi-gb10-query.txt")) == {
         "name": "NVIDIA GB10",
-        "driver_version": "580.142",
+        "driver_version": "580.159.03",
         "compute_cap": "12.1",
     }
 
 
-@pytest.mark.parametrize("output", ["", captured("nvidia-smi-no-driver.sample.txt")])
+@pytest.mark.parametrize("output", ["", captured("public-nvidia-smi-no-driver.txt")])
 def test_nvidia_smi_absent_or_without_driver_is_none(output: str) -> None:
     assert process(driver.NvidiaSmi, output) is None
 
@@ -111,7 +115,7 @@ def test_held_and_pinned_host_yields_nothing() -> None:
     host = FakeHost(
         {
             driver.DriverPackages: captured("lab-dpkg-query-driver-580-held.txt"),
-            driver.NvidiaSmi: captured("nvidia-smi-gb10.sample.txt"),
+            driver.NvidiaSmi: captured("public-nvidia-smi-gb10-query.txt"),
             **file_facts({PIN: pin_text()}),
         }
     )
@@ -170,7 +174,7 @@ def test_a_package_argument_of_another_branch_is_refused() -> None:
 
 
 def test_a_loaded_driver_of_another_branch_is_refused() -> None:
-    smi = captured("nvidia-smi-gb10.sample.txt").replace("580.142", "590.48.01")
+    smi = captured("public-nvidia-smi-gb10-query.txt").replace("580.159.03", "590.48.01")
     host = FakeHost(
         {
             driver.DriverPackages: captured("lab-dpkg-query-driver-580-held.txt"),
@@ -184,20 +188,20 @@ def test_a_loaded_driver_of_another_branch_is_refused() -> None:
 
 
 def test_running_driver_of_the_branch_yields_nothing() -> None:
-    host = FakeHost({driver.NvidiaSmi: captured("nvidia-smi-gb10.sample.txt")})
+    host = FakeHost({driver.NvidiaSmi: captured("public-nvidia-smi-gb10-query.txt")})
     assert run_op(driver.running, 580, host=host) == []
-    assert host.noops == ["NVIDIA GB10 runs driver 580.142"]
+    assert host.noops == ["NVIDIA GB10 runs driver 580.159.03"]
 
 
 def test_running_without_an_answer_yields_a_check_that_asks_for_a_reboot() -> None:
-    host = FakeHost({driver.NvidiaSmi: captured("nvidia-smi-no-driver.sample.txt")})
+    host = FakeHost({driver.NvidiaSmi: captured("public-nvidia-smi-no-driver.txt")})
     (check,) = run_op(driver.running, 580, host=host)
     assert "grep -q '^580\\.'" in check
     assert "reboot" in check and check.endswith(">&2; false; }")
 
 
 def test_running_another_branch_is_refused() -> None:
-    smi = captured("nvidia-smi-gb10.sample.txt").replace("580.142", "590.48.01")
+    smi = captured("public-nvidia-smi-gb10-query.txt").replace("580.159.03", "590.48.01")
     assert re.search(
         r"590\.48\.01", refusal(run_op(driver.running, 580, host=FakeHost({driver.NvidiaSmi: smi})))
     )

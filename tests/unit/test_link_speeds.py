@@ -6,7 +6,9 @@ Captures:
   nothing after the name, and there is no enp1s0f0np0: left out).
 - link-speeds-pair-200g.sample.txt, link-speeds-switch-autoneg-100g.sample.txt: hand-written
   in the command's format, as a Spark's twins read at 200G, and one behind a switch port that
-  auto-negotiated 100G (no real Spark capture yet).
+  auto-negotiated 100G. No public capture of a Spark's /sys/class/net/*/speed was found: the
+  public ones are ethtool's view of the same kernel value ("Speed: 200000Mb/s" on a cabled
+  twin, dgx-spark-playbooks multi-sparks-through-switch; "Speed: Unknown!" on one without).
 The fact's command, and the rate check's wait for a twin with no rate yet, are run in a real
 shell below (the wait against stand-ins for cat and sleep).
 """

@@ -15,15 +15,21 @@ Captures (tests/unit/captured/):
   lines and rank 0's TUNING lines), each rank's log and the timings; `p2p-rank1` as NCCL chose
   (NVLink: `via P2P/CUMEM`), rank 1's log.
 - issue-*.log: real lines quoted in public issues (each file's first line names its issue):
-  multi-rank channel lines, which a one-GPU machine cannot produce.
+  multi-rank channel lines (NET/Socket, NET/IB, SHM, P2P/IPC, P2P/direct pointer), which a
+  one-GPU machine cannot produce.
 - public-spark-rdma-plugin.log: a Spark rank's lines quoted in public notes (its first line names
   them): NCCL through an RDMA net plugin, its channels "via NET/NCCL RDMA Plugin v10/0".
+- public-nccl-tests-spark-pair.txt: nccl-tests tables of Spark pairs quoted in
+  NVIDIA/dgx-spark-playbooks issue 25 and pull request 103 (its first line names them).
+- public-spark-pair-ray-hpcx.log: a Spark pair's vLLM worker under Ray, quoted in
+  mark-ramsey-ri/vllm-dgx-spark issue 1: HPC-X's plugin, channels alternating between the twins.
 """
 
 from __future__ import annotations
 
 import importlib.util
 import json
+import os
 import shutil
 import sys
 from pathlib import Path
@@ -112,12 +118,42 @@ def test_real_two_rank_socket_run_is_named_a_fallback_with_nccls_own_algorithm()
     ]
 
 
-def test_real_nvlink_channels_on_a_socket_network_are_no_rdma_either():
-    # NCCL's network for the communicator is still Socket: NVLink carries the channels.
+def test_real_nvlink_channels_on_a_socket_network_are_named_not_a_socket_fallback():
+    # NCCL's network for the communicator is Socket (no RDMA device), yet NVLink carried every
+    # channel: the verdict names P2P/CUMEM, not sockets.
     log = log_of("real-h100x2-nccl-check-2rank-p2p-rank1.log")
     assert (log.transports(), log.network) == ({"P2P"}, "Socket")
     problems = nccl_check.verdict([], [log], transport="NET/IB", expect_hcas=[], min_busbw=None)
-    assert problems[1].startswith("rank 1 (vm): NCCL fell back to sockets (NET/Socket on eth0)")
+    assert problems[1:] == [
+        "rank 1 (vm): channels via P2P/CUMEM (GPU to GPU within one host), not NET/IB:"
+        " no channel crossed the fabric"
+    ]
+    assert nccl_check.verdict([], [log], transport=None, expect_hcas=[], min_busbw=None)[1:] == []
+
+
+def test_quoted_ipc_channels_beside_socket_ones_are_a_socket_fallback():
+    log = log_of("issue-nccl-952-ipc-and-socket.log")
+    assert log.channels == {"NET/Socket/3": 2, "P2P/IPC/read": 2}
+    problem = nccl_check.transport_problem(log, "NET/IB")
+    assert problem is not None and problem.startswith("NCCL fell back to sockets")
+
+
+def test_quoted_direct_pointer_channels_beside_rdma_ones_are_named():
+    log = log_of("issue-nccl-429-direct-pointer-and-ib.log")
+    assert log.channels == {"P2P/direct pointer": 3, "NET/IB/0/GDRDMA": 1}
+    assert log.transports() == {"P2P", "NET/IB"}
+    assert nccl_check.transport_problem(log, "NET/IB") == (
+        "channels via P2P/direct pointer (GPU to GPU within one host), not NET/IB"
+    )
+
+
+def test_shm_channels_named_with_what_they_use():
+    # the via string as issue-nccl-1232-socket-fallback.log quotes it
+    log = nccl_check.RankLog(host="node0", rank=2, channels={"SHM/direct/direct": 2})
+    assert nccl_check.transport_problem(log, "NET/IB") == (
+        "channels via SHM/direct/direct (shared memory within one host), not NET/IB:"
+        " no channel crossed the fabric"
+    )
 
 
 def test_quoted_socket_channels_and_shm_lines():
@@ -147,6 +183,32 @@ def test_a_sparks_rdma_plugin_channel_is_net_ib_with_its_one_twin_named():
     ]
 
 
+def test_a_spark_pairs_ray_worker_lines_read_through_rays_prefix():
+    # Real lines of a Spark pair (HPC-X's plugin), each behind Ray's "(actor pid=N, ip=A) ":
+    # before, the parser read none of them.
+    log = log_of("public-spark-pair-ray-hpcx.log")
+    assert log.host == "spark-3995"
+    assert log.channels == {"NET/IBext_v10/1": 1, "NET/IBext_v10/0": 1}  # one on each twin
+    assert log.transports() == {"NET/IB"}
+    assert nccl_check.transport_problem(log, "NET/IB") is None
+
+
+def test_devices_merged_into_virtual_ones_are_each_named():
+    # Before, "[0]={[0] mlx5_2:1/RoCE, ...}" gave no device: a pass would have read as "NCCL
+    # does not use" every one.
+    log = log_of("issue-nccl-tests-373-merged-nics.log")
+    assert (log.rank, log.network) == (2, "IBext_v8")
+    assert log.ib_devices == ["mlx5_2", "mlx5_3", "mlx5_0", "mlx5_1"]
+    assert log.transports() == {"NET/IB"}
+
+
+def test_a_device_with_its_rail_or_plane_is_named():
+    # NVIDIA/nccl src/transport/net_ib/init.cc: " [%d]%s:%d", then ":%d" (rail) or ":", then
+    # ":%d" (plane), then "/%s" (link layer).
+    line = "h:1:1 [0] NCCL INFO NET/IB : Using [0]rocep1s0f1:1:0/RoCE [1]mlx5_0:1::2/IB [RO]; OOB e"
+    assert nccl_check.parse_log(line).ib_devices == ["rocep1s0f1", "mlx5_0"]
+
+
 def test_transport_families():
     assert nccl_check.transport_family("NET/IB/0") == "NET/IB"
     assert nccl_check.transport_family("NET/IBext_v8/2") == "NET/IB"
@@ -169,6 +231,30 @@ def test_transport_families():
 def test_bus_bandwidth_by_ncc_tests_formulas(op, size, seconds, ranks, algbw, busbw):
     got = nccl_check.bus_bandwidth(op, size, seconds, ranks)
     assert got == pytest.approx((algbw, busbw), rel=1e-6)
+
+
+def nccl_tests_rows(text: str) -> list[tuple[str, int, float, float, float]]:
+    """(op, size, time in s, algbw, busbw) of every out-of-place and in-place result of an
+    nccl-tests table (its columns: size count type redop root, then time algbw busbw #wrong
+    twice), the op from its "Collective test starting: <op>_perf" line."""
+    rows, op = [], ""
+    for line in text.splitlines():
+        if "Collective test starting:" in line:
+            op = line.split()[-1].removesuffix("_perf")
+        elif line.strip() and not line.startswith("#"):
+            fields = line.split()
+            for time_us, algbw, busbw in (fields[5:8], fields[9:12]):
+                rows.append((op, int(fields[0]), float(time_us) / 1e6, float(algbw), float(busbw)))
+    return rows
+
+
+def test_bus_bandwidth_agrees_with_nccl_tests_on_real_spark_pairs():
+    # nccl-tests' own algbw and busbw columns (printed to 2 decimals) from the time it printed.
+    rows = nccl_tests_rows((CAPTURED / "public-nccl-tests-spark-pair.txt").read_text())
+    assert len(rows) == 10 and {row[0] for row in rows} == {"all_gather", "all_reduce"}
+    for op, size, seconds, algbw, busbw in rows:
+        got = nccl_check.bus_bandwidth(op, size, seconds, 2)
+        assert got == pytest.approx((algbw, busbw), abs=0.006), (op, size)
 
 
 def test_real_timings_give_rows_with_zero_bus_bandwidth_for_one_rank():
@@ -223,7 +309,8 @@ def test_wrong_results_and_foreign_transport_named():
         expect_hcas=[], min_busbw=None,
     )  # fmt: skip
     assert problems == [
-        "rank 0 (spark-1): channels via P2P, not NET/IB",
+        "rank 0 (spark-1): channels via P2P/CUMEM (GPU to GPU within one host), not NET/IB:"
+        " no channel crossed the fabric",
         "all_gather 1073741824 B: 3 wrong elements",
     ]
 
@@ -241,3 +328,62 @@ def test_report_on_the_real_run_writes_its_verdict(tmp_path, capsys):
     assert saved["passed"] is False
     assert saved["ranks"][0]["network"] == "Socket"
     assert len(saved["rows"]) == 12
+
+
+class Gathered:
+    """torch.distributed's all_gather_object as two ranks see it: rank 0's object (ours) and
+    ``peer``'s, in rank order."""
+
+    def __init__(self, peer: dict[str, str]) -> None:
+        self.peer = peer
+        self.sent: object = None
+
+    def all_gather_object(self, objects: list, obj: object) -> None:
+        self.sent = obj
+        objects[:] = [obj, self.peer]
+
+
+def test_every_rank_gets_every_ranks_log(tmp_path):
+    own = tmp_path / f"nccl.spark-1.{os.getpid()}.log"
+    own.write_text("spark-1 lines\n")
+    (tmp_path / "timings.json").write_text("{}")
+    dist = Gathered({"nccl.spark-2.77.log": "spark-2 lines\n"})
+    nccl_check.share_logs(dist, tmp_path, 2)
+    assert dist.sent == {own.name: "spark-1 lines\n"}  # this process's log only
+    assert (tmp_path / "nccl.spark-2.77.log").read_text() == "spark-2 lines\n"
+    assert own.read_text() == "spark-1 lines\n"
+
+
+def test_ranks_sharing_a_directory_leave_each_others_logs_as_they_are(tmp_path):
+    # `local`: every rank writes into the same directory; the peer's log is there already
+    # and growing, and is not overwritten with what the peer had when it handed it over.
+    (tmp_path / "nccl.vm.77.log").write_text("vm:77 lines, and more since\n")
+    nccl_check.share_logs(Gathered({"nccl.vm.77.log": "vm:77 lines\n"}), tmp_path, 2)
+    assert (tmp_path / "nccl.vm.77.log").read_text() == "vm:77 lines, and more since\n"
+
+
+def test_a_box_whose_own_rank_did_well_fails_when_a_peers_did_not(tmp_path, capsys):
+    # Both ranks' logs in this box's directory (share_logs): rank 0's, NCCL on both RoCE
+    # devices as NVIDIA/nccl-tests issue 185 quotes it; rank 1's, the same run's lines with its
+    # second device left out (an edit of the quoted lines, as a box whose NCCL_IB_HCA names one);
+    # the rank lines in the form of real-h100x2-nccl-check-2rank-socket-rank1.log's.
+    quoted = (CAPTURED / "issue-nccl-tests-185-roce.log").read_text()
+    init = " NCCL INFO ncclCommInitRankConfig comm 0x17191b90 rank {} nranks 2 cudaDev 0\n"
+    (tmp_path / "nccl.dgxh100-4.460770.log").write_text(
+        quoted + "dgxh100-4:460770:460842 [0]" + init.format(0)
+    )
+    peer = quoted.replace("dgxh100-4:460770", "dgxh100-5:1234").replace(" [1]mlx5_11:1/RoCE", "")
+    (tmp_path / "nccl.dgxh100-5.1234.log").write_text(
+        peer + "dgxh100-5:1234:1 [0]" + init.format(1)
+    )
+    args = ["report", "--out", str(tmp_path), "--expect-hca", "mlx5_10,mlx5_11"]
+    assert nccl_check.main(args) == 1
+    saved = json.loads((tmp_path / "verdict.json").read_text())
+    assert [(rank["rank"], rank["ib_devices"]) for rank in saved["ranks"]] == [
+        (0, ["mlx5_10", "mlx5_11"]),
+        (1, ["mlx5_10"]),
+    ]
+    assert saved["problems"][1:] == [
+        "rank 1 (dgxh100-5): NCCL does not use mlx5_11 (NET/IB uses mlx5_10)"
+    ]
+    assert "FAIL: rank 1 (dgxh100-5): NCCL does not use mlx5_11" in capsys.readouterr().err

@@ -1,5 +1,8 @@
 """Fabric shapes (spark/topology.py, through spark/inventory.py): the addresses each
-box gets from its place in the inventory, the ones given checked, the NCCL settings."""
+box gets from its place in the inventory, the ones given checked, the NCCL settings.
+
+Captures: public-ibstat-dell-gb10.txt, real: `ibstat` on a Dell Pro Max GB10 with port 0 cabled,
+as geerlingguy/sbc-reviews issue 92 quotes it (its first three CAs; the fourth is cut there)."""
 
 from __future__ import annotations
 
@@ -8,6 +11,8 @@ from typing import Any
 import pytest
 
 from spark.inventory import ConfigError, load_from_dicts
+from spark.topology import DIRECT_RATE
+from tests.unit.harness import captured
 
 from .test_config import merged
 
@@ -221,6 +226,17 @@ def test_link_speed_200g_or_100g_behind_a_switch(speed: int, shape: str, refused
         assert refusal(hosts)[0].startswith(f"spark-1: fabric_link_speed_mbps: {speed} Mb/s")
     else:
         assert load_from_dicts(hosts).head.link_speed_mbps == speed
+
+
+def test_a_direct_twins_rate_is_what_a_real_gb10s_active_ports_report() -> None:
+    ports = [
+        dict(line.strip().split(": ", 1) for line in block.splitlines()[1:] if ": " in line)
+        for block in captured("public-ibstat-dell-gb10.txt").split("CA '")[1:]
+    ]
+    rates = {(port["State"], int(port["Rate"])) for port in ports}  # ibstat's Rate: Gb/s
+    # Every active twin at the rate a direct cable expects; a twin without link reports 40,
+    # no rate of a link (the deploy reads the netdev's rate, which has none then).
+    assert rates == {("Active", DIRECT_RATE[0] // 1000), ("Down", 40)}
 
 
 def nccl(shape: str, count: int, **data: Any) -> dict[str, str]:
