@@ -5,6 +5,14 @@ contacted. Per host, the inventory sets `spark_role` ("head"/"worker") and
 `fabric_addresses` ({ifname: "A.B.C.D/prefix"}).
 """
 
+# Kernels 7.0 and later, as DGX OS 7.6 ships them (7.0.0-1019-nvidia), turn kexec handover on
+# at boot, and RDMA memory registration then fails under GPU memory pressure (`ibv_reg_mr_iova2
+# failed with error Cannot allocate memory`; 6.17.0-1032 passes): the fabric's NCCL breaks.
+# The workaround is the boot option kho=off (NVIDIA/NV-Kernels PRs 590, 591). True: on such a
+# box of the fabric the deploy adds it through a GRUB drop-in and says that a reboot is needed
+# (the NCCL test fails until then); False: the deploy stops that box with the fix.
+fabric_kernel_kho_off = True
+
 # Branch 580 only: 590.x has a confirmed CUDA-graph deadlock on GB10 (seed 001).
 driver_branch = 580
 

@@ -77,6 +77,9 @@ def box_text(box: BoxPlan) -> str:
         ],
     )
     fabric = []
+    if box.kernel.kho_fix is not None:
+        how = "through GRUB" if box.kernel.kho_fix == "grub" else "or the box refused"
+        fabric.append(f"kernel: kexec handover off ({box.kernel.boot_option} {how})")
     if box.fabric is not None:
         plan = box.fabric
         fabric.append(

@@ -1,0 +1,112 @@
+"""The running kernel: kexec handover off where the fabric's RDMA runs."""
+
+from __future__ import annotations
+
+import re
+import shlex
+
+from pyinfra import host, logger
+from pyinfra.api import FactBase, operation
+
+from operations import util
+
+RELEASE = re.compile(r"(\d+)\.(\d+)")
+GRUB_CFG = "/boot/grub/grub.cfg"  # what update-grub writes (Debian's and Ubuntu's grub-mkconfig)
+
+
+def kstrtobool(value: str) -> bool | None:
+    """A boot option's value as the kernel's kstrtobool reads it (lib/kstrtox.c): y/t/1 and on
+    are true, n/f/0 and off false; None for anything else (the option is then ignored)."""
+    first, second = value[:1].lower(), value[1:2].lower()
+    if first in ("y", "t", "1") or (first, second) == ("o", "n"):
+        return True
+    if first in ("n", "f", "0") or (first, second) == ("o", "f"):
+        return False
+    return None
+
+
+class RunningKernel(FactBase):
+    """The running kernel's release and series, kexec handover as its command line sets it
+    (`kho=`, the last one: None when absent or unreadable, the kernel's default then), and
+    whether GRUB's generated configuration already carries ``boot_option``.
+
+    .. code:: python
+
+        {"release": "7.0.0-1019-nvidia", "series": (7, 0), "kho": None, "grub": False}
+    """
+
+    def command(self, boot_option: str) -> str:
+        option = shlex.quote(boot_option)
+        return (
+            "printf 'release %s\\n' \"$(uname -r)\";"
+            " printf 'cmdline %s\\n' \"$(cat /proc/cmdline)\";"
+            f" grep -qsw -e {option} {GRUB_CFG} && echo grub; true"
+        )
+
+    def process(self, output: list[str]) -> dict[str, object]:
+        fields = dict(line.split(" ", 1) for line in output if " " in line)
+        release = fields.get("release", "").strip()
+        series = RELEASE.match(release)
+        values = [
+            word.split("=", 1)[1] for word in fields.get("cmdline", "").split()
+            if word.startswith("kho=")
+        ]  # fmt: skip
+        return {
+            "release": release,
+            "series": (int(series[1]), int(series[2])) if series else (0, 0),
+            "kho": kstrtobool(values[-1]) if values else None,
+            "grub": "grub" in output,
+        }
+
+
+def handover_on(found: dict[str, object], default_from: tuple[int, int]) -> bool:
+    """Whether the running kernel has kexec handover on: asked for on its command line, or
+    left to the default of a series from ``default_from`` on."""
+    return found["kho"] is True or (found["kho"] is None and found["series"] >= default_from)
+
+
+@operation()
+def handover_off(
+    fix: str,
+    default_from: tuple[int, int],
+    boot_option: str,
+    grub_dropin: str,
+):
+    """
+    Keep kexec handover off on a box of the fabric: RDMA memory registration fails with it.
+
+    + fix: "grub" adds ``boot_option`` to the kernel command line through ``grub_dropin`` and
+      update-grub (a reboot applies it: the deploy says so), "refuse" stops the box with the fix
+    + default_from: the first kernel series that turns it on at boot, e.g. (7, 0)
+    + boot_option: the option that turns it off, kho=off
+    + grub_dropin: a file under /etc/default/grub.d/, which update-grub reads
+
+    Nothing is done where the running kernel has it off.
+    """
+    found = host.get_fact(RunningKernel, boot_option=boot_option)
+    release = found["release"]
+    if not handover_on(found, default_from):
+        host.noop(f"kernel {release}: kexec handover off, RDMA registration unaffected")
+        return
+    why = (
+        f"kernel {release} boots with kexec handover on, which breaks RDMA memory registration"
+        " on the fabric (ibv_reg_mr_iova2 failed with error Cannot allocate memory; NCCL fails:"
+        " NVIDIA/NV-Kernels PRs 590, 591)"
+    )
+    if fix != "grub":
+        yield from util.refused(
+            f"{host.name}: {why}. Add {boot_option} to the kernel command line"
+            " (GRUB_CMDLINE_LINUX_DEFAULT in a file under /etc/default/grub.d/, update-grub,"
+            " reboot), boot a 6.17 kernel, or set fabric_kernel_kho_off = True for the deploy"
+            " to add it"
+        )
+        return
+    changes = util.template("grub-kho-off.cfg.j2", grub_dropin, boot_option=boot_option)
+    yield from changes
+    if changes or not found["grub"]:
+        yield "update-grub"
+    host.log(
+        f"{why}: {boot_option} is set for the next boot; reboot this box to apply it. Until"
+        " then the NCCL test fails.",
+        log_func=logger.warning,
+    )
