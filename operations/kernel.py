@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import re
-import shlex
 
 from pyinfra import host, logger
 from pyinfra.api import FactBase, operation
@@ -11,6 +10,7 @@ from pyinfra.api import FactBase, operation
 from operations import util
 
 RELEASE = re.compile(r"(\d+)\.(\d+)")
+ABI = re.compile(r"(\d+\.\d+\.\d+-\d+)-[a-z]")  # 7.0.0-1019-nvidia: Ubuntu's ABI 7.0.0-1019
 GRUB_CFG = "/boot/grub/grub.cfg"  # what update-grub writes (Debian's and Ubuntu's grub-mkconfig)
 
 
@@ -26,27 +26,30 @@ def kstrtobool(value: str) -> bool | None:
 
 
 class RunningKernel(FactBase):
-    """The running kernel's release and series, kexec handover as its command line sets it
-    (`kho=`, the last one: None when absent or unreadable, the kernel's default then), and
-    whether GRUB's generated configuration already carries ``boot_option``.
+    """The running kernel's release, series and ABI (an Ubuntu kernel's
+    <version>-<abi>-<flavour>; None for another), kexec handover as its command line sets it
+    (`kho=`, the last one: None when absent or unreadable, the kernel's default then), and the
+    `kho=` options of GRUB's generated configuration.
 
     .. code:: python
 
-        {"release": "7.0.0-1019-nvidia", "series": (7, 0), "kho": None, "grub": False}
+        {"release": "7.0.0-1019-nvidia", "series": (7, 0), "abi": "7.0.0-1019", "kho": None,
+         "grub": ["kho=off"]}
     """
 
-    def command(self, boot_option: str) -> str:
-        option = shlex.quote(boot_option)
+    def command(self) -> str:
         return (
             "printf 'release %s\\n' \"$(uname -r)\";"
             " printf 'cmdline %s\\n' \"$(cat /proc/cmdline)\";"
-            f" grep -qsw -e {option} {GRUB_CFG} && echo grub; true"
+            f" grep -hso 'kho=[^[:space:]]*' {GRUB_CFG} | sed 's/^/grub /'; true"
         )
 
     def process(self, output: list[str]) -> dict[str, object]:
-        fields = dict(line.split(" ", 1) for line in output if " " in line)
+        lines = [line.split(" ", 1) for line in output if " " in line]
+        fields = dict(lines)
         release = fields.get("release", "").strip()
         series = RELEASE.match(release)
+        abi = ABI.match(release)
         values = [
             word.split("=", 1)[1] for word in fields.get("cmdline", "").split()
             if word.startswith("kho=")
@@ -54,8 +57,9 @@ class RunningKernel(FactBase):
         return {
             "release": release,
             "series": (int(series[1]), int(series[2])) if series else (0, 0),
+            "abi": abi[1] if abi else None,
             "kho": kstrtobool(values[-1]) if values else None,
-            "grub": "grub" in output,
+            "grub": sorted({value.strip() for key, value in lines if key == "grub"}),
         }
 
 
@@ -83,7 +87,7 @@ def handover_off(
 
     Nothing is done where the running kernel has it off.
     """
-    found = host.get_fact(RunningKernel, boot_option=boot_option)
+    found = host.get_fact(RunningKernel)
     release = found["release"]
     if not handover_on(found, default_from):
         host.noop(f"kernel {release}: kexec handover off, RDMA registration unaffected")
@@ -103,7 +107,7 @@ def handover_off(
         return
     changes = util.template("grub-kho-off.cfg.j2", grub_dropin, boot_option=boot_option)
     yield from changes
-    if changes or not found["grub"]:
+    if changes or boot_option not in found["grub"]:
         yield "update-grub"
     host.log(
         f"{why}: {boot_option} is set for the next boot; reboot this box to apply it. Until"

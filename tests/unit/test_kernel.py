@@ -33,8 +33,9 @@ FROM = (7, 0)
 
 
 def output(release: str, cmdline: str, grub: bool = False) -> str:
-    """What RunningKernel's command prints: its release and cmdline lines, then "grub"."""
-    return f"release {release}\ncmdline {cmdline}\n" + ("grub\n" if grub else "")
+    """What RunningKernel's command prints: its release and cmdline lines, then each kho= of
+    grub.cfg (two menu entries carrying kho=off, as update-grub writes the option into each)."""
+    return f"release {release}\ncmdline {cmdline}\n" + ("grub kho=off\n" * 2 if grub else "")
 
 
 @pytest.mark.parametrize(
@@ -61,12 +62,24 @@ def test_kstrtobool_reads_a_value_as_the_kernel_does(value: str, expected: bool 
 
 def test_the_fact_reads_release_series_and_kho_off() -> None:
     found = process(kernel.RunningKernel, output("7.0.0-30-generic", KHO_OFF_CMDLINE))
-    assert found == {"release": "7.0.0-30-generic", "series": (7, 0), "kho": False, "grub": False}
+    assert found == {
+        "release": "7.0.0-30-generic",
+        "series": (7, 0),
+        "abi": "7.0.0-30",
+        "kho": False,
+        "grub": [],
+    }
 
 
 def test_the_fact_without_kho_leaves_the_kernels_default() -> None:
     found = process(kernel.RunningKernel, output("6.8.0-106-generic", OLD_CMDLINE, grub=True))
-    assert found == {"release": "6.8.0-106-generic", "series": (6, 8), "kho": None, "grub": True}
+    assert found == {
+        "release": "6.8.0-106-generic",
+        "series": (6, 8),
+        "abi": "6.8.0-106",
+        "kho": None,
+        "grub": ["kho=off"],
+    }
 
 
 def test_the_last_kho_on_the_command_line_wins() -> None:
@@ -77,7 +90,7 @@ def test_the_last_kho_on_the_command_line_wins() -> None:
 
 
 def test_the_facts_command_runs_under_sh_and_reads_this_machines_kernel() -> None:
-    command = kernel.RunningKernel().command(boot_option="kho=off")
+    command = kernel.RunningKernel().command()
     done = subprocess.run(["sh", "-c", command], capture_output=True, text=True, check=True)
     found = process(kernel.RunningKernel, done.stdout)
     assert found["release"] == platform.release()
