@@ -13,6 +13,13 @@ contacted. Per host, the inventory sets `spark_role` ("head"/"worker") and
 # (the NCCL test fails until then); False: the deploy stops that box with the fix.
 fabric_kernel_kho_off = True
 
+# Hold the kernel every box runs, as the driver branch is held: the kernel metapackages held and
+# apt pinned to the running kernel's ABI, so that no upgrade moves a fleet off a known-good
+# kernel (owners ask fleet tools for kernel holds; DGX OS 7.6 moved boxes to 7.0, above). The
+# owner moves it: apt-mark unhold, the pin file removed. Compliance checks that every box runs
+# the same kernel. Off: DGX OS updates the kernel as it ships.
+kernel_hold = False
+
 # Branch 580 only: 590.x has a confirmed CUDA-graph deadlock on GB10 (seed 001).
 driver_branch = 580
 

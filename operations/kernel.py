@@ -1,4 +1,5 @@
-"""The running kernel: kexec handover off where the fabric's RDMA runs."""
+"""The running kernel: kexec handover off where the fabric's RDMA runs; held where the owner
+says so."""
 
 from __future__ import annotations
 
@@ -8,9 +9,12 @@ from pyinfra import host, logger
 from pyinfra.api import FactBase, operation
 
 from operations import util
+from operations.debpkg import PackageStates, query
 
 RELEASE = re.compile(r"(\d+)\.(\d+)")
 ABI = re.compile(r"(\d+\.\d+\.\d+-\d+)-[a-z]")  # 7.0.0-1019-nvidia: Ubuntu's ABI 7.0.0-1019
+ABI_VERSION = re.compile(r"(\d+)\.(\d+)\.(\d+)-(\d+)")
+HOLD_PIN = "/etc/apt/preferences.d/spark-kernel-hold.pref"
 GRUB_CFG = "/boot/grub/grub.cfg"  # what update-grub writes (Debian's and Ubuntu's grub-mkconfig)
 
 
@@ -63,6 +67,18 @@ class RunningKernel(FactBase):
         }
 
 
+class KernelPackages(PackageStates):
+    """Installed packages of the patterns asked for (the kernel metapackages), with version and
+    hold, as PackageStates reads them."""
+
+
+def abi_key(version: str) -> tuple[int, ...]:
+    """The ABI a kernel package's version begins with, comparable: 6.17.0-1032.32 (6, 17, 0,
+    1032); () for a version that begins with none."""
+    match = ABI_VERSION.match(version)
+    return tuple(int(part) for part in match.groups()) if match else ()
+
+
 def handover_on(found: dict[str, object], default_from: tuple[int, int]) -> bool:
     """Whether the running kernel has kexec handover on: asked for on its command line, or
     left to the default of a series from ``default_from`` on."""
@@ -113,4 +129,63 @@ def handover_off(
         f"{why}: {boot_option} is set for the next boot; reboot this box to apply it. Until"
         " then the NCCL test fails.",
         log_func=logger.warning,
+    )
+
+
+@operation()
+def held(packages: tuple[str, ...], pin_path: str = HOLD_PIN):
+    """
+    Hold the running kernel: the kernel metapackages installed held (apt-mark), and apt pinned
+    so that none of them moves to another ABI than the running kernel's.
+
+    + packages: dpkg-query patterns of the kernel metapackages, e.g. linux-nvidia*; () when the
+      owner holds no kernel: the pin file this wrote before is removed (apt-mark's holds stay:
+      which of them the owner made is not known; `apt-mark unhold` them to move the kernel)
+    + pin_path: the apt preferences file: the patterns at <abi>.* get 990, at any other version
+      -1 (as the driver's branch pin does)
+
+    Refuses a kernel that is no Ubuntu build (no ABI to pin to). A metapackage already at a newer
+    ABI (installed, not yet booted) is left as it is and named: the next boot may start it.
+    """
+    if not packages:
+        if util.on_box(pin_path)[pin_path] is None:
+            host.noop("the kernel is not held (kernel_hold off)")
+        else:
+            yield f"rm -f {pin_path}"
+        return
+    found = host.get_fact(RunningKernel)
+    release, abi = found["release"], found["abi"]
+    if abi is None:
+        yield from util.refused(
+            f"{host.name}: kernel {release} is no Ubuntu build (<version>-<abi>-<flavour>):"
+            " kernel_hold pins Ubuntu's kernel metapackages to the running ABI; set kernel_hold"
+            " = False for this box"
+        )
+        return
+    yield from util.template(
+        "apt-preferences-kernel-hold.j2",
+        pin_path,
+        release=release,
+        abi=abi,
+        patterns=" ".join(packages),
+    )
+    installed = host.get_fact(KernelPackages, patterns=packages)
+    running = abi_key(abi)
+    elsewhere = sorted(
+        f"{name} {state['version']}"
+        for name, state in installed.items()
+        if abi_key(str(state["version"])) > running
+    )
+    if elsewhere:
+        host.log(
+            f"kernel {release} held, but {', '.join(elsewhere)} already installed: the next"
+            " boot may start that kernel (GRUB boots the newest)",
+            log_func=logger.warning,
+        )
+    if all(state["held"] for state in installed.values()):
+        host.noop(f"kernel metapackages of {release} held ({len(installed)} installed)")
+        return
+    yield (
+        f"{query(packages)} 2>/dev/null"
+        " | awk -F'\\t' '$1 ~ /^.i/ {print $2}' | xargs -r apt-mark hold"
     )

@@ -146,6 +146,10 @@ class HostSettings(BaseModel):
         description="True (a box of the fabric on a 7.x kernel gets kho=off through GRUB) or"
         " False (such a box is refused with the fix)"
     )
+    kernel_hold: bool = Field(
+        description="True (the kernel metapackages held, apt pinned to the running kernel's"
+        " ABI) or False"
+    )
     driver_branch: int = Field(description=f"the integer {SUPPORTED_BRANCH}")
     driver_package: str = Field(
         description=f"nvidia-driver-{SUPPORTED_BRANCH}-open or nvidia-driver-{SUPPORTED_BRANCH}"
@@ -566,6 +570,7 @@ class HostConfig(Frozen):
     mtu: int
     gid_index: int
     kernel_kho_off: bool
+    kernel_hold: bool
     driver: Driver
     toolkit: Toolkit
     env_file: str
@@ -609,6 +614,7 @@ class HostConfig(Frozen):
             mtu=data.fabric_mtu,
             gid_index=data.roce_gid_index,
             kernel_kho_off=data.fabric_kernel_kho_off,
+            kernel_hold=data.kernel_hold,
             driver=Driver(branch=data.driver_branch, package=data.driver_package),
             toolkit=Toolkit(
                 version=data.toolkit_version,

@@ -20,3 +20,19 @@ KHO_OFF = "kho=off"
 # after /etc/default/grub: a late name appends after any image's own drop-in (Ubuntu's
 # 50-cloudimg-settings.cfg sets GRUB_CMDLINE_LINUX_DEFAULT outright).
 GRUB_DROPIN = "/etc/default/grub.d/99-spark-kho-off.cfg"
+
+# The packages that move a box to another kernel: Ubuntu's kernel metapackages, each depending on
+# the newest ABI's linux-image-<abi>-<flavour> (the nvidia flavour's, and the generic ones where
+# installed). Their versions begin with the ABI (linux-nvidia-64k-hwe-24.04 6.17.0-1032.32 for
+# kernel 6.17.0-1032: dsx-ai-factory/infra-controller PR 6049), so apt can be pinned to the ABI
+# the box runs. The driver's kernel modules (linux-modules-nvidia-580-open-*) are the driver's.
+KERNEL_METAPACKAGES = (
+    "linux-nvidia*",
+    "linux-image-nvidia*",
+    "linux-headers-nvidia*",
+    "linux-tools-nvidia*",
+    "linux-generic*",
+    "linux-image-generic*",
+    "linux-headers-generic*",
+    "linux-tools-generic*",
+)

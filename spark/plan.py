@@ -34,6 +34,8 @@ class Kernel(Record):
     kho_default_from: tuple[int, int]  # the first release that turns it on at boot
     boot_option: str
     grub_dropin: str
+    # kernel_hold: these metapackages held and apt pinned to the running kernel's ABI; () off.
+    hold: tuple[str, ...]
 
 
 class Peer(Record):
@@ -284,7 +286,8 @@ def fabric(me: HostConfig, spark: SparkConfig) -> Fabric | None:
 
 def kernel(me: HostConfig) -> Kernel:
     """Kexec handover off where the fabric's RDMA runs: through GRUB where
-    fabric_kernel_kho_off, else the box refused with the fix."""
+    fabric_kernel_kho_off, else the box refused with the fix; the kernel held where
+    kernel_hold."""
     fix = None
     if me.fabric:
         fix = "grub" if me.kernel_kho_off else "refuse"
@@ -293,6 +296,7 @@ def kernel(me: HostConfig) -> Kernel:
         kho_default_from=kernel_rules.KHO_DEFAULT_FROM,
         boot_option=kernel_rules.KHO_OFF,
         grub_dropin=kernel_rules.GRUB_DROPIN,
+        hold=kernel_rules.KERNEL_METAPACKAGES if me.kernel_hold else (),
     )
 
 

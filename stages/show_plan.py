@@ -73,6 +73,7 @@ def box_text(box: BoxPlan) -> str:
         "host layer",
         [
             f"driver {box.driver.package} (branch {box.driver.branch}) held, apt pinned",
+            f"kernel {'held at the running ABI, apt pinned' if box.kernel.hold else 'not held'}",
             f"NVIDIA container toolkit {box.toolkit.version}, docker's nvidia runtime",
         ],
     )

@@ -13,6 +13,7 @@ from __future__ import annotations
 import platform
 import subprocess
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -20,6 +21,7 @@ import pytest
 from operations import kernel
 from spark.inventory import load_from_dicts
 from spark.plan import plan
+from tests.unit import private_apt
 from tests.unit.harness import FakeHost, captured, file_facts, process, refusal, run_op
 from tests.unit.test_config import TWO_SPARKS, merged, refusals
 
@@ -200,3 +202,149 @@ def test_with_the_option_off_the_plan_refuses_and_a_lone_box_without_fabric_has_
 def test_the_option_is_a_bool() -> None:
     (problem,) = refusals(fabric_kernel_kho_off="yes")
     assert problem.startswith("spark-1: fabric_kernel_kho_off: Input should be a valid boolean")
+
+
+# The kernel hold (kernel_hold): metapackages held, apt pinned to the running ABI. Package names
+# and versions as Ubuntu's nvidia flavour names them (linux-nvidia-64k-hwe-24.04 6.17.0-1032.32:
+# dsx-ai-factory/infra-controller PR 6049; DGX OS 7.6's kernel 7.0.0-1019.19~24.04.2: NV-Kernels
+# PR 590); the metapackage name of the 4k flavour follows the 64k one's.
+
+HOLD_PIN = "/etc/apt/preferences.d/spark-kernel-hold.pref"
+METAS = ("linux-nvidia*", "linux-image-nvidia*")
+META_617 = "6.17.0-1032.32"
+META_70 = "7.0.0-1019.19~24.04.2"
+
+
+def held(release: str, packages: str, pin: str | None = None) -> tuple[LoggingHost, list[str]]:
+    """held() on a box running ``release`` whose kernel packages dpkg-query lists as
+    ``packages`` (KernelPackages' format: status, name, version, tab-separated)."""
+    host = LoggingHost(
+        {
+            kernel.RunningKernel: output(release, PLAIN),
+            kernel.KernelPackages: packages,
+            **file_facts({HOLD_PIN: pin}),
+        }
+    )
+    return host, run_op(kernel.held, METAS, host=host)
+
+
+def test_the_hold_pins_the_metapackages_to_the_running_abi_and_holds_them() -> None:
+    host, commands = held(SPARK_6, f"ii\tlinux-nvidia-hwe-24.04\t{META_617}\n")
+
+    pin = host.uploads[HOLD_PIN]
+    assert "Package: linux-nvidia* linux-image-nvidia*\nPin: version 6.17.0-1032.*\n" in pin
+    assert "Pin: version *\nPin-Priority: -1" in pin
+    assert commands[-1].endswith("| xargs -r apt-mark hold")
+    assert "'linux-nvidia*' 'linux-image-nvidia*'" in commands[-1]
+
+
+def test_the_packages_fact_asks_dpkg_for_the_patterns_given() -> None:
+    command = kernel.KernelPackages().command(patterns=METAS)
+    assert command.startswith("dpkg-query -W ")
+    assert command.endswith(" 'linux-nvidia*' 'linux-image-nvidia*' 2>/dev/null || true")
+    # dpkg-query's own lines: held (h) and installed (i) read as such; removed (rc) left out.
+    found = process(
+        kernel.KernelPackages,
+        f"hi\tlinux-nvidia-hwe-24.04\t{META_617}\nrc\tlinux-image-nvidia-hwe-24.04\t{META_617}\n",
+    )
+    assert found == {"linux-nvidia-hwe-24.04": {"version": META_617, "held": True}}
+
+
+def test_a_held_box_changes_nothing() -> None:
+    pin = held(SPARK_6, "")[0].uploads[HOLD_PIN]
+    host, commands = held(SPARK_6, f"hi\tlinux-nvidia-hwe-24.04\t{META_617}\n", pin)
+    assert commands == []
+    assert host.noops[-1] == f"kernel metapackages of {SPARK_6} held (1 installed)"
+
+
+def test_a_newer_kernel_installed_but_not_booted_is_named() -> None:
+    packages = f"hi\tlinux-nvidia-hwe-24.04\t{META_70}\nii\tlinux-nvidia-6.17\t6.17.0-1014.14\n"
+    host, _ = held(SPARK_6, packages)
+    # 7.0 is ahead of the running 6.17.0-1032; the older 6.17.0-1014 is a kernel kept behind.
+    (said,) = host.logged
+    assert said == (
+        f"kernel {SPARK_6} held, but linux-nvidia-hwe-24.04 {META_70} already installed: the"
+        " next boot may start that kernel (GRUB boots the newest)"
+    )
+
+
+def test_with_the_hold_off_a_pin_left_from_before_is_removed() -> None:
+    pin = held(SPARK_6, "")[0].uploads[HOLD_PIN]
+    host = FakeHost(file_facts({HOLD_PIN: pin}))
+    assert run_op(kernel.held, (), host=host) == [f"rm -f {HOLD_PIN}"]
+    host = FakeHost(file_facts({HOLD_PIN: None}))
+    assert run_op(kernel.held, (), host=host) == []
+    assert host.noops == ["the kernel is not held (kernel_hold off)"]
+
+
+def test_a_kernel_of_no_ubuntu_build_is_refused() -> None:
+    _, commands = held("6.12.9", "")
+    assert refusal(commands) == (
+        "spark-test: kernel 6.12.9 is no Ubuntu build (<version>-<abi>-<flavour>): kernel_hold"
+        " pins Ubuntu's kernel metapackages to the running ABI; set kernel_hold = False for"
+        " this box"
+    )
+
+
+def test_the_plan_holds_the_kernel_only_where_the_owner_says_so() -> None:
+    default = plan(load_from_dicts(merged(TWO_SPARKS))).box("spark-1")
+    assert default.kernel.hold == ()
+    hosts = {name: data | {"kernel_hold": True} for name, data in TWO_SPARKS.items()}
+    hold = plan(load_from_dicts(merged(hosts))).box("spark-1").kernel.hold
+    assert {"linux-nvidia*", "linux-image-nvidia*", "linux-generic*"} <= set(hold)
+    assert not any(pattern.startswith("linux-modules-nvidia") for pattern in hold)  # driver's
+
+
+# The pin under real apt (tests/unit/private_apt.py): a box on 6.17.0-1032 whose archive offers
+# DGX OS 7.6's 7.0.0-1019.
+
+KERNEL_PACKAGES = [
+    ("linux-nvidia-hwe-24.04", META_617, f"linux-image-6.17.0-1032-nvidia (= {META_617})"),
+    ("linux-nvidia-hwe-24.04", META_70, f"linux-image-7.0.0-1019-nvidia (= {META_70})"),
+    ("linux-image-6.17.0-1032-nvidia", META_617, ""),
+    ("linux-image-7.0.0-1019-nvidia", META_70, ""),
+]
+INSTALLED_617 = f"""\
+Package: linux-nvidia-hwe-24.04
+Status: install ok installed
+Architecture: all
+Version: {META_617}
+Depends: linux-image-6.17.0-1032-nvidia (= {META_617})
+
+Package: linux-image-6.17.0-1032-nvidia
+Status: install ok installed
+Architecture: all
+Version: {META_617}
+"""
+
+
+@pytest.fixture(scope="module")
+def kernel_repo(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    private_apt.require_tools()
+    return private_apt.build_repo(tmp_path_factory.mktemp("apt"), KERNEL_PACKAGES)
+
+
+def kernel_apt(repo: Path, name: str, preferences: str) -> private_apt.PrivateApt:
+    sources = f"deb [trusted=yes] file:{repo}/$(ARCH) /\n"
+    apt = private_apt.PrivateApt(repo.parent / name, sources, preferences, INSTALLED_617)
+    apt.run("apt-get update")
+    return apt
+
+
+def test_without_the_pin_an_upgrade_moves_the_box_to_7_0(kernel_repo: Path) -> None:
+    # The control: the archive would move the box, so the pinned test means something.
+    upgrade = kernel_apt(kernel_repo, "unpinned", "").run("apt-get -s dist-upgrade")
+    assert f"Inst linux-nvidia-hwe-24.04 [{META_617}] ({META_70}" in upgrade
+    assert "Inst linux-image-7.0.0-1019-nvidia" in upgrade
+
+
+def test_the_pin_keeps_the_box_on_its_kernel(kernel_repo: Path) -> None:
+    pin = held(SPARK_6, "")[0].uploads[HOLD_PIN]
+    pinned = kernel_apt(kernel_repo, "pinned", pin)
+    assert "Inst " not in pinned.run("apt-get -s dist-upgrade")
+    # Asking for the metapackage installs no other kernel either (naming a version by hand still
+    # does: apt takes an explicit version over any pin, the owner's way to move the kernel).
+    again = pinned.run("apt-get -s install linux-nvidia-hwe-24.04", check=False)
+    assert "Inst " not in again
+    policy = pinned.run("apt-cache policy linux-nvidia-hwe-24.04")
+    assert f"Installed: {META_617}\n  Candidate: {META_617}" in policy
