@@ -42,8 +42,10 @@ class RunningKernel(FactBase):
     """
 
     def command(self) -> str:
+        # The release `uname -r` prints (proc(5), /proc/sys/kernel/osrelease), read from the
+        # file so that the simulated lab can present another kernel's (tests/simlab/hardware).
         return (
-            "printf 'release %s\\n' \"$(uname -r)\";"
+            "printf 'release %s\\n' \"$(cat /proc/sys/kernel/osrelease)\";"
             " printf 'cmdline %s\\n' \"$(cat /proc/cmdline)\";"
             f" grep -hso 'kho=[^[:space:]]*' {GRUB_CFG} | sed 's/^/grub /'; true"
         )

@@ -58,7 +58,7 @@ def test_every_box_runs_the_same_kernel(
     releases = {other.name: _running(other)["release"] for other in boxes}
     mine = releases[box.name]
     others = {name: release for name, release in releases.items() if release != mine}
-    found(f"{mine}; " + ", ".join(f"{name} {release}" for name, release in others.items()))
+    found(", ".join(f"{name} {release}" for name, release in others.items()))  # not this one's
     assert not others, (
         f"expected every box on {mine}, found {others}; boot one kernel everywhere"
         " (kernel_hold = True keeps them there)"
