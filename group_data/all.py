@@ -5,6 +5,21 @@ contacted. Per host, the inventory sets `spark_role` ("head"/"worker") and
 `fabric_addresses` ({ifname: "A.B.C.D/prefix"}).
 """
 
+# Kernels 7.0 and later, as DGX OS 7.6 ships them (7.0.0-1019-nvidia), turn kexec handover on
+# at boot, and RDMA memory registration then fails under GPU memory pressure (`ibv_reg_mr_iova2
+# failed with error Cannot allocate memory`; 6.17.0-1032 passes): the fabric's NCCL breaks.
+# The workaround is the boot option kho=off (NVIDIA/NV-Kernels PRs 590, 591). True: on such a
+# box of the fabric the deploy adds it through a GRUB drop-in and says that a reboot is needed
+# (the NCCL test fails until then); False: the deploy stops that box with the fix.
+fabric_kernel_kho_off = True
+
+# Hold the kernel every box runs, as the driver branch is held: the kernel metapackages held and
+# apt pinned to the running kernel's ABI, so that no upgrade moves a fleet off a known-good
+# kernel (owners ask fleet tools for kernel holds; DGX OS 7.6 moved boxes to 7.0, above). The
+# owner moves it: apt-mark unhold, the pin file removed. Compliance checks that every box runs
+# the same kernel. Off: DGX OS updates the kernel as it ships.
+kernel_hold = False
+
 # Branch 580 only: 590.x has a confirmed CUDA-graph deadlock on GB10 (seed 001).
 driver_branch = 580
 
@@ -99,7 +114,8 @@ ray_auth = True
 
 # What vLLM's --gpu-memory-utilization is a fraction of: the total CUDA reports, which on a
 # Spark's 128 GB LPDDR5X is 121.69 GiB (vLLM asks 105.87 GiB at 0.87:
-# MiaAI-Lab/GLM-5.3-Flash-EXL3-2x-DGX-Sparks#47). The OS sees ~119.7 GiB of it as MemTotal.
+# MiaAI-Lab/GLM-5.3-Flash-EXL3-2x-DGX-Sparks#47). It is /proc/meminfo's MemTotal byte for byte
+# (130663006208: unslothai/unsloth PR 10486): no carve-out.
 unified_memory_gib = 121.69
 
 # The vLLM servers of each box, started in this order, one after the other (simultaneous
@@ -161,10 +177,14 @@ lanes = [
 
 # The memory guard stops the lowest-priority lane when MemAvailable falls below this many GiB.
 # On unified memory the box freezes (SSH too) before the OOM killer acts, and cgroup limits do
-# not hold CUDA allocations (field facts). The default appliance leaves about 14 GiB (114 of
-# 128 GB in use, seed 003): 8 stays clear of that steady state while leaving the kernel, docker
-# and sshd room to stop a lane.
-memory_guard_min_available_gib = 8
+# not hold CUDA allocations (field facts). The driver itself fails its allocations with ~2.5 GiB
+# still free, and the host can then wedge (open-gpu-kernel-modules#1358); MemAvailable has
+# fallen ~2.9 GiB/s (vllm#56824): 8.5 stops a lane the two seconds before that which the guard
+# needs to see it and free the memory (spark/memory.py GUARD_FLOOR_GIB says how). It stays
+# clear of the default appliance at rest (about 14 GiB left: 114 of 128 GB in use, seed 003).
+# A floor cannot catch a failure while MemAvailable still counts page cache the driver does not
+# get (22.5 GiB "available" at one: vllm#56824); the lanes drop it before each load.
+memory_guard_min_available_gib = 8.5
 
 # Minutes a lane may take from `docker run` until /health answers; a 120B model loads in about
 # 8 minutes, a 235B one over two boxes in about 15 (seed 004).

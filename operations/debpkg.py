@@ -46,7 +46,8 @@ def apt_install(*args: str) -> str:
 
 
 class PackageStates(FactBase):
-    """Installed packages matching the subclass's ``patterns``, with version and hold.
+    """Installed packages matching the subclass's ``patterns`` (or the ones asked for), with
+    version and hold.
 
     .. code:: python
 
@@ -59,9 +60,9 @@ class PackageStates(FactBase):
     default = dict
     patterns: tuple[str, ...] = ()
 
-    def command(self) -> str:
+    def command(self, patterns: tuple[str, ...] = ()) -> str:
         # dpkg-query exits 1 when a pattern matches nothing: an answer ("none"), not a failure.
-        return f"{query(self.patterns)} 2>/dev/null || true"
+        return f"{query(patterns or self.patterns)} 2>/dev/null || true"
 
     def process(self, output: list[str]) -> dict[str, dict[str, str | bool]]:
         packages: dict[str, dict[str, str | bool]] = {}

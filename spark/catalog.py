@@ -95,6 +95,13 @@ class ModelSpec(BaseModel):
         " transformer, only the full-attention ones of a hybrid (Gated DeltaNet, sliding window)",
     )
     kv_heads: int = Field(ge=1, le=1024, description="num_key_value_heads of config.json")
+    layers: int | None = Field(
+        None,
+        ge=1,
+        le=1024,
+        description="num_hidden_layers of config.json (a GGUF's block_count): every block, which"
+        " llama.cpp's --n-gpu-layers counts with the output layer (None: not checked)",
+    )
     head_dim: int = Field(ge=1, le=4096, description="head_dim of config.json")
     quantization: Literal[
         "bf16", "fp8", "awq", "gptq", "mxfp4", "nvfp4", "nvfp4-modelopt", "gguf"

@@ -142,6 +142,14 @@ class HostSettings(BaseModel):
     roce_gid_index: int = Field(
         ge=0, le=255, description="an integer 0..255 (where the RoCE v2 + IPv4 entry should be: 3)"
     )
+    fabric_kernel_kho_off: bool = Field(
+        description="True (a box of the fabric on a 7.x kernel gets kho=off through GRUB) or"
+        " False (such a box is refused with the fix)"
+    )
+    kernel_hold: bool = Field(
+        description="True (the kernel metapackages held, apt pinned to the running kernel's"
+        " ABI) or False"
+    )
     driver_branch: int = Field(description=f"the integer {SUPPORTED_BRANCH}")
     driver_package: str = Field(
         description=f"nvidia-driver-{SUPPORTED_BRANCH}-open or nvidia-driver-{SUPPORTED_BRANCH}"
@@ -604,6 +612,8 @@ class HostConfig(Frozen):
     management_address: IPv4Address | None
     mtu: int
     gid_index: int
+    kernel_kho_off: bool
+    kernel_hold: bool
     driver: Driver
     toolkit: Toolkit
     env_file: str
@@ -650,6 +660,8 @@ class HostConfig(Frozen):
             ),
             mtu=data.fabric_mtu,
             gid_index=data.roce_gid_index,
+            kernel_kho_off=data.fabric_kernel_kho_off,
+            kernel_hold=data.kernel_hold,
             driver=Driver(branch=data.driver_branch, package=data.driver_package),
             toolkit=Toolkit(
                 version=data.toolkit_version,

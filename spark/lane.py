@@ -444,8 +444,9 @@ def _llama_cpp_problems(lane: Lane) -> list[str]:
             " boxes is a vLLM one"
         )
     commit = lane.llama_cpp_commit or DEFAULT_COMMIT
+    layers = lane.spec.layers if lane.spec else None
     return problems + llamacpp.problems(
-        lane.extra_args, lane.environment, lane.kv_cache_dtype, commit
+        lane.extra_args, lane.environment, lane.kv_cache_dtype, commit, layers
     )
 
 

@@ -92,6 +92,19 @@ REFUSED = {
     "--ssl-key-file": "the box's front terminates TLS (front_tls_cert_file, front_tls_key_file)",
     "--ssl-cert-file": "the box's front terminates TLS (front_tls_cert_file, front_tls_key_file)",
 }
+# Layers kept off the GPU (--n-gpu-layers below all of them, or llama.cpp's fitter choosing so:
+# --fit on) are refused, as a draft model is (DRAFT, below): on unified memory they sit in the
+# same LPDDR5X and run at the Grace CPU's speed, so a spill frees no memory and costs decode
+# (83.7% of it for Qwen3.6-35B-A3B on a DGX Spark: unslothai/unsloth PR 9872; seed 002 forces
+# every layer, where llama.cpp's own fit kept 34 of 49 on the GPU). llama.cpp counts the model's
+# blocks and its output layer (49 for 48 blocks, seed 002; the output layer alone halved decode
+# in ggml-org/llama.cpp#11752), and takes a number, 'auto' or 'all' (common/arg.cpp).
+GPU_LAYERS = ("-ngl", "--gpu-layers", "--n-gpu-layers")
+FIT = ("-fit", "--fit")
+SPILL = (
+    "on unified memory the layers left to the CPU sit in the same memory and run at the CPU's"
+    " speed: no memory freed, decode lost (83.7% on a DGX Spark: unslothai/unsloth PR 9872)"
+)
 # A draft model shares the memory bus with the target on unified memory: every pairing seed 003
 # tried was slower (gpt-oss 120B with 20B: 51.60 against 58.02 tok/s).
 DRAFT = "speculative decoding with a draft model was slower in every pairing on unified memory"
@@ -140,9 +153,14 @@ def parse(tokens: Iterable[str], commit: str) -> tuple[list[tuple[str, str | Non
 
 
 def problems(
-    extra_args: Iterable[str], environment: dict[str, str], kv_cache: str | None, commit: str
+    extra_args: Iterable[str],
+    environment: dict[str, str],
+    kv_cache: str | None,
+    commit: str,
+    layers: int | None = None,
 ) -> list[str]:
-    """What llama.cpp `commit` would refuse, or the GB10 does badly, in a lane's settings."""
+    """What llama.cpp `commit` would refuse, or the GB10 does badly, in a lane's settings
+    (``layers``: the model's blocks, where the catalog knows them)."""
     if commit not in known_commits():
         return [
             f"llama_cpp_commit: no option list is held for llama.cpp {commit!r}; known:"
@@ -161,6 +179,12 @@ def problems(
             result.append(f"extra_args: {name} is refused: {REFUSED[refused]}")
         elif any("draft" in n for n in every):
             result.append(f"extra_args: {name} is refused: {DRAFT} (seed 003); leave it out")
+    result += [
+        f"extra_args: {problem}"
+        for name, value in found
+        if name in GPU_LAYERS + FIT and value is not None
+        if (problem := offload_problem(name, value, layers))
+    ]
     if kv_cache is not None and kv_cache not in KV_CACHE_BYTES:
         result.append(
             f"kv_cache_dtype: {kv_cache!r} is no llama.cpp cache type; one of:"
@@ -176,6 +200,29 @@ def problems(
         if any(c in value for c in "\n\r\0"):
             result.append(f"environment: {name}: its value has a line break or NUL; remove it")
     return result
+
+
+def offload_problem(name: str, value: str, layers: int | None) -> str | None:
+    """Why ``name value`` keeps layers of a model of ``layers`` blocks off the GPU: --fit on, or
+    a number of GPU layers below every block and the output layer. None for 'all', 'auto' and
+    llama.cpp's sentinels for them (-2, -1: common/arg.cpp), which the lane's --fit off leaves
+    at every layer, and for any number where the block count is unknown (it cannot be told)."""
+    if name in FIT:
+        if value != "on":
+            return None
+        return (
+            f"{name} on is refused: llama.cpp's fitter misjudges unified memory and kept 34 of"
+            f" 49 layers on the GPU (seed 002), and {SPILL}; leave it out (the lane gives"
+            " --fit off and every layer)"
+        )
+    number = re.match(r"\s*[-+]?\d+", value)  # std::stoi's reading
+    if number is None or layers is None or int(number[0]) < 0 or int(number[0]) > layers:
+        return None
+    return (
+        f"{name} {value} is refused: it keeps {layers + 1 - int(number[0])} of the model's"
+        f" {layers + 1} layers ({layers} blocks and the output layer) off the GPU, and {SPILL};"
+        f" give {name} all, or leave it out (the lane gives every layer)"
+    )
 
 
 def canonical_names(name: str, commit: str) -> tuple[str, ...]:

@@ -28,8 +28,33 @@ if TYPE_CHECKING:
 # start, and an overcommitted box freezes whole (seed 003). The fraction is of each GPU, each
 # rank of a cluster lane asking it of its own box ("a per-instance limit": vLLM's engine
 # arguments, --gpu-memory-utilization; vllm/v1/worker/utils.py, request_memory).
+# The driver's own failures do not move this headroom: vllm#56824 exhausted the box with one
+# engine at 0.70 (a start's peak is not bounded by its fraction), so a lower limit would not
+# have prevented it; 0.90 still leaves 12.2 GiB, above the guard's floor (GUARD_FLOOR_GIB).
 FRACTION_LIMIT = 0.90
 FRACTION_WARNING = 0.87
+# The memory guard's floor (group_data memory_guard_min_available_gib), from the driver's own
+# failures on GB10: NV_ERR_NO_MEMORY from _memdescAllocInternal, after which the whole host can
+# wedge with no OOM kill and no panic (NVIDIA/open-gpu-kernel-modules#1358, on 6.17 and drivers
+# 595.84 and 595.91.07). vllm#56824 (driver 580.173.02): the driver failed with 119.2 of
+# 121.7 GiB in use, ~2.5 GiB truly free, and MemAvailable fell at ~2.9 GiB/s (29 to 2.5 GiB in
+# 9 s, the fastest fall reported). Where MemAvailable is what is truly free (the page cache
+# dropped before a lane loads), the guard, which reads it every second and whose stopped lane's
+# memory comes back about a second later, needs two seconds at that pace (~5.9 GiB) above the
+# ~2.5 GiB the driver fails at: 8.4 GiB.
+# What no floor catches: the same report's driver failed while MemAvailable still showed
+# 22.5 GiB, 19.8 GiB of it page cache (and on a 7.x kernel ~9.3 GiB of kexec handover's CMA
+# blocks: spark/kernel.py) that the driver did not get in time. A floor above that, ~25 GiB,
+# would stop a lane of the default appliance whenever all are loaded (its fractions leave
+# 24.3 GiB, ~14 seen at rest: seed 003). There the defence is elsewhere: the page cache dropped
+# before each lane loads, one lane loading at a time, kho=off.
+DRIVER_FAILS_FREE_GIB = 2.5
+FASTEST_FALL_GIB_PER_S = (29 - 2.5) / 9
+GUARD_REACTION_S = 2
+# In half GiB, up: 8.5 (group_data's default, which a unit test holds to this).
+GUARD_FLOOR_GIB = (
+    math.ceil((DRIVER_FAILS_FREE_GIB + FASTEST_FALL_GIB_PER_S * GUARD_REACTION_S) * 2) / 2
+)
 # What vLLM holds beside weights and KV cache: CUDA context and cuBLAS/Marlin workspaces, the
 # CUDA graph pools, the activation peak of its profiling run. An estimate (no field figure
 # splits it out), on the side of refusing a lane that might just have fitted.
@@ -170,8 +195,9 @@ class Budget:
         return [
             f"{floor_gib:g} GiB is not below the {free:.1f} GiB the lanes leave free (of"
             f" {self.unified_memory_gib:g} GiB: {self.listing()}); the guard would stop a lane"
-            f" whenever all are loaded{rank if self.has_rank else ''}; lower it (8 leaves the"
-            " kernel, docker and sshd room) or the lanes' memory_fraction"
+            f" whenever all are loaded{rank if self.has_rank else ''}; lower the lanes'"
+            f" memory_fraction, or the floor (not below {GUARD_FLOOR_GIB:g}: there the guard"
+            " stops a lane only after the driver fails)"
         ]
 
 

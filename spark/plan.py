@@ -12,6 +12,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict
 
+from spark import kernel as kernel_rules
 from spark.box_paths import HF_CACHE_IN_CONTAINER, HF_TOKEN, MODELS_DIR, NCCL_VERDICT
 from spark.inventory import (
     Driver,
@@ -30,6 +31,19 @@ class Record(BaseModel):
     """A part of a box's plan: set once, printable, and its JSON reads back as the same plan."""
 
     model_config = ConfigDict(frozen=True)
+
+
+class Kernel(Record):
+    """What the deploy makes sure of the running kernel (operations/kernel.py)."""
+
+    # Kexec handover kept off on a box of the fabric (spark/kernel.py): "grub" adds the boot
+    # option, "refuse" stops the box with the fix; None on a box without the fabric.
+    kho_fix: Literal["grub", "refuse"] | None
+    kho_default_from: tuple[int, int]  # the first release that turns it on at boot
+    boot_option: str
+    grub_dropin: str
+    # kernel_hold: these metapackages held and apt pinned to the running kernel's ABI; () off.
+    hold: tuple[str, ...]
 
 
 class Peer(Record):
@@ -260,6 +274,7 @@ class BoxPlan(Record):
     role: Literal["head", "worker"]
     address: str  # where clients reach the box: where pyinfra connects
     # Host layer
+    kernel: Kernel
     driver: Driver
     toolkit: Toolkit
     # Fabric
@@ -319,6 +334,22 @@ def fabric(me: HostConfig, spark: SparkConfig) -> Fabric | None:
         gid_index=me.gid_index,
         peers=peers(me, spark.hosts),
         management=management,
+    )
+
+
+def kernel(me: HostConfig) -> Kernel:
+    """Kexec handover off where the fabric's RDMA runs: through GRUB where
+    fabric_kernel_kho_off, else the box refused with the fix; the kernel held where
+    kernel_hold."""
+    fix = None
+    if me.fabric:
+        fix = "grub" if me.kernel_kho_off else "refuse"
+    return Kernel(
+        kho_fix=fix,
+        kho_default_from=kernel_rules.KHO_DEFAULT_FROM,
+        boot_option=kernel_rules.KHO_OFF,
+        grub_dropin=kernel_rules.GRUB_DROPIN,
+        hold=kernel_rules.KERNEL_METAPACKAGES if me.kernel_hold else (),
     )
 
 
@@ -567,6 +598,7 @@ def box_plan(me: HostConfig, spark: SparkConfig) -> BoxPlan:
         name=me.name,
         role=me.role,
         address=me.address,
+        kernel=kernel(me),
         driver=me.driver,
         toolkit=me.toolkit,
         fabric=fabric(me, spark),

@@ -1,9 +1,10 @@
-"""The fabric: every twin the shape uses cabled, its NetworkManager profile, its link rate and
-RoCE v2 entry, the peers reached with jumbo frames; then the cluster environment file."""
+"""The fabric: a kernel whose RDMA registers memory, every twin the shape uses cabled, its
+NetworkManager profile, its link rate and RoCE v2 entry, the peers reached with jumbo frames;
+then the cluster environment file."""
 
 from pyinfra.api import deploy
 
-from operations import asked, environment, nmcli, preflight, roce
+from operations import asked, environment, kernel, nmcli, preflight, roce
 from spark.plan import BoxPlan
 
 
@@ -11,6 +12,8 @@ from spark.plan import BoxPlan
 def fabric(box: BoxPlan) -> None:
     plan = box.fabric
     questions = environment.questions(box.environment.path)
+    if box.kernel.kho_fix is not None:
+        questions += kernel.handover_questions(box.kernel.grub_dropin)
     if plan is not None:
         peers = [(peer.ifname, peer.box, peer.address) for peer in plan.peers]
         ifnames = [link.ifname for link in plan.links]
@@ -27,6 +30,14 @@ def fabric(box: BoxPlan) -> None:
         ]
     # Everything this stage reads of the box, asked in one command (operations/asked.py).
     asked.ahead(questions)
+    if box.kernel.kho_fix is not None:
+        kernel.handover_off(
+            name=f"Kernel: kexec handover off ({box.kernel.boot_option}), RDMA registers memory",
+            fix=box.kernel.kho_fix,
+            default_from=box.kernel.kho_default_from,
+            boot_option=box.kernel.boot_option,
+            grub_dropin=box.kernel.grub_dropin,
+        )
     if plan is not None:
         preflight.fabric_ports_cabled(
             name=f"Fabric ports of {plan.shape} cabled: every twin there",

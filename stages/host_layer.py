@@ -1,9 +1,10 @@
-"""The host layer: dpkg whole, the driver branch held and running, the container toolkit,
-the host hygiene the field learned. Nothing here needs the fabric or another box."""
+"""The host layer: dpkg whole, the driver branch held and running, the kernel held where the
+owner says so, the container toolkit, the host hygiene the field learned. Nothing here needs
+the fabric or another box."""
 
 from pyinfra.api import deploy
 
-from operations import asked, debpkg, driver, hygiene, toolkit
+from operations import asked, debpkg, driver, hygiene, kernel, toolkit
 from spark.plan import BoxPlan
 
 
@@ -24,6 +25,10 @@ def host_layer(box: BoxPlan) -> None:
     )
     driver.running(
         name=f"nvidia-smi reports a {box.driver.branch} driver", branch=box.driver.branch
+    )
+    kernel.held(
+        name="Kernel held: metapackages held, apt pinned" if box.kernel.hold else "Kernel not held",
+        packages=box.kernel.hold,
     )
     toolkit.repository(
         name="NVIDIA container toolkit apt repository",

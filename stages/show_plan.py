@@ -73,10 +73,14 @@ def box_text(box: BoxPlan) -> str:
         "host layer",
         [
             f"driver {box.driver.package} (branch {box.driver.branch}) held, apt pinned",
+            f"kernel {'held at the running ABI, apt pinned' if box.kernel.hold else 'not held'}",
             f"NVIDIA container toolkit {box.toolkit.version}, docker's nvidia runtime",
         ],
     )
     fabric = []
+    if box.kernel.kho_fix is not None:
+        how = "through GRUB" if box.kernel.kho_fix == "grub" else "or the box refused"
+        fabric.append(f"kernel: kexec handover off ({box.kernel.boot_option} {how})")
     if box.fabric is not None:
         plan = box.fabric
         fabric.append(

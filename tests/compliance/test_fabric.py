@@ -1,5 +1,6 @@
 """The fabric promise, per twin: its NetworkManager profile, address, MTU 9000 on the link, and
-the one RoCE v2 IPv4 GID entry NCCL selects."""
+the one RoCE v2 IPv4 GID entry NCCL selects; per box, a running kernel whose RDMA registers
+memory (kexec handover off)."""
 
 from __future__ import annotations
 
@@ -7,7 +8,9 @@ from collections.abc import Callable
 from ipaddress import IPv6Address
 from typing import TYPE_CHECKING
 
-from operations import roce
+import pytest
+
+from operations import kernel, roce
 
 if TYPE_CHECKING:
     from spark.inventory import FabricLink
@@ -118,4 +121,20 @@ def test_roce_v2_entry(
     assert list(ipv4.values()) == [link.address.ip], (
         f"expected one RoCE v2 IPv4 entry on {link.ifname} ({link.hca}), of {link.address.ip};"
         f" found {state or 'none'}"
+    )
+
+
+def test_kernel_handover_off(box: Box, found: Callable[[object], None]) -> None:
+    """kernel: kexec handover off (RDMA)"""
+    plan = box.plan.kernel
+    if plan.kho_fix is None:
+        pytest.skip("no fabric on this box")
+    fact = kernel.RunningKernel()
+    running = fact.process(box.run(fact.command()).stdout.splitlines())
+    on = kernel.handover_on(running, plan.kho_default_from)
+    found(f"{running['release']} without {plan.boot_option}" if on else running["release"])
+    assert not on, (
+        f"expected a kernel with kexec handover off (RDMA memory registration fails with it:"
+        f" NVIDIA/NV-Kernels PRs 590, 591), found {running['release']} booted without"
+        f" {plan.boot_option}: {'reboot' if plan.kho_fix == 'grub' else 'add it and reboot'}"
     )

@@ -118,3 +118,40 @@ def test_a_deploy_repairs_the_drift(deployed: simlab.Lab) -> None:
     code, table, output = compliance(*PARALLEL)
     assert code == 0, output
     assert not_passing(table) == {}, output
+
+
+def test_a_kernel_with_kexec_handover_on_is_named_and_its_box_refused(
+    deployed: simlab.Lab,
+) -> None:
+    # DGX OS 7.6's kernel (NVIDIA/NV-Kernels PR 590) shown by spark-2's /proc/sys/kernel/osrelease,
+    # its command line without kho=off: RDMA registration would fail there.
+    spark_2 = deployed.hosts[1]
+    simlab.set_hardware(spark_2, kernel="7.0.0-1019-nvidia")
+    try:
+        code, table, output = compliance(*PARALLEL)
+        assert code == 1, output
+        found = not_passing(table)
+        assert found.pop(("spark-2", "kernel: kexec handover off (RDMA)")) == (
+            "FAIL 7.0.0-1019-nvidia without kho=off"
+        ), output
+        # The two boxes now run different kernels: each names the other's.
+        assert found.pop(("spark-2", "kernel the same on every box")).startswith("FAIL spark-1 "), (
+            output
+        )
+        assert found.pop(("spark-1", "kernel the same on every box")) == (
+            "FAIL spark-2 7.0.0-1019-nvidia"
+        ), output
+        assert found == {}, output
+
+        # With the owner's fabric_kernel_kho_off off, the deploy stops that box with the fix (the
+        # lab has no GRUB for the default's drop-in and update-grub).
+        result = pyinfra(
+            INVENTORY, "deploy.py", "--limit", "spark-2",
+            "--data", "fabric_kernel_kho_off=False", check=False,
+        )  # fmt: skip
+        said = result.stdout + result.stderr
+        assert result.returncode == 1, said
+        assert "spark-2: kernel 7.0.0-1019-nvidia boots with kexec handover on" in said, said
+        assert "set fabric_kernel_kho_off = True for the deploy to add it" in said, said
+    finally:
+        simlab.set_hardware(spark_2, kernel=None)

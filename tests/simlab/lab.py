@@ -70,6 +70,9 @@ class Host:
     unplugged: list[int] = field(default_factory=list)
     no_ipv4_roce_v2: list[str] = field(default_factory=list)
     link_speeds: dict[str, int] = field(default_factory=dict)
+    # A kernel release the host shows in /proc/sys/kernel/osrelease (DGX OS 7.6's
+    # 7.0.0-1019-nvidia, say) in place of the lab machine's own; None: its own.
+    kernel: str | None = None
     pid: int | None = None
 
     @property
@@ -233,6 +236,7 @@ def write_hardware(host: Host, lab: Lab) -> None:
         "ipv4_roce_v2_index": host.ipv4_roce_v2_index,
         "no_ipv4_roce_v2": host.no_ipv4_roce_v2,
         "link_speeds": host.link_speeds,
+        "kernel": host.kernel,
     }))  # fmt: skip
 
 
@@ -525,9 +529,10 @@ def load_serving_image(host: Host, tag: str | None = None) -> str:
 
 
 def set_hardware(host: Host, **hardware: object) -> None:
-    """Change what a running host's RDMA and link stand-ins show (Host's hardware fields: the
-    IPv4 RoCE v2 GID entry's index, devices with none, twins' link rates), as some units show
-    them in the field; kept until changed again, a reimage included."""
+    """Change what a running host's RDMA, link and kernel stand-ins show (Host's hardware
+    fields: the IPv4 RoCE v2 GID entry's index, devices with none, twins' link rates, the
+    kernel release), as some units show them in the field; kept until changed again, a reimage
+    included."""
     lab = Lab.load()
     for name, value in hardware.items():
         setattr(host, name, value)

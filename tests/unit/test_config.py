@@ -439,12 +439,12 @@ def test_a_workers_lanes_and_the_cluster_lanes_share_must_fit_the_worker() -> No
         "spark-2: lanes: the memory fractions add up to 1 (fast 0.2, the cluster lane big 0.8),"
         " above 0.9: the cluster lane takes its memory_fraction of every box; lower them to a"
         " total of 0.87 or less, or remove lanes",
-        # 121.69 x (1 - 0.2 - 0.8) = 0 GiB left: the default floor of 8 stops the rank too
-        "spark-2: memory_guard_min_available_gib: 8 GiB is not below the 0.0 GiB the lanes"
+        # 121.69 x (1 - 0.2 - 0.8) = 0 GiB left: the default floor of 8.5 stops the rank too
+        "spark-2: memory_guard_min_available_gib: 8.5 GiB is not below the 0.0 GiB the lanes"
         " leave free (of 121.69 GiB: fast 0.2, the cluster lane big 0.8); the guard would stop"
         " a lane whenever all are loaded (the cluster lane's rank counted: on executor mp the"
-        " guard stops it, and the cluster lane with it); lower it (8 leaves the kernel, docker"
-        " and sshd room) or the lanes' memory_fraction",
+        " guard stops it, and the cluster lane with it); lower the lanes' memory_fraction, or"
+        " the floor (not below 8.5: there the guard stops a lane only after the driver fails)",
     ]
     assert cluster_problems([BIG], [fast | {"memory_fraction": 0.07}]) == []
 

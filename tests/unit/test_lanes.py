@@ -727,7 +727,7 @@ def test_guard_waits_while_a_lane_is_stopping_and_says_once_when_none_is_left(
 def test_lane_settings_defaults_and_a_token_file(tmp_path: Path) -> None:
     spark = load_from_dicts(merged(TWO_SPARKS))
     box = spark.host("spark-1")
-    assert (box.memory_guard_min_available_gib, box.lane_start_timeout_min) == (8, 20)
+    assert (box.memory_guard_min_available_gib, box.lane_start_timeout_min) == (8.5, 20)
     assert box.hf_token_file is None
     token = tmp_path / "hf-token"
     token.write_text("hf_x")

@@ -92,6 +92,12 @@ def test_the_memory_estimate_is_the_files_size_and_a_q8_0_cache_of_the_context()
         ({"extra_args": ["-np", "4"]}, "-np comes from the lane; set slots"),
         ({"extra_args": ["-ctk", "f16"]}, "-ctk comes from the lane; set kv_cache_dtype"),
         ({"extra_args": ["-md", "/m/draft.gguf"]}, "-md is refused: speculative decoding"),
+        # Qwen3-Coder-Next: 48 blocks and the output layer, 49 (seed 002: "34/49 layers");
+        # 40 on the GPU leaves 9 to the CPU, which on unified memory frees nothing (unsloth
+        # PR 9872: a spill cost 83.7% of decode on a DGX Spark).
+        ({"extra_args": ["-ngl", "40"]}, "-ngl 40 is refused: it keeps 9 of the model's 49"),
+        ({"extra_args": ["--n-gpu-layers", "48"]}, "it keeps 1 of the model's 49 layers"),
+        ({"extra_args": ["--fit", "on"]}, "--fit on is refused: llama.cpp's fitter misjudges"),
         ({"extra_args": ["-hf", "org/x"]}, "-hf is refused: the deploy fetches"),
         ({"extra_args": ["--ctx-size=4096"]}, "llama.cpp takes no --name=value"),
         ({"extra_args": ["--no-such-thing"]}, "--no-such-thing is no option of llama.cpp"),
@@ -115,6 +121,27 @@ def test_refused_before_contact_naming_host_lane_and_field(changes: dict, says: 
     found = problems(gguf(**changes))
     assert any(says in line for line in found), found
     assert all(line.startswith("spark-1: lanes: gguf: ") for line in found), found
+
+
+@pytest.mark.parametrize(
+    "extra_args",
+    [
+        ["--n-gpu-layers", "all"],
+        ["-ngl", "49"],  # every block and the output layer
+        ["-ngl", "99"],  # seed 002's
+        ["-ngl", "auto"],  # with the lane's --fit off: llama.cpp places every layer
+        ["--fit", "off"],
+    ],
+)
+def test_every_layer_on_the_gpu_is_accepted(extra_args: list[str]) -> None:
+    assert problems(gguf(extra_args=extra_args)) == []
+
+
+def test_a_model_of_unknown_blocks_is_not_checked_for_its_gpu_layers() -> None:
+    assert llamacpp.problems(["-ngl", "40"], {}, None, COMMIT, None) == []
+    assert (
+        CATALOG["unsloth/Qwen3-Coder-Next-GGUF/Qwen3-Coder-Next-UD-Q4_K_XL.gguf"].layers == 48
+    )  # Qwen3-Next's 48 layers (the catalog entry's source)
 
 
 def test_a_vllm_lane_takes_no_gguf_settings() -> None:

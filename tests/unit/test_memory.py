@@ -16,9 +16,9 @@ import pytest
 
 from spark.inventory import ConfigError, load_from_dicts
 from spark.lane import Lane
-from spark.memory import budget, kv_heads_per_rank
+from spark.memory import GUARD_FLOOR_GIB, budget, kv_heads_per_rank
 
-from .test_config import BIG, TWO_SPARKS, merged
+from .test_config import BIG, TWO_SPARKS, group_defaults, merged
 from .test_llamacpp import gguf
 from .test_recipes import SPARK_GIB, accepted, problems
 
@@ -40,7 +40,10 @@ RANK_STOPS = (
     " (the cluster lane's rank counted: on executor mp the guard stops it, and the cluster lane"
     " with it)"
 )
-LOWER_IT = "; lower it (8 leaves the kernel, docker and sshd room) or the lanes' memory_fraction"
+LOWER_IT = (
+    "; lower the lanes' memory_fraction, or the floor (not below 8.5: there the guard stops a"
+    " lane only after the driver fails)"
+)
 
 
 def checked(
@@ -66,9 +69,9 @@ def checked(
 # + 4 overhead = 63.4759375 GiB in 0.8 x 121.69 = 97.352: it fits each box. It leaves
 # 121.69 x (1 - 0.8) = 24.338 GiB free on a box with nothing else.
 CASES = {
-    "worker with the rank alone, default floor 8 < 24.3": ([BIG], [], {}, {}, [], ()),
+    "worker with the rank alone, default floor 8.5 < 24.3": ([BIG], [], {}, {}, [], ()),
     # 0.07 + 0.8 = 0.87: at the safe total, not above it; 121.69 x 0.13 = 15.82 GiB free
-    "worker lane and rank at 0.87, floor 8 < 15.8": ([BIG], [SMALL], {}, {}, [], ()),
+    "worker lane and rank at 0.87, floor 8.5 < 15.8": ([BIG], [SMALL], {}, {}, [], ()),
     # 0.08 + 0.8 = 0.88 > 0.87: a warning for the worker only (the head holds 0.8)
     "worker lane and rank at 0.88 warned": (
         [BIG],
@@ -124,7 +127,7 @@ CASES = {
     ),
     # A worker whose CUDA reports 70 GiB: the rank asks 0.8 x 70 = 56 GiB, less than its
     # 63.4759375; 63.4759375 / 70 = 0.907, above 0.90: no fraction does; no context either
-    # (56 - 57.64 - 4 < 0). It leaves 70 x 0.2 = 14 GiB free: the floor of 8 passes.
+    # (56 - 57.64 - 4 < 0). It leaves 70 x 0.2 = 14 GiB free: the floor of 8.5 passes.
     "worker of 70 GiB cannot hold the rank": (
         [BIG],
         [],
@@ -138,7 +141,7 @@ CASES = {
         (),
     ),
     # 0.1 + 0.8 = 0.9: at the limit, allowed and warned; 0.11 + 0.8 = 0.91 refused, and the
-    # 121.69 x 0.09 = 10.95 GiB left is still above the floor of 8
+    # 121.69 x 0.09 = 10.95 GiB left is still above the floor of 8.5
     "worker total 0.91 refused": (
         [BIG],
         [SMALL | {"memory_fraction": 0.11}],
@@ -246,3 +249,54 @@ def test_the_fit_advice_for_a_llama_cpp_lane_counts_its_cache_type() -> None:
     # 46.2 + 13056 x 174080 / 2**30 (2.1167) + 4 = 52.3167 <= 52.3267; 175104: 52.3292 > it
     assert accepted(GGUF_043 | {"max_model_len": 174080})
     assert problems(GGUF_043 | {"max_model_len": 175104})
+
+
+# The guard's floor against the driver's own failures (spark/memory.py GUARD_FLOOR_GIB). From
+# vllm#56824: the driver failed with 119.2 of 121.7 GiB in use (2.5 GiB free), after
+# MemAvailable fell from 29 to 2.5 GiB in 9 s; the guard reads every second and a stopped
+# lane's memory returns about a second later (templates/spark-memguard.py.j2, INTERVAL_S).
+DRIVER_FAILS_AT = 121.7 - 119.2
+FALL_PER_S = (29 - 2.5) / 9
+DEFAULT_FREE = 121.69 * (1 - 0.45 - 0.35)  # group_data's two lanes leave 24.338 GiB
+
+
+def test_the_default_floor_stops_a_lane_before_the_driver_fails() -> None:
+    floor = group_defaults()[GUARD]
+    assert floor >= DRIVER_FAILS_AT + 2 * FALL_PER_S  # 2.5 + 5.89 = 8.39
+    assert floor == GUARD_FLOOR_GIB  # the figure the refusals name is group_data's default
+    # ... and stays below what the default appliance leaves once every lane is loaded.
+    assert budget(lanes_of(merged({"spark-1": {}})), 121.69).guard_problems(floor) == []
+
+
+@pytest.mark.parametrize(
+    ("floor", "refused"),
+    [
+        (24.33, False),  # just below the 24.338 GiB the two lanes leave: allowed
+        (24.338, True),  # at it: the guard would stop a lane whenever both are loaded
+        # What it would take to catch vllm#56824's failure while MemAvailable still showed
+        # 22.5 GiB (page cache it counted): a second of the fall above it, ~25.4 GiB. Refused on
+        # the default appliance: no floor catches that failure there.
+        (22.5 + FALL_PER_S, True),
+    ],
+)
+def test_the_floors_boundary_on_the_default_appliance(floor: float, refused: bool) -> None:
+    box = budget(lanes_of(merged({"spark-1": {}})), 121.69)
+    assert round(box.free_gib, 3) == round(DEFAULT_FREE, 3)
+    assert bool(box.guard_problems(floor)) is refused
+
+
+def test_the_fraction_limit_still_leaves_the_default_floor_room() -> None:
+    # 0.90 leaves 121.69 x 0.1 = 12.169 GiB, above 8.5; two lanes at 0.9 + 0.04 (refused as a
+    # total anyway) would leave 7.3, below it.
+    assert budget([lane_with(0.9)], 121.69).guard_problems(GUARD_FLOOR_GIB) == []
+    over = budget([lane_with(0.9), lane_with(0.04)], 121.69)
+    assert over.guard_problems(GUARD_FLOOR_GIB) != []
+
+
+def lanes_of(hosts: dict[str, dict[str, Any]]) -> list[Lane]:
+    return list(load_from_dicts(hosts).host("spark-1").lanes)
+
+
+def lane_with(fraction: float) -> Lane:
+    """SMALL at another memory fraction (its 6.4 GiB fit any of these shares)."""
+    return Lane.model_validate(SMALL | {"memory_fraction": fraction})

@@ -245,7 +245,7 @@ def test_a_metrics_port_among_the_boxs_services_ports_is_refused() -> None:
 
 
 def test_the_plan_gives_the_collector_the_boxes_values() -> None:
-    """group_data's defaults: MTU 9000, 200000 Mb/s, GID index 3, driver 580, the guard's 8
+    """group_data's defaults: MTU 9000, 200000 Mb/s, GID index 3, driver 580, the guard's 8.5
     GiB, the two lanes coder (10101, vLLM on 11101) and fast (10102, 11102); a pair runs the
     NCCL test, whose verdict is kept in /var/lib/spark/nccl-test/verdict.json."""
     head = plan(load_from_dicts(merged(TWO_SPARKS))).box("spark-1")
@@ -257,7 +257,7 @@ def test_the_plan_gives_the_collector_the_boxes_values() -> None:
     )
     expected = head.metrics.expected.model_dump(mode="json")
     assert {key: expected[key] for key in ("floor_gib", "mtu", "rate_mbps", "gid_index")} == {
-        "floor_gib": 8,
+        "floor_gib": 8.5,
         "mtu": 9000,
         "rate_mbps": 200000,
         "gid_index": 3,

@@ -405,8 +405,8 @@ def test_a_total_above_090_is_refused() -> None:
         lane(memory_fraction=0.5), lane(name="b", port=10102, memory_fraction=0.45)
     )
 
-    # 5% of 121.69 GiB left free is also under the memory guard's 8 GiB floor
-    assert guard.startswith("spark-1: memory_guard_min_available_gib: 8 GiB is not below the 6.1")
+    # 5% of 121.69 GiB left free is also under the memory guard's 8.5 GiB floor
+    assert guard.startswith("spark-1: memory_guard_min_available_gib: 8.5 GiB is not below the 6.1")
     assert refusal.startswith(
         "spark-1: lanes: the memory fractions add up to 0.95 (probe 0.5, b 0.45), above 0.9"
     )

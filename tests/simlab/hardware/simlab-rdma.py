@@ -11,6 +11,8 @@ an address changes. The layout comes from the lab's hardware file (bound in read
 one only). `link_speeds` gives a rate in Mb/s for some twins: their /sys/class/net/IF/speed,
 which on the lab's veths reads the kernel's 10000, is bound over by a file that reads the rate
 while the twin has carrier and -1 without (an mlx5 link with no partner reports SPEED_UNKNOWN).
+`kernel` gives a release that /proc/sys/kernel/osrelease reads instead of the lab machine's
+(`uname -r` keeps the real one: no namespace changes it).
 """
 
 import ipaddress
@@ -115,6 +117,17 @@ def bind_speeds(netdevs: list[str], speeds: dict[str, int]) -> dict[str, Path]:
     return files
 
 
+def bind_kernel(release: str | None) -> None:
+    """/proc/sys/kernel/osrelease reading ``release`` (an earlier start's bind undone first)."""
+    attribute = "/proc/sys/kernel/osrelease"
+    subprocess.run(["umount", attribute], stderr=subprocess.DEVNULL, check=False)
+    if release:
+        shown = STATE / "osrelease"
+        shown.parent.mkdir(parents=True, exist_ok=True)
+        shown.write_text(f"{release}\n")
+        subprocess.run(["mount", "--bind", str(shown), attribute], check=True)
+
+
 def speed_text(netdev: str, mbps: int) -> str:
     """The rate while the twin has carrier; -1 without, as an mlx5 twin reads with no link."""
     try:
@@ -133,6 +146,7 @@ def main() -> None:
     mount_overlay()
     make_device_nodes(list(hcas))
     speed_files = bind_speeds(list(hcas.values()), speeds)
+    bind_kernel(hardware.get("kernel"))
     last: dict[str, list] = {}
     while True:
         for hca, netdev in hcas.items():
