@@ -12,7 +12,13 @@ from spark.plan import BoxPlan
 def host_layer(box: BoxPlan) -> None:
     # Everything this stage reads of the box, asked in one command (operations/asked.py).
     asked.ahead(
-        [*debpkg.questions(), *driver.questions(), *toolkit.questions(), *hygiene.questions()]
+        [
+            *debpkg.questions(),
+            *driver.questions(),
+            *kernel.held_questions(box.kernel.hold),
+            *toolkit.questions(),
+            *hygiene.questions(),
+        ]
     )
     # What an interrupted run left dpkg in the middle of is finished first: apt installs
     # nothing until it is. Then the driver, so that a box on another branch stops before
