@@ -5,6 +5,8 @@ contacted. Per host, the inventory sets `spark_role` ("head"/"worker") and
 `fabric_addresses` ({ifname: "A.B.C.D/prefix"}).
 """
 
+from stages import preconnect  # pyinfra keeps imported names out of the group data
+
 # Branch 580 only: 590.x has a confirmed CUDA-graph deadlock on GB10 (seed 001).
 driver_branch = 580
 
@@ -189,3 +191,6 @@ fetch_weights = False
 front_allow_networks = []
 front_tls_certificate_file = None
 front_tls_key_file = None
+
+# Last: every box's data over the values above, checked before pyinfra connects to any box.
+preconnect.check(globals())

@@ -45,6 +45,10 @@ from spark.ports import port_owners
 # host.data keys that pyinfra and its connectors read themselves: they pass unchecked and
 # are never echoed (`_sudo_password`, `ssh_password` are secrets).
 PYINFRA_KEY_PREFIXES = ("ssh_", "_", "docker_", "local_", "winrm_", "chroot_")
+# Of those, the ones this collection connects with (pyinfra's SSH connector, its global
+# arguments such as `_sudo`): a misspelt one (`ssh_usr`) would be ignored by pyinfra, which then
+# logs in as someone else, so each must be a key pyinfra knows.
+CHECKED_PYINFRA_PREFIXES = ("ssh_", "_")
 
 IFNAME = re.compile(r"[A-Za-z0-9_.-]{1,15}")  # the kernel's IFNAMSIZ less the NUL
 HCA = re.compile(r"[A-Za-z0-9_.-]{1,63}")  # the kernel's IB_DEVICE_NAME_MAX less the NUL
@@ -993,10 +997,8 @@ def _problems(
             guess = difflib.get_close_matches(field, candidates, 1)
             known = ", ".join(model.model_fields)
             hint = f"did you mean {guess[0]}?" if guess else f"known keys: {known}"
-            pyinfra_keys = f" (keys starting with {', '.join(PYINFRA_KEY_PREFIXES)} are pyinfra's)"
-            problems.append(
-                f"{where}unknown key; {hint}{pyinfra_keys if model is HostSettings else ''}"
-            )
+            theirs = f" (keys starting with {', '.join(PYINFRA_KEY_PREFIXES)} are pyinfra's)"
+            problems.append(f"{where}unknown key; {hint}{theirs if model is HostSettings else ''}")
         elif item["type"] == "value_error":
             problems += [where + line for line in str(item["ctx"]["error"]).splitlines()]
         elif item["type"] == "missing":
@@ -1015,17 +1017,34 @@ def _ssh_port(value: object) -> int:
     return int(value) if str(value).isdigit() else 22
 
 
+def unknown_pyinfra_keys(name: str, data: dict[str, Any], pyinfra_keys: Iterable[str]) -> list[str]:
+    """A problem for each key of ``data`` in pyinfra's SSH or global-argument namespace that
+    pyinfra does not know, naming the nearest known one (its value never shown: a misspelt
+    `_sudo_password` holds a secret)."""
+    known = [key for key in pyinfra_keys if key.startswith(CHECKED_PYINFRA_PREFIXES)]
+    return [
+        f"{name}: {key}: unknown pyinfra key, which pyinfra would ignore;"
+        f" did you mean {difflib.get_close_matches(key, known, 1, cutoff=0)[0]}?"
+        for key in data
+        if key.startswith(CHECKED_PYINFRA_PREFIXES) and key not in known
+    ]
+
+
 def load_from_dicts(
     hosts: dict[str, dict[str, Any]], pyinfra_keys: Iterable[str] = ()
 ) -> SparkConfig:
     """Validate every host's data (as host.data.dict() gives it); raise ConfigError listing
         every problem; what is allowed but risky is in the result's warnings. ``pyinfra_keys``: the
-    keys pyinfra itself reads, offered where a key is misspelt. Cross-host checks run once
-        each host is valid on its own: before that they would mostly report the consequences of
-        per-host mistakes."""
+    keys pyinfra itself reads, offered where a key is misspelt; given, a host's `ssh_` and `_`
+    keys must be among them (without them, as for data no pyinfra reads, those pass).
+    Cross-host checks run once each host is valid on its own: before that they would mostly
+    report the consequences of per-host mistakes."""
+    pyinfra_keys = list(pyinfra_keys)
     problems: list[str] = []
     configs = []
     for name, data in hosts.items():
+        if pyinfra_keys:
+            problems += unknown_pyinfra_keys(name, data, pyinfra_keys)
         try:
             settings = HostSettings.model_validate(
                 {
