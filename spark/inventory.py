@@ -118,10 +118,10 @@ class HostSettings(BaseModel):
         " without jumbo frames)",
         max_length=200,
     )
-    fabric_topology: Literal["pair", "pair-dual", "ring3", "switch"] = Field(
+    fabric_topology: Literal["pair", "pair-dual", "ring3", "switch", "independent"] = Field(
         description="'pair' (one cable), 'pair-dual' (two cables, two boxes), 'ring3' (three"
-        " boxes, port 0 of each to port 1 of the next) or 'switch' (2 to 8 boxes), the same"
-        " on every host",
+        " boxes, port 0 of each to port 1 of the next), 'switch' (2 to 8 boxes) or"
+        " 'independent' (no cluster: each box its own server), the same on every host",
     )
     fabric_switch_ports: list[int] = Field(
         min_length=1,
@@ -759,9 +759,18 @@ class SparkConfig(Frozen):
         return next(host for host in self.hosts if host.name == name)
 
     @property
+    def independent(self) -> bool:
+        """The boxes are each their own server (one fabric_topology on every box)."""
+        return bool(self.hosts) and self.hosts[0].shape.independent
+
+    def alone(self, name: str) -> SparkConfig:
+        """One box as an inventory of its own: how an independent box is planned."""
+        return SparkConfig(hosts=(self.host(name),))
+
+    @property
     def cluster_lane(self) -> Lane | None:
         """The lane served from the head over every box, in an inventory of several boxes."""
-        if len(self.hosts) < 2:
+        if len(self.hosts) < 2 or self.independent:
             return None
         return next((lane for lane in self.head.lanes if lane.is_cluster), None)
 
@@ -794,6 +803,13 @@ def _listing(pairs: Iterable[tuple[HostConfig, object]]) -> str:
 
 
 def _cluster_problems(hosts: tuple[HostConfig, ...]) -> list[str]:
+    """The checks across the boxes: of a cluster, or of boxes that are each their own."""
+    if any(host.shape.independent for host in hosts):
+        return _mixed_topologies(hosts) or _independent_problems(hosts)
+    return _joined_problems(hosts)
+
+
+def _joined_problems(hosts: tuple[HostConfig, ...]) -> list[str]:
     problems = []
     heads = [host for host in hosts if host.role == "head"]
     if not heads:
@@ -901,21 +917,55 @@ def box_budget(host: HostConfig, cluster: Lane | None) -> memory.Budget:
     return memory.budget(host.lanes, host.unified_memory_gib, rank)
 
 
-def _fabric_problems(hosts: tuple[HostConfig, ...]) -> list[str]:
-    """One topology on every host, as many boxes as it takes, every twin it uses addressed,
-    the twins of one cable (or switch segment) on one subnet, every address its own."""
+def _independent_problems(hosts: tuple[HostConfig, ...]) -> list[str]:
+    """Boxes that are each their own server: each its own head, with no fabric and no cluster
+    lane. Nothing else need agree across them (an MTU, the NCCL test: a cluster's)."""
+    why = "fabric_topology 'independent' makes every box its own server"
+    problems = [
+        f"{host.name}: spark_role: 'worker', but {why} (its own head); remove spark_role"
+        for host in hosts
+        if host.role != "head"
+    ]
+    problems += [
+        f"{host.name}: fabric_addresses: given, but {why}, using no fabric; remove them, or set"
+        " the fabric_topology the boxes are cabled as"
+        for host in hosts
+        if host.fabric
+    ]
+    problems += [
+        f"{host.name}: lanes: {lane.name}: tensor_parallel_size: {lane.tensor_parallel_size}"
+        f" makes a cluster lane, but {why}; set 1, or set the fabric_topology the boxes are"
+        " cabled as (a head and its workers)"
+        for host in hosts
+        for lane in host.lanes
+        if lane.is_cluster
+    ]
+    return problems
+
+
+def _mixed_topologies(hosts: tuple[HostConfig, ...]) -> list[str]:
+    """One topology (and switch ports) on every host, or the one problem that they differ."""
     shape, first = hosts[0].topology, hosts[0]
     differ = [
         host for host in hosts if (host.topology, host.switch_ports) != (shape, first.switch_ports)
     ]
-    if differ:
-        listing = _listing((h, f"{h.topology} {list(h.switch_ports)}") for h in hosts)
-        return [
-            f"{_names(differ)}: fabric_topology: the hosts differ ({listing}); set one"
-            " fabric_topology (and fabric_switch_ports) in group_data for every host"
-        ]
+    if not differ:
+        return []
+    listing = _listing((h, f"{h.topology} {list(h.switch_ports)}") for h in hosts)
+    return [
+        f"{_names(differ)}: fabric_topology: the hosts differ ({listing}); set one"
+        " fabric_topology (and fabric_switch_ports) in group_data for every host"
+    ]
+
+
+def _fabric_problems(hosts: tuple[HostConfig, ...]) -> list[str]:
+    """One topology on every host, as many boxes as it takes, every twin it uses addressed,
+    the twins of one cable (or switch segment) on one subnet, every address its own."""
+    if differ := _mixed_topologies(hosts):
+        return differ
+    shape, first = hosts[0].topology, hosts[0]
     low, high = topology.SHAPES[shape].boxes
-    if not low <= len(hosts) <= high:
+    if len(hosts) < low or (high is not None and len(hosts) > high):
         wanted = f"{low}" if low == high else f"{low} to {high}"
         return [
             f"{_names(hosts)}: fabric_topology: {shape} joins {wanted} boxes, the inventory"
@@ -1066,7 +1116,9 @@ def load_from_dicts(
                 tuple(settings.fabric_switch_ports),
             )
             settings = settings.model_copy(update={"fabric_addresses": addresses})
-        role = settings.spark_role or ("head" if len(hosts) == 1 else None)
+        # A lone box is the head, and so is each independent box.
+        alone = len(hosts) == 1 or topology.SHAPES[settings.fabric_topology].independent
+        role = settings.spark_role or ("head" if alone else None)
         if role is None:
             problems.append(
                 f"{name}: spark_role: missing in a cluster of {len(hosts)} hosts;"

@@ -208,6 +208,9 @@ class BoxPlan(Record):
     name: str
     role: Literal["head", "worker"]
     address: str  # where clients reach the box: where pyinfra connects
+    # Its own server among the inventory's boxes (fabric_topology independent): planned as an
+    # inventory of this box alone, so no fabric and no cluster.
+    independent: bool
     # Host layer
     driver: Driver
     toolkit: Toolkit
@@ -472,6 +475,7 @@ def box_plan(me: HostConfig, spark: SparkConfig) -> BoxPlan:
         name=me.name,
         role=me.role,
         address=me.address,
+        independent=me.shape.independent,
         driver=me.driver,
         toolkit=me.toolkit,
         fabric=fabric(me, spark),
@@ -495,5 +499,10 @@ def box_plan(me: HostConfig, spark: SparkConfig) -> BoxPlan:
 
 
 def plan(spark: SparkConfig) -> Plan:
-    """Every box's plan."""
-    return Plan(boxes=tuple(box_plan(me, spark) for me in spark.hosts), warnings=spark.warnings)
+    """Every box's plan; an independent box's as if the inventory held it alone."""
+    return Plan(
+        boxes=tuple(
+            box_plan(me, spark.alone(me.name) if spark.independent else spark) for me in spark.hosts
+        ),
+        warnings=spark.warnings,
+    )
