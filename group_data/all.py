@@ -5,6 +5,8 @@ contacted. Per host, the inventory sets `spark_role` ("head"/"worker") and
 `fabric_addresses` ({ifname: "A.B.C.D/prefix"}).
 """
 
+from stages import preconnect  # pyinfra keeps imported names out of the group data
+
 # Kernels 7.0 and later, as DGX OS 7.6 ships them (7.0.0-1019-nvidia), turn kexec handover on
 # at boot, and RDMA memory registration then fails under GPU memory pressure (`ibv_reg_mr_iova2
 # failed with error Cannot allocate memory`; 6.17.0-1032 passes): the fabric's NCCL breaks.
@@ -222,3 +224,6 @@ metrics = True
 metrics_port = 9100
 metrics_interval_s = 30
 metrics_allow_networks = []
+
+# Last: every box's data over the values above, checked before pyinfra connects to any box.
+preconnect.check(globals())

@@ -15,6 +15,17 @@ its address on the management port, where a ring's rendezvous goes (README, Fabr
 `ip -4 -br address show enP7s7` on the box shows it.
 """
 
+from pathlib import Path
+
+# pyinfra reads group_data/ (every box's defaults, and the check of every box's data before
+# any box is contacted: stages/preconnect.py) only from the directory it starts in.
+_collection = Path(__file__).resolve().parents[1]
+if Path.cwd().resolve() != _collection:
+    raise SystemExit(
+        f"start pyinfra in {_collection} (cd there, or add --chdir {_collection}): no box was"
+        " contacted"
+    )
+
 _ssh = {
     "ssh_user": "nvidia",  # the admin user created at first boot
     # "ssh_key": "~/.ssh/id_ed25519",

@@ -45,6 +45,10 @@ from spark.ports import port_owners
 # host.data keys that pyinfra and its connectors read themselves: they pass unchecked and
 # are never echoed (`_sudo_password`, `ssh_password` are secrets).
 PYINFRA_KEY_PREFIXES = ("ssh_", "_", "docker_", "local_", "winrm_", "chroot_")
+# Of those, the ones this collection connects with (pyinfra's SSH connector, its global
+# arguments such as `_sudo`): a misspelt one (`ssh_usr`) would be ignored by pyinfra, which then
+# logs in as someone else, so each must be a key pyinfra knows.
+CHECKED_PYINFRA_PREFIXES = ("ssh_", "_")
 
 IFNAME = re.compile(r"[A-Za-z0-9_.-]{1,15}")  # the kernel's IFNAMSIZ less the NUL
 HCA = re.compile(r"[A-Za-z0-9_.-]{1,63}")  # the kernel's IB_DEVICE_NAME_MAX less the NUL
@@ -114,10 +118,10 @@ class HostSettings(BaseModel):
         " without jumbo frames)",
         max_length=200,
     )
-    fabric_topology: Literal["pair", "pair-dual", "ring3", "switch"] = Field(
+    fabric_topology: Literal["pair", "pair-dual", "ring3", "switch", "independent"] = Field(
         description="'pair' (one cable), 'pair-dual' (two cables, two boxes), 'ring3' (three"
-        " boxes, port 0 of each to port 1 of the next) or 'switch' (2 to 8 boxes), the same"
-        " on every host",
+        " boxes, port 0 of each to port 1 of the next), 'switch' (2 to 8 boxes) or"
+        " 'independent' (no cluster: each box its own server), the same on every host",
     )
     fabric_switch_ports: list[int] = Field(
         min_length=1,
@@ -818,9 +822,18 @@ class SparkConfig(Frozen):
         return next(host for host in self.hosts if host.name == name)
 
     @property
+    def independent(self) -> bool:
+        """The boxes are each their own server (one fabric_topology on every box)."""
+        return bool(self.hosts) and self.hosts[0].shape.independent
+
+    def alone(self, name: str) -> SparkConfig:
+        """One box as an inventory of its own: how an independent box is planned."""
+        return SparkConfig(hosts=(self.host(name),))
+
+    @property
     def cluster_lane(self) -> Lane | None:
         """The lane served from the head over every box, in an inventory of several boxes."""
-        if len(self.hosts) < 2:
+        if len(self.hosts) < 2 or self.independent:
             return None
         return next((lane for lane in self.head.lanes if lane.is_cluster), None)
 
@@ -853,6 +866,13 @@ def _listing(pairs: Iterable[tuple[HostConfig, object]]) -> str:
 
 
 def _cluster_problems(hosts: tuple[HostConfig, ...]) -> list[str]:
+    """The checks across the boxes: of a cluster, or of boxes that are each their own."""
+    if any(host.shape.independent for host in hosts):
+        return _mixed_topologies(hosts) or _independent_problems(hosts)
+    return _joined_problems(hosts)
+
+
+def _joined_problems(hosts: tuple[HostConfig, ...]) -> list[str]:
     problems = []
     heads = [host for host in hosts if host.role == "head"]
     if not heads:
@@ -960,21 +980,55 @@ def box_budget(host: HostConfig, cluster: Lane | None) -> memory.Budget:
     return memory.budget(host.lanes, host.unified_memory_gib, rank)
 
 
-def _fabric_problems(hosts: tuple[HostConfig, ...]) -> list[str]:
-    """One topology on every host, as many boxes as it takes, every twin it uses addressed,
-    the twins of one cable (or switch segment) on one subnet, every address its own."""
+def _independent_problems(hosts: tuple[HostConfig, ...]) -> list[str]:
+    """Boxes that are each their own server: each its own head, with no fabric and no cluster
+    lane. Nothing else need agree across them (an MTU, the NCCL test: a cluster's)."""
+    why = "fabric_topology 'independent' makes every box its own server"
+    problems = [
+        f"{host.name}: spark_role: 'worker', but {why} (its own head); remove spark_role"
+        for host in hosts
+        if host.role != "head"
+    ]
+    problems += [
+        f"{host.name}: fabric_addresses: given, but {why}, using no fabric; remove them, or set"
+        " the fabric_topology the boxes are cabled as"
+        for host in hosts
+        if host.fabric
+    ]
+    problems += [
+        f"{host.name}: lanes: {lane.name}: tensor_parallel_size: {lane.tensor_parallel_size}"
+        f" makes a cluster lane, but {why}; set 1, or set the fabric_topology the boxes are"
+        " cabled as (a head and its workers)"
+        for host in hosts
+        for lane in host.lanes
+        if lane.is_cluster
+    ]
+    return problems
+
+
+def _mixed_topologies(hosts: tuple[HostConfig, ...]) -> list[str]:
+    """One topology (and switch ports) on every host, or the one problem that they differ."""
     shape, first = hosts[0].topology, hosts[0]
     differ = [
         host for host in hosts if (host.topology, host.switch_ports) != (shape, first.switch_ports)
     ]
-    if differ:
-        listing = _listing((h, f"{h.topology} {list(h.switch_ports)}") for h in hosts)
-        return [
-            f"{_names(differ)}: fabric_topology: the hosts differ ({listing}); set one"
-            " fabric_topology (and fabric_switch_ports) in group_data for every host"
-        ]
+    if not differ:
+        return []
+    listing = _listing((h, f"{h.topology} {list(h.switch_ports)}") for h in hosts)
+    return [
+        f"{_names(differ)}: fabric_topology: the hosts differ ({listing}); set one"
+        " fabric_topology (and fabric_switch_ports) in group_data for every host"
+    ]
+
+
+def _fabric_problems(hosts: tuple[HostConfig, ...]) -> list[str]:
+    """One topology on every host, as many boxes as it takes, every twin it uses addressed,
+    the twins of one cable (or switch segment) on one subnet, every address its own."""
+    if differ := _mixed_topologies(hosts):
+        return differ
+    shape, first = hosts[0].topology, hosts[0]
     low, high = topology.SHAPES[shape].boxes
-    if not low <= len(hosts) <= high:
+    if len(hosts) < low or (high is not None and len(hosts) > high):
         wanted = f"{low}" if low == high else f"{low} to {high}"
         return [
             f"{_names(hosts)}: fabric_topology: {shape} joins {wanted} boxes, the inventory"
@@ -1056,10 +1110,8 @@ def _problems(
             guess = difflib.get_close_matches(field, candidates, 1)
             known = ", ".join(model.model_fields)
             hint = f"did you mean {guess[0]}?" if guess else f"known keys: {known}"
-            pyinfra_keys = f" (keys starting with {', '.join(PYINFRA_KEY_PREFIXES)} are pyinfra's)"
-            problems.append(
-                f"{where}unknown key; {hint}{pyinfra_keys if model is HostSettings else ''}"
-            )
+            theirs = f" (keys starting with {', '.join(PYINFRA_KEY_PREFIXES)} are pyinfra's)"
+            problems.append(f"{where}unknown key; {hint}{theirs if model is HostSettings else ''}")
         elif item["type"] == "value_error":
             problems += [where + line for line in str(item["ctx"]["error"]).splitlines()]
         elif item["type"] == "missing":
@@ -1078,17 +1130,34 @@ def _ssh_port(value: object) -> int:
     return int(value) if str(value).isdigit() else 22
 
 
+def unknown_pyinfra_keys(name: str, data: dict[str, Any], pyinfra_keys: Iterable[str]) -> list[str]:
+    """A problem for each key of ``data`` in pyinfra's SSH or global-argument namespace that
+    pyinfra does not know, naming the nearest known one (its value never shown: a misspelt
+    `_sudo_password` holds a secret)."""
+    known = [key for key in pyinfra_keys if key.startswith(CHECKED_PYINFRA_PREFIXES)]
+    return [
+        f"{name}: {key}: unknown pyinfra key, which pyinfra would ignore;"
+        f" did you mean {difflib.get_close_matches(key, known, 1, cutoff=0)[0]}?"
+        for key in data
+        if key.startswith(CHECKED_PYINFRA_PREFIXES) and key not in known
+    ]
+
+
 def load_from_dicts(
     hosts: dict[str, dict[str, Any]], pyinfra_keys: Iterable[str] = ()
 ) -> SparkConfig:
     """Validate every host's data (as host.data.dict() gives it); raise ConfigError listing
         every problem; what is allowed but risky is in the result's warnings. ``pyinfra_keys``: the
-    keys pyinfra itself reads, offered where a key is misspelt. Cross-host checks run once
-        each host is valid on its own: before that they would mostly report the consequences of
-        per-host mistakes."""
+    keys pyinfra itself reads, offered where a key is misspelt; given, a host's `ssh_` and `_`
+    keys must be among them (without them, as for data no pyinfra reads, those pass).
+    Cross-host checks run once each host is valid on its own: before that they would mostly
+    report the consequences of per-host mistakes."""
+    pyinfra_keys = list(pyinfra_keys)
     problems: list[str] = []
     configs = []
     for name, data in hosts.items():
+        if pyinfra_keys:
+            problems += unknown_pyinfra_keys(name, data, pyinfra_keys)
         try:
             settings = HostSettings.model_validate(
                 {
@@ -1110,7 +1179,9 @@ def load_from_dicts(
                 tuple(settings.fabric_switch_ports),
             )
             settings = settings.model_copy(update={"fabric_addresses": addresses})
-        role = settings.spark_role or ("head" if len(hosts) == 1 else None)
+        # A lone box is the head, and so is each independent box.
+        alone = len(hosts) == 1 or topology.SHAPES[settings.fabric_topology].independent
+        role = settings.spark_role or ("head" if alone else None)
         if role is None:
             problems.append(
                 f"{name}: spark_role: missing in a cluster of {len(hosts)} hosts;"

@@ -273,6 +273,9 @@ class BoxPlan(Record):
     name: str
     role: Literal["head", "worker"]
     address: str  # where clients reach the box: where pyinfra connects
+    # Its own server among the inventory's boxes (fabric_topology independent): planned as an
+    # inventory of this box alone, so no fabric and no cluster.
+    independent: bool
     # Host layer
     kernel: Kernel
     driver: Driver
@@ -599,6 +602,7 @@ def box_plan(me: HostConfig, spark: SparkConfig) -> BoxPlan:
         role=me.role,
         address=me.address,
         kernel=kernel(me),
+        independent=me.shape.independent,
         driver=me.driver,
         toolkit=me.toolkit,
         fabric=fabric(me, spark),
@@ -623,5 +627,10 @@ def box_plan(me: HostConfig, spark: SparkConfig) -> BoxPlan:
 
 
 def plan(spark: SparkConfig) -> Plan:
-    """Every box's plan."""
-    return Plan(boxes=tuple(box_plan(me, spark) for me in spark.hosts), warnings=spark.warnings)
+    """Every box's plan; an independent box's as if the inventory held it alone."""
+    return Plan(
+        boxes=tuple(
+            box_plan(me, spark.alone(me.name) if spark.independent else spark) for me in spark.hosts
+        ),
+        warnings=spark.warnings,
+    )

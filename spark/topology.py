@@ -78,8 +78,8 @@ class Shape:
     # The fewest and the most boxes it joins: a pair is two boxes; NVIDIA's ring guide joins
     # three (connect-three-sparks); a switch takes 2 to 8 here (NVIDIA's
     # multi-sparks-through-switch; its cluster helper does 2-4, eugr's NETWORKING.md points to a
-    # 6-8 box switched cluster).
-    boxes: tuple[int, int]
+    # 6-8 box switched cluster). None: no most.
+    boxes: tuple[int, int | None]
     ports: tuple[int, ...] | None  # the QSFP ports every box uses; None: fabric_switch_ports
     # Each port reaches another neighbour (a ring): no fabric subnet reaches every box, so the
     # sockets, the rendezvous (MASTER_ADDR) and VLLM_HOST_IP go over the management network.
@@ -88,6 +88,9 @@ class Shape:
     nccl_pass_mark_gbs: float
     nccl_variables: dict[str, tuple[str, str]] = field(default_factory=dict)  # value, source
     joined_by: str = "cable"  # what joins the twins of one segment, in messages
+    # The boxes are not a cluster: each is its own server, deployed as an inventory of one box
+    # would be (no fabric, no cluster environment, no NCCL test, no Ray), several in one run.
+    independent: bool = False
 
     @property
     def one_address_for_all(self) -> bool:
@@ -139,6 +142,18 @@ SHAPES = {
             nccl_variables={"NCCL_IB_SUBNET_AWARE_ROUTING": SUBNET_ROUTING},
             joined_by="switch",
         ),
+        # Boxes each serving their own models (several GX10 appliances, say), uncabled or not:
+        # no twin is used, so no rate, pass mark or NCCL setting applies (those given are the
+        # defaults, never read).
+        Shape(
+            name="independent",
+            boxes=(1, None),
+            ports=(),
+            neighbours_only=False,
+            link_speeds_mbps=DIRECT_RATE,
+            nccl_pass_mark_gbs=NCCL_PASS_MARK_GBS,
+            independent=True,
+        ),
     )
 }
 
@@ -154,8 +169,9 @@ class Link(NamedTuple):
 def ports(topology: str, switch_ports: tuple[int, ...] = (1,)) -> tuple[int, ...]:
     """The QSFP ports each box of a topology uses, first the one whose first twin carries the
     sockets. A pair uses port 1, as the field's two-box guides cable it (eugr's NETWORKING.md,
-    NVIDIA's connect-two-sparks); pair-dual and rings use both."""
-    return SHAPES[topology].ports or switch_ports
+    NVIDIA's connect-two-sparks); pair-dual and rings use both; independent boxes none."""
+    shape_ports = SHAPES[topology].ports
+    return switch_ports if shape_ports is None else shape_ports
 
 
 def links(topology: str, index: int, count: int, switch_ports: tuple[int, ...] = (1,)):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import weakref
 from pathlib import Path
+from typing import Any
 
 from pyinfra import logger
 from pyinfra.api.arguments import all_argument_meta
@@ -47,6 +48,16 @@ def pyinfra_keys() -> list[str]:
     `sudo_password` gets "did you mean _sudo_password?"."""
     connectors = get_all_connectors().values()
     return [*all_argument_meta, *(key for connector in connectors for key in connector.data_meta)]
+
+
+def refusal(hosts: dict[str, dict[str, Any]]) -> str | None:
+    """Every problem of these boxes' data (as host.data.dict() gives it), None without any:
+    the deploy's own validation, for data read before pyinfra's inventory is complete."""
+    try:
+        load_from_dicts(hosts, pyinfra_keys())
+    except ConfigError as error:
+        return str(error)
+    return None
 
 
 # One result per inventory, the error included: every host's connect and deploy.py ask.

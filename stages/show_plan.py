@@ -67,8 +67,13 @@ def cluster_lines(cluster: Cluster) -> list[str]:
     return lines
 
 
+# What an independent box's plan leaves out (spark/topology.py, the "independent" shape).
+INDEPENDENT = "none: an independent server (fabric_topology independent)"
+
+
 def box_text(box: BoxPlan) -> str:
-    out = [f"{box.name} ({box.role}), reached at {box.address}"]
+    role = "independent" if box.independent else box.role
+    out = [f"{box.name} ({role}), reached at {box.address}"]
     out += rows(
         "host layer",
         [
@@ -96,7 +101,7 @@ def box_text(box: BoxPlan) -> str:
             )
         if plan.management is not None:
             fabric.append(f"management {plan.management[1]} on {plan.management[0]}")
-    out += rows("fabric", fabric)
+    out += rows("fabric", fabric or ([INDEPENDENT] if box.independent else []))
     out += rows(
         "environment",
         [box.environment.path]
@@ -126,7 +131,8 @@ def box_text(box: BoxPlan) -> str:
             + (f"; from {', '.join(front.allow_networks)} only" if front.allow_networks else "")
         ],
     )
-    out += rows("cluster", cluster_lines(box.cluster) if box.cluster else [])
+    cluster = cluster_lines(box.cluster) if box.cluster else []
+    out += rows("cluster", cluster or ([INDEPENDENT] if box.independent else []))
     watch = box.metrics
     out += rows(
         "metrics",

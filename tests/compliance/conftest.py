@@ -22,7 +22,7 @@ import functools
 import re
 import shlex
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Generator, Iterable, Iterator
 from fnmatch import fnmatch
 from pathlib import Path
 from unittest import mock
@@ -248,7 +248,9 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 @pytest.fixture(autouse=True)
 def _reachable(request: pytest.FixtureRequest) -> None:
-    """Connect at setup: an unreachable box makes its checks ERROR, not FAIL."""
+    """Connect at setup: the checks of a box that cannot be reached are not run (skipped, so
+    that pytest lists none of them), and the box is named once, before the table
+    (``unreachable``); the run fails (pytest_sessionfinish)."""
     params = getattr(request.node, "callspec", None) and request.node.callspec.params
     if not (params and isinstance(params.get("box"), Box)):
         return
@@ -258,7 +260,8 @@ def _reachable(request: pytest.FixtureRequest) -> None:
         reason = str(error)
     else:
         return
-    pytest.fail(reason, pytrace=False)  # the reason alone, not a traceback per check
+    request.node.user_properties.append((UNREACHABLE, reason))  # carried by the report
+    pytest.skip(reason)
 
 
 @pytest.fixture
@@ -292,6 +295,7 @@ def pytest_report_header(config: pytest.Config) -> list[str]:
 # --- the table --------------------------------------------------------------------------------
 
 RANK = {"PASS": 0, "SKIP": 1, "FAIL": 2, "ERROR": 3}
+UNREACHABLE = "unreachable"  # a report's property: its box could not be reached, and why
 EXCEPTION_NAME = re.compile(r"^([\w.]*\.)?\w*(Error|Exception|Unreachable|Failed): ")
 
 
@@ -322,7 +326,7 @@ def collect_results(reports: Iterator[pytest.TestReport]) -> dict[str, dict[str,
     results: dict[str, dict[str, tuple[str, str]]] = {}
     for report in reports:
         properties = dict(report.user_properties)
-        if "box" not in properties:
+        if "box" not in properties or UNREACHABLE in properties:
             continue
         outcome = _outcome(report)
         detail = properties.get({"FAIL": "found", "PASS": "note"}.get(outcome, ""))
@@ -348,22 +352,66 @@ def format_table(results: dict[str, dict[str, str]], boxes: list[str]) -> list[s
     ]
 
 
-def pytest_terminal_summary(
-    terminalreporter: pytest.TerminalReporter, exitstatus: int, config: pytest.Config
-) -> None:
-    boxes = [box.name for box in config.stash.get(BOXES, [])]
-    reports = (
+def unreachable(reports: Iterable[pytest.TestReport]) -> dict[str, str]:
+    """{box: why} of the boxes that could not be reached, once each."""
+    found: dict[str, str] = {}
+    for report in reports:
+        properties = dict(report.user_properties)
+        if UNREACHABLE in properties:
+            found.setdefault(properties["box"], properties[UNREACHABLE])
+    return found
+
+
+def _reports(terminalreporter: pytest.TerminalReporter) -> list[pytest.TestReport]:
+    return [
         report
         for reports in terminalreporter.stats.values()
         for report in reports
         if isinstance(report, pytest.TestReport)
-    )
+    ]
+
+
+@pytest.hookimpl(wrapper=True, tryfirst=True)
+def pytest_terminal_summary(
+    terminalreporter: pytest.TerminalReporter, exitstatus: int, config: pytest.Config
+) -> Generator[None]:
+    # Around pytest's own summary (its failures, then its short summary), so the table is last.
+    result = yield
+    reports = _reports(terminalreporter)
+    lost = unreachable(reports)
     results = collect_results(reports)
-    if not results:
-        return
+    if not (results or lost):
+        return result
     terminalreporter.section(f"compliance: {config.getoption('inventory')}")
+    for box, why in lost.items():
+        terminalreporter.write_line(f"{box}: not checked: {why}", red=True)
+    boxes = [box.name for box in config.stash.get(BOXES, []) if box.name not in lost]
+    if not results:
+        return result
     for line in format_table(results, boxes):
         terminalreporter.write_line(line)
     outcomes = Counter(cell.split()[0] for row in results.values() for cell in row.values())
     counts = ", ".join(f"{outcomes[outcome]} {outcome}" for outcome in RANK if outcomes[outcome])
     terminalreporter.write_line(f"{len(boxes)} box(es) x {len(results)} checks: {counts}")
+    return result
+
+
+def pytest_report_teststatus(
+    report: pytest.TestReport, config: pytest.Config
+) -> tuple[str, str, str] | None:
+    """A check of a box that could not be reached is its own kind: counted once in the last
+    line ("N unreachable"), listed nowhere (pytest lists its skips one by one)."""
+    if report.skipped and UNREACHABLE in dict(report.user_properties):
+        return UNREACHABLE, "u", "UNREACHABLE"
+    return None
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    """A box that could not be reached fails the run, though its checks were skipped."""
+    reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+    if (
+        reporter is not None
+        and exitstatus == pytest.ExitCode.OK
+        and unreachable(_reports(reporter))
+    ):
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED

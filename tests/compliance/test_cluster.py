@@ -28,7 +28,8 @@ WITHOUT_A_FIREWALL = {"test_nccl_test"}
 @pytest.fixture(autouse=True)
 def _cluster_only(box: Box, request: pytest.FixtureRequest) -> None:
     if box.plan.cluster is None:
-        pytest.skip("a single box: no Ray cluster")
+        alone = "an independent server" if box.plan.independent else "a single box"
+        pytest.skip(f"{alone}: no Ray cluster")
     if box.plan.cluster.firewall is None and request.node.originalname not in WITHOUT_A_FIREWALL:
         pytest.skip("a ring: no Ray cluster yet, nor its firewall (README, Fabric shapes)")
 

@@ -9,7 +9,7 @@ import runpy
 import subprocess
 import sys
 from pathlib import Path
-from types import SimpleNamespace
+from types import ModuleType, SimpleNamespace
 from typing import Any
 
 import pytest
@@ -28,9 +28,14 @@ PROBLEM_LINE = re.compile(r"[\w.-]+(, [\w.-]+)*: \w+: .+; .+")
 
 
 def group_defaults() -> dict[str, Any]:
-    """group_data/all.py as pyinfra reads it (module-level names, no dunders)."""
+    """group_data/all.py as pyinfra reads it (module-level names, no dunders, no imported
+    modules: pyinfra_cli/inventory.py `_get_group_data`)."""
     names = runpy.run_path(str(REPO / "group_data" / "all.py"))
-    return {key: value for key, value in names.items() if not key.startswith("__")}
+    return {
+        key: value
+        for key, value in names.items()
+        if not key.startswith("__") and not isinstance(value, ModuleType)
+    }
 
 
 def merged(hosts: dict[str, dict[str, Any]], drop: tuple[str, ...] = ()) -> dict[str, dict]:

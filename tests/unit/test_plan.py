@@ -168,6 +168,36 @@ def test_a_lone_box_has_no_fabric_and_no_cluster() -> None:
     assert lone.front.lanes[0].port == 10101 and lone.front.lanes[0].backend_port == 11101
 
 
+def test_independent_boxes_are_each_planned_as_a_lone_box_and_say_so() -> None:
+    hosts = merged({name: {"fabric_topology": "independent"} for name in ("gx10-1", "gx10-2")})
+    whole = planned(hosts)
+
+    assert [each.name for each in whole.boxes] == ["gx10-1", "gx10-2"]
+    for each in whole.boxes:
+        # Each its own head and server: no twin, no cluster, a lone box's environment
+        # (Ray's memory monitor off, seed 001: no NCCL variable), its own two default lanes.
+        assert (each.role, each.independent) == ("head", True)
+        assert each.fabric is None and each.cluster is None
+        assert each.environment.variables == {"RAY_memory_monitor_refresh_ms": "0"}
+        assert each.lane_units == ("coder", "fast")
+        assert [lane.port for lane in each.front.lanes] == [10101, 10102]
+    assert box(merged(TWO_SPARKS), "spark-1").independent is False
+
+
+def test_make_plan_says_a_box_is_independent(tmp_path) -> None:
+    inventory = tmp_path / "independent.py"
+    boxes = [(name, {"fabric_topology": "independent"}) for name in ("gx10-1", "gx10-2")]
+    inventory.write_text(f"spark = {boxes!r}\n")
+
+    shown = show("--inventory", str(inventory), "--box", "gx10-2")
+
+    assert shown.returncode == 0, shown.stderr
+    assert "gx10-2 (independent), reached at gx10-2" in shown.stdout
+    said = "none: an independent server (fabric_topology independent)"
+    assert f"  fabric      {said}" in shown.stdout
+    assert f"  cluster     {said}" in shown.stdout
+
+
 # Lane mixes.
 
 
@@ -245,7 +275,8 @@ def test_a_llama_cpp_lane_is_fetched_in_a_vllm_image_which_the_box_then_needs() 
 
 
 def test_the_plans_json_reads_back_as_the_same_plan() -> None:
-    for hosts in (merged(TWO_SPARKS), cluster_pair("mp"), ring()):
+    independent = {name: {"fabric_topology": "independent"} for name in ("a", "b")}
+    for hosts in (merged(TWO_SPARKS), cluster_pair("mp"), ring(), merged(independent)):
         whole = planned(hosts)
         assert Plan.model_validate_json(whole.model_dump_json()) == whole
 

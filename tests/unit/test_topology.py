@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 
+from spark import topology
 from spark.inventory import ConfigError, load_from_dicts
 from spark.topology import DIRECT_RATE
 from tests.unit.harness import captured
@@ -360,3 +361,78 @@ def test_switch_ports_other_than_a_sparks_two_are_refused_naming_host_and_field(
         "fabric_switch_ports" in line and "use [1], [0] or [1, 0]" in line for line in problems
     ), problems
     assert any(line.startswith("spark-1: ") for line in problems), problems
+
+
+# Independent boxes: not a cluster, each its own server.
+
+
+def independent(count: int, **data: Any) -> dict[str, dict[str, Any]]:
+    """``count`` boxes in one inventory, none of them a cluster member, no role given."""
+    return merged(
+        {f"gx10-{n}": {"fabric_topology": "independent", **data} for n in range(1, count + 1)}
+    )
+
+
+def test_independent_boxes_take_no_twin_and_are_each_their_own_head() -> None:
+    assert topology.ports("independent") == ()
+    assert topology.derived("independent", 1, 3) == {}
+
+    spark = load_from_dicts(independent(3))
+
+    assert spark.independent
+    assert [(host.name, host.role, host.fabric) for host in spark.hosts] == [
+        ("gx10-1", "head", ()),
+        ("gx10-2", "head", ()),
+        ("gx10-3", "head", ()),
+    ]
+    assert spark.cluster_lane is None
+    assert not load_from_dicts(boxes(2)).independent
+
+
+def test_an_independent_box_with_a_worker_role_or_fabric_addresses_is_refused() -> None:
+    hosts = independent(3)
+    hosts["gx10-2"]["spark_role"] = "worker"
+    hosts["gx10-3"]["fabric_addresses"] = {"enp1s0f1np1": "192.168.100.12/24"}
+
+    assert refusal(hosts) == [
+        "gx10-2: spark_role: 'worker', but fabric_topology 'independent' makes every box its"
+        " own server (its own head); remove spark_role",
+        "gx10-3: fabric_addresses: given, but fabric_topology 'independent' makes every box its"
+        " own server, using no fabric; remove them, or set the fabric_topology the boxes are"
+        " cabled as",
+    ]
+
+
+def test_a_cluster_lane_on_an_independent_box_is_refused() -> None:
+    hosts = independent(3)
+    lane = hosts["gx10-1"]["lanes"][0] | {"tensor_parallel_size": 2}
+    hosts["gx10-1"]["lanes"] = [lane]
+
+    assert refusal(hosts) == [
+        f"gx10-1: lanes: {lane['name']}: tensor_parallel_size: 2 makes a cluster lane, but"
+        " fabric_topology 'independent' makes every box its own server; set 1, or set the"
+        " fabric_topology the boxes are cabled as (a head and its workers)"
+    ]
+
+
+def test_independent_and_cabled_boxes_in_one_inventory_are_refused() -> None:
+    hosts = independent(3)
+    hosts["gx10-1"] |= {"spark_role": "head"}
+    hosts["gx10-3"] |= {"fabric_topology": "pair", "spark_role": "worker"}
+
+    assert refusal(hosts) == [
+        "gx10-3: fabric_topology: the hosts differ (gx10-1: independent [1], gx10-2:"
+        " independent [1], gx10-3: pair [1]); set one fabric_topology (and fabric_switch_ports)"
+        " in group_data for every host"
+    ]
+
+
+def test_independent_boxes_need_not_agree_where_a_clusters_must() -> None:
+    """A cluster's boxes share one MTU (the head's is the reference); servers of their own do
+    not: nothing of one reaches the other."""
+    hosts = independent(2)
+    hosts["gx10-2"] |= {"fabric_mtu": 9100, "nccl_test": False}
+
+    spark = load_from_dicts(hosts)
+
+    assert [host.mtu for host in spark.hosts] == [9000, 9100]

@@ -1,0 +1,48 @@
+"""Every box's data checked before pyinfra connects to any box.
+
+pyinfra 3.10's CLI (pyinfra_cli/cli.py `_main`) reads the inventory file, then each file of
+group_data/ with the inventory read so far as `inventory` (pyinfra_cli/inventory.py
+`make_inventory_from_files`), then connects to every box (`connect_all`); deploy.py is loaded
+only after that, and a state callback registered before `State.init` is dropped by it. So the
+last project code to run before connecting is group_data/all.py: it calls ``check`` with its
+own values, which are every box's defaults, and each box's data from the inventory file goes
+over them as pyinfra merges them. A problem stops the run there, every problem of every box
+listed, even when no box answers. `--data` on the command line is not in that inventory yet:
+deploy.py validates the whole data again once it is loaded.
+"""
+
+from __future__ import annotations
+
+from types import ModuleType
+from typing import Any
+
+import click
+import pyinfra
+from pyinfra.context import ctx_inventory
+
+from stages import settings
+
+
+def box_data(defaults: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """Each box of the inventory being read, its data over ``defaults`` (a group_data file's
+    names: no dunders and no modules, as pyinfra keeps them)."""
+    given = {
+        key: value
+        for key, value in defaults.items()
+        if not key.startswith("__") and not isinstance(value, ModuleType)
+    }
+    return {host.name: given | host.data.dict() for host in ctx_inventory.get()}
+
+
+def check(defaults: dict[str, Any]) -> None:
+    """Stop the pyinfra run now, before it connects, when the inventory over ``defaults``
+    has problems: each on its own line, named by box and key, and no traceback (a SystemExit
+    passes pyinfra's file loader and its CLI, which catch Exception only: pyinfra_cli/util.py
+    `exec_file`, pyinfra_cli/cli.py `cli`). Outside pyinfra's command line (a test, `make
+    plan`, compliance reading the inventory; each validates it itself) it does nothing."""
+    if not (pyinfra.is_cli and ctx_inventory.isset()):
+        return
+    if reason := settings.refusal(box_data(defaults)):
+        click.echo(click.style(f"--> {reason}", "red"), err=True)
+        click.echo("--> No box was contacted.", err=True)
+        raise SystemExit(1)

@@ -1,0 +1,191 @@
+"""The check before pyinfra connects (stages/preconnect.py), pyinfra's own keys checked
+(spark/inventory.py unknown_pyinfra_keys), and the real pyinfra CLI against boxes that do
+not answer: the owner sees the typo, not "Could not connect"."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pyinfra
+import pytest
+from pyinfra.api import Inventory
+from pyinfra.context import ctx_inventory
+
+from spark.inventory import load_from_dicts, unknown_pyinfra_keys
+from stages import preconnect, settings
+from stages.settings import pyinfra_keys
+
+from .test_config import REPO, TWO_SPARKS, merged
+
+# Keys of pyinfra 3.10's SSH connector (pyinfra/connectors/ssh.py connector_data_meta) and of
+# its global arguments (pyinfra/api/arguments.py auth_argument_meta), as host data may set them.
+SSH_USER, SUDO_PASSWORD, SUDO = "ssh_user", "_sudo_password", "_sudo"
+
+
+def test_a_misspelt_pyinfra_key_is_refused_naming_the_nearest_known_one() -> None:
+    data = {"ssh_usr": "nvidia", "_sudo_pasword": "hunter2", "ssh_port": 22, SUDO: True}
+
+    problems = unknown_pyinfra_keys("spark-1", data, [SSH_USER, "ssh_port", SUDO_PASSWORD, SUDO])
+
+    assert problems == [
+        "spark-1: ssh_usr: unknown pyinfra key, which pyinfra would ignore; did you mean"
+        f" {SSH_USER}?",
+        "spark-1: _sudo_pasword: unknown pyinfra key, which pyinfra would ignore; did you mean"
+        f" {SUDO_PASSWORD}?",
+    ]
+    assert "hunter2" not in "".join(problems)
+
+
+def test_other_connectors_keys_and_spark_keys_are_not_pyinfra_keys_checked_here() -> None:
+    data = {"docker_identifier": 1, "winrm_port": 1, "spark_role": "head", "fabric_mtu": 9000}
+
+    assert unknown_pyinfra_keys("spark-1", data, [SSH_USER]) == []
+
+
+def test_pyinfras_keys_from_its_own_definitions_pass_and_a_typo_is_listed_with_the_rest() -> None:
+    hosts = merged(TWO_SPARKS)
+    hosts["spark-1"] |= {SSH_USER: "nvidia", SUDO: True, SUDO_PASSWORD: "hunter2"}
+    assert load_from_dicts(hosts, pyinfra_keys()).head.name == "spark-1"
+
+    hosts["spark-2"] |= {"ssh_usr": "nvidia", "fabric_mtu": "9000"}
+    problem = settings.refusal(hosts)
+
+    assert problem is not None
+    assert (
+        "spark-2: ssh_usr: unknown pyinfra key, which pyinfra would ignore; did you mean"
+        f" {SSH_USER}?" in problem.splitlines()
+    )
+    assert "spark-2: fabric_mtu: Input should be a valid integer" in problem
+    assert "hunter2" not in problem
+    assert settings.refusal(merged(TWO_SPARKS)) is None
+
+
+def test_box_data_is_each_boxs_data_over_the_group_datas_names() -> None:
+    defaults = {"__file__": "all.py", "settings": settings, "fabric_mtu": 9000, "nccl_debug": False}
+    read = Inventory(([("spark-1", {"nccl_debug": True}), ("spark-2", {})], {}))
+
+    with ctx_inventory.use(read):
+        boxes = preconnect.box_data(defaults)
+
+    assert list(boxes) == ["spark-1", "spark-2"]  # the inventory's order: it derives addresses
+    assert boxes["spark-1"] == {"fabric_mtu": 9000, "nccl_debug": True}
+    assert boxes["spark-2"] == {"fabric_mtu": 9000, "nccl_debug": False}
+
+
+def test_check_stops_a_cli_run_with_every_problem_and_lets_good_data_through(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    defaults = merged({"any": {}})["any"]
+    bad = Inventory(([("spark-1", {"spark_role": "head", "fabric_mtu": 100})], {}))
+    good = Inventory(([("spark-1", {"spark_role": "head"})], {}))
+    monkeypatch.setattr(pyinfra, "is_cli", True)
+
+    with ctx_inventory.use(good):
+        preconnect.check(defaults)
+    with ctx_inventory.use(bad), pytest.raises(SystemExit) as stopped:
+        preconnect.check(defaults)
+
+    assert stopped.value.code == 1
+    err = capsys.readouterr().err
+    assert "spark-1: fabric_mtu: " in err
+    assert "No box was contacted." in err
+
+
+def test_check_outside_pyinfras_cli_does_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`make plan` and compliance read the inventory through pyinfra's loader and validate it
+    themselves, with their own way of saying so."""
+    bad = Inventory(([("spark-1", {"spark_role": "head", "fabric_mtu": 100})], {}))
+    monkeypatch.setattr(pyinfra, "is_cli", False)
+
+    with ctx_inventory.use(bad):
+        assert preconnect.check(merged({"any": {}})["any"]) is None
+
+
+# --- the real pyinfra CLI, every box unreachable ---------------------------------------------
+
+
+def closed_port() -> int:
+    """A local TCP port nothing listens on: a connection to it is refused at once."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def pyinfra_cli(
+    inventory_file: Path, hosts: dict[str, dict[str, Any]], cwd: Path = REPO
+) -> subprocess.CompletedProcess:
+    """`pyinfra -y INVENTORY deploy.py` over SSH to boxes at a port that refuses."""
+    port = closed_port()
+    reached = {"ssh_hostname": "127.0.0.1", "ssh_port": port, "ssh_connect_retries": 0}
+    boxes = [(name, reached | data) for name, data in hosts.items()]
+    inventory_file.write_text(f"spark = {boxes!r}\n")
+    return subprocess.run(
+        [sys.executable, "-m", "pyinfra", "-y", str(inventory_file), "deploy.py"],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=os.environ | {"HOME": str(inventory_file.parent)},  # no known_hosts of this machine
+    )
+
+
+def test_with_every_box_down_the_typos_are_shown_not_the_connection(tmp_path: Path) -> None:
+    bad = {name: dict(data) for name, data in TWO_SPARKS.items()}
+    bad["spark-1"] |= {"ssh_usr": "nvidia", "_sudo_password": "hunter2"}
+    bad["spark-2"]["fabric_adresses"] = bad["spark-2"].pop("fabric_addresses")
+
+    run = pyinfra_cli(tmp_path / "inventory.py", bad)
+    output = run.stdout + run.stderr
+
+    assert run.returncode == 1
+    assert "spark-1: ssh_usr: unknown pyinfra key, which pyinfra would ignore; did you mean" in (
+        output
+    )
+    assert "spark-2: fabric_adresses: unknown key; did you mean fabric_addresses?" in output
+    assert "No box was contacted." in output
+    for absent in ("Connecting to hosts", "Could not connect", "No hosts remaining"):
+        assert absent not in output
+    assert "Traceback" not in output
+    assert "pyinfra error in" not in output  # no "<file> line N" prefix
+    assert "hunter2" not in output
+
+
+def test_with_good_data_pyinfra_goes_on_to_connect(tmp_path: Path) -> None:
+    """The counterpart: the check lets good data through, and pyinfra tries the boxes."""
+    run = pyinfra_cli(tmp_path / "inventory.py", TWO_SPARKS)
+    output = run.stdout + run.stderr
+
+    assert "--> Connecting to hosts..." in output
+    assert "[spark-1] Could not connect" in output
+    assert "No box was contacted." not in output
+
+
+def test_the_owners_inventory_started_elsewhere_stops_before_connecting(tmp_path: Path) -> None:
+    """Elsewhere pyinfra reads no group_data/, so nothing checks the data: inventories/lab.py
+    stops the run while it is read, naming the way out."""
+    run = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pyinfra",
+            "-y",
+            str(REPO / "inventories" / "lab.py"),
+            str(REPO / "deploy.py"),
+        ],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    output = run.stdout + run.stderr
+
+    here = REPO.resolve()
+    assert run.returncode == 1
+    assert f"start pyinfra in {here} (cd there, or add --chdir {here})" in output
+    assert "Connecting to hosts" not in output
+    assert "Traceback" not in output
