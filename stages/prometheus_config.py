@@ -15,8 +15,7 @@ import sys
 from pathlib import Path
 
 from spark import prometheus
-from stages.settings import InventoryRefused, read_inventory
-from stages.settings import plan as inventory_plan
+from stages.settings import plan_or_say_why
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -25,10 +24,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=Path("prometheus"))
     parser.add_argument("--keys-dir", default=prometheus.KEYS_DIR)
     args = parser.parse_args(argv)
-    try:
-        plan = inventory_plan(read_inventory(args.inventory))
-    except InventoryRefused as error:
-        print(error, file=sys.stderr)
+    if (plan := plan_or_say_why(args.inventory)) is None:
         return 2
     args.out.mkdir(parents=True, exist_ok=True)
     config = prometheus.scrape_config(plan, args.keys_dir)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 import weakref
 from pathlib import Path
 from typing import Any
@@ -94,3 +95,13 @@ def plan(inventory: Inventory) -> Plan:
     if inventory not in _planned:
         _planned[inventory] = spark_plan(load(inventory))
     return _planned[inventory]
+
+
+def plan_or_say_why(path: str) -> Plan | None:
+    """The plan of the inventory file at ``path``, read without connecting; None after printing
+    why it is refused (on stderr): what the commands that only read an inventory start with."""
+    try:
+        return plan(read_inventory(path))
+    except InventoryRefused as error:
+        print(error, file=sys.stderr)
+        return None

@@ -11,8 +11,7 @@ import argparse
 import sys
 
 from spark.plan import BoxPlan, Cluster, Plan, ServedLane
-from stages.settings import InventoryRefused, read_inventory
-from stages.settings import plan as inventory_plan
+from stages.settings import plan_or_say_why
 
 
 def rows(title: str, lines: list[str]) -> list[str]:
@@ -160,11 +159,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--box", action="append", help="only this box (again for more)")
     parser.add_argument("--json", action="store_true", help="the plan as JSON")
     args = parser.parse_args(argv)
-    try:
-        inventory = read_inventory(args.inventory)
-        plan = inventory_plan(inventory)
-    except InventoryRefused as error:
-        print(error, file=sys.stderr)
+    if (plan := plan_or_say_why(args.inventory)) is None:
         return 2
     if args.box:
         unknown = sorted(set(args.box) - {box.name for box in plan.boxes})

@@ -26,8 +26,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from spark.plan import BoxPlan
 from spark.prometheus import NCCL_MAX_AGE_S
-from stages.settings import InventoryRefused, read_inventory
-from stages.settings import plan as inventory_plan
+from stages.settings import plan_or_say_why
 
 KEYS_DIR = "~/.config/spark-provisioning/metrics-keys"
 TIMEOUT_S = 1.5  # every box at once: the table in under 2 s (issue 28)
@@ -157,10 +156,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--inventory", default="inventories/lab.py")
     parser.add_argument("--keys-dir", default=KEYS_DIR)
     args = parser.parse_args(argv)
-    try:
-        plan = inventory_plan(read_inventory(args.inventory))
-    except InventoryRefused as error:
-        print(error, file=sys.stderr)
+    if (plan := plan_or_say_why(args.inventory)) is None:
         return 2
     boxes = [box for box in plan.boxes if box.metrics is not None]
     keys_dir = Path(args.keys_dir).expanduser()

@@ -7,12 +7,13 @@ from __future__ import annotations
 import shlex
 from pathlib import Path
 
-from pyinfra.api import Config, FactBase, Inventory, State
+from pyinfra.api import Config, FactBase, Inventory, State, operation
 from pyinfra.api.connect import connect_all
 from pyinfra.api.operation import OperationMeta, add_op
 from pyinfra.api.operations import run_ops
 from pyinfra.api.state import StateStage
 
+from operations import asked
 from stages import detected
 
 
@@ -28,6 +29,22 @@ class Read(FactBase):
 
     def process(self, output: list[str]) -> str:
         return "\n".join(output)
+
+
+@operation()
+def copy(src: str, dest: str, log: str, fresh: bool = False):
+    """dest holds src's text as it is when this operation runs (``fresh``: every read asked, as
+    pyinfra asks it; else through operations/asked.py)."""
+    wanted = asked.answer(Read, fresh=fresh, path=src, log=log)
+    if asked.answer(Read, fresh=fresh, path=dest, log=log) != wanted:
+        yield f"printf %s {shlex.quote(wanted)} > {shlex.quote(dest)}"
+
+
+@operation()
+def text(path: str, content: str, log: str, fresh: bool = False):
+    """The file holds exactly this text."""
+    if asked.answer(Read, fresh=fresh, path=path, log=log) != content:
+        yield f"printf %s {shlex.quote(content)} > {shlex.quote(path)}"
 
 
 class Run:

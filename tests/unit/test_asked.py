@@ -15,22 +15,7 @@ from pyinfra.connectors.util import CommandOutput
 from pyinfra.context import ctx_host, ctx_state
 
 from operations import asked, front, lanes, preflight
-from tests.unit.local_run import Read, Run
-
-
-@operation()
-def copy(src: str, dest: str, log: str):
-    """dest holds src's text as it is when this operation runs."""
-    wanted = asked.answer(Read, path=src, log=log)
-    if asked.answer(Read, path=dest, log=log) != wanted:
-        yield f"printf %s {shlex.quote(wanted)} > {shlex.quote(dest)}"
-
-
-@operation()
-def text(path: str, content: str, log: str):
-    """The file holds exactly this text."""
-    if asked.answer(Read, path=path, log=log) != content:
-        yield f"printf %s {shlex.quote(content)} > {shlex.quote(path)}"
+from tests.unit.local_run import Read, Run, copy, text
 
 
 @operation()

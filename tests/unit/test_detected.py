@@ -8,30 +8,16 @@ appends a line to a log on the "box" as it runs there: the log counts what reach
 
 from __future__ import annotations
 
-import shlex
 from pathlib import Path
 
-from pyinfra import host
 from pyinfra.api import operation
 
 from operations import asked
 from stages import detected
-from tests.unit.local_run import Read, Run
+from tests.unit.local_run import Run, copy, text
 
-
-@operation()
-def copy(src: str, dest: str, log: str):
-    """dest holds src's text as it is when this operation runs."""
-    wanted = host.get_fact(Read, path=src, log=log)
-    if host.get_fact(Read, path=dest, log=log) != wanted:
-        yield f"printf %s {shlex.quote(wanted)} > {shlex.quote(dest)}"
-
-
-@operation()
-def text(path: str, content: str, log: str):
-    """The file holds exactly this text."""
-    if host.get_fact(Read, path=path, log=log) != content:
-        yield f"printf %s {shlex.quote(content)} > {shlex.quote(path)}"
+# pyinfra's own reading, every answer asked: what detected.py is tested on here.
+FRESH = {"fresh": True}
 
 
 @operation()
@@ -42,7 +28,7 @@ def fails():
 def test_pyinfra_alone_asks_every_question_again_at_execution(tmp_path: Path) -> None:
     # The premise: without the _if, detection and execution each read both files.
     run = Run(tmp_path, once=False)
-    run.add(copy, src=run.path("a", "x"), dest=run.path("b", "x"))
+    run.add(copy, src=run.path("a", "x"), dest=run.path("b", "x"), **FRESH)
     assert run.asked() == ["a", "b"]
     run.execute()
     assert run.asked() == ["a", "b"]
@@ -50,8 +36,8 @@ def test_pyinfra_alone_asks_every_question_again_at_execution(tmp_path: Path) ->
 
 def test_found_unchanged_everything_is_asked_once(tmp_path: Path) -> None:
     run = Run(tmp_path)
-    first = run.add(copy, src=run.path("a", "x"), dest=run.path("b", "x"))
-    second = run.add(text, path=run.path("c", "y"), content="y")
+    first = run.add(copy, src=run.path("a", "x"), dest=run.path("b", "x"), **FRESH)
+    second = run.add(text, path=run.path("c", "y"), content="y", **FRESH)
     assert run.asked() == ["a", "b", "c"]  # detection
     run.execute()
     assert run.asked() == []
@@ -63,8 +49,8 @@ def test_after_a_change_the_operations_after_it_ask_again(tmp_path: Path) -> Non
     # Detection sees b equal to a; the first operation then changes a: the copy must read a
     # afresh and copy the new text, not trust what detection read.
     run = Run(tmp_path)
-    changing = run.add(text, path=run.path("a", "old"), content="new")
-    copied = run.add(copy, src=run.path("a"), dest=run.path("b", "old"))
+    changing = run.add(text, path=run.path("a", "old"), content="new", **FRESH)
+    copied = run.add(copy, src=run.path("a"), dest=run.path("b", "old"), **FRESH)
     assert run.asked() == ["a", "a", "b"]
     run.execute()
     assert run.asked() == ["a", "a", "b"]
@@ -74,8 +60,8 @@ def test_after_a_change_the_operations_after_it_ask_again(tmp_path: Path) -> Non
 
 def test_an_operation_found_changing_runs(tmp_path: Path) -> None:
     run = Run(tmp_path)
-    unchanged = run.add(text, path=run.path("a", "x"), content="x")
-    changing = run.add(text, path=run.path("b", "old"), content="new")
+    unchanged = run.add(text, path=run.path("a", "x"), content="x", **FRESH)
+    changing = run.add(text, path=run.path("b", "old"), content="new", **FRESH)
     assert run.asked() == ["a", "b"]
     run.execute()
     assert run.asked() == ["b"]  # the unchanged one before it is not asked again
@@ -86,7 +72,7 @@ def test_an_operation_found_changing_runs(tmp_path: Path) -> None:
 def test_after_a_failed_operation_the_operations_after_it_ask_again(tmp_path: Path) -> None:
     run = Run(tmp_path)
     run.add_plain(fails, _ignore_errors=True)
-    run.add(text, path=run.path("a", "x"), content="x")
+    run.add(text, path=run.path("a", "x"), content="x", **FRESH)
     assert run.asked() == ["a"]
     run.execute()
     assert run.asked() == ["a"]
@@ -96,7 +82,7 @@ def test_once_a_box_failed_every_operation_asks_again(tmp_path: Path) -> None:
     # Another box of the run failed after this one was read (a cluster's operation reads which
     # boxes stopped): a stand-in for it in pyinfra's failed hosts.
     run = Run(tmp_path)
-    run.add(text, path=run.path("a", "x"), content="x")
+    run.add(text, path=run.path("a", "x"), content="x", **FRESH)
     assert run.asked() == ["a"]
     run.state.failed_hosts.add("spark-2")
     run.execute()
@@ -105,7 +91,7 @@ def test_once_a_box_failed_every_operation_asks_again(tmp_path: Path) -> None:
 
 def test_with_yes_there_is_no_detection_and_every_operation_runs(tmp_path: Path) -> None:
     run = Run(tmp_path, yes=True)
-    meta = run.add(copy, src=run.path("a", "x"), dest=run.path("b", "old"))
+    meta = run.add(copy, src=run.path("a", "x"), dest=run.path("b", "old"), **FRESH)
     assert run.asked() == []  # -y: pyinfra detects nothing before it executes
     run.execute()
     assert run.asked() == ["a", "b"]
