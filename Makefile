@@ -69,8 +69,9 @@ status: $(STAMP)
 lane-bench: $(STAMP)
 	$(VENV)/bin/pyinfra -y --serial $(INVENTORY) lane_bench.py
 
-# What a deploy costs against the cost of only asking its questions (README: Performance). Boots
-# its own lab: SIMLAB_ID=<n> keeps it apart from another one; writes bench-results.json.
+# What a deploy costs against the cost of only asking its questions (CONTRIBUTING.md:
+# Performance). Boots its own lab: SIMLAB_ID=<n> keeps it apart from another one; writes
+# bench-results.json.
 # BENCH_ARGS passes bench.run's options (make passes none of its own): BENCH_ARGS="--hosts 0".
 bench: $(STAMP)
 	$(PY) -m bench.run $(BENCH_ARGS)
