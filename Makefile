@@ -1,5 +1,6 @@
-# The two commands of the README: `make demo` and `make test`. Both run as root on a fresh
-# Debian/Ubuntu machine and install what they need (host packages, a pinned virtualenv).
+# The newcomer's two commands (README): `make demo` and `make test`. Both run as root on a fresh
+# Debian/Ubuntu machine and install what they need (host packages, a pinned virtualenv). An
+# owner's control machine needs only `make venv` (no root where python3 has venv and ensurepip).
 SHELL := /bin/bash
 VENV := .venv
 PY := $(VENV)/bin/python
@@ -7,14 +8,19 @@ STAMP := $(VENV)/.installed-$(shell sha256sum requirements.txt | cut -c1-12)
 
 INVENTORY ?= inventories/lab.py
 
-.PHONY: demo test unit plan compliance lane-bench lab-up lab-down bench prometheus-config status
+.PHONY: venv demo test unit plan compliance lane-bench lab-up lab-down bench prometheus-config status
 
 $(STAMP): requirements.txt
 	@command -v python3 >/dev/null && python3 -c 'import venv, ensurepip' 2>/dev/null \
-	  || (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq python3 python3-venv)
+	  || { [ "$$(id -u)" = 0 ] || { echo "python3 with venv and ensurepip is needed: as root," \
+	         "apt-get install python3 python3-venv"; exit 1; }; \
+	       apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq python3 python3-venv; }
 	python3 -m venv $(VENV)
 	$(VENV)/bin/pip install -q --disable-pip-version-check -r requirements.txt
 	rm -f $(VENV)/.installed-* && touch $@
+
+# The virtualenv alone (.venv, the pinned requirements): what an owner's control machine needs.
+venv: $(STAMP)
 
 # Boot the simulated lab, deploy to it, check it, and show an endpoint answering.
 demo: $(STAMP)
@@ -63,10 +69,12 @@ status: $(STAMP)
 lane-bench: $(STAMP)
 	$(VENV)/bin/pyinfra -y --serial $(INVENTORY) lane_bench.py
 
-# What a deploy costs against the cost of only asking its questions (README: Performance). Boots
-# its own lab: SIMLAB_ID=<n> keeps it apart from another one; writes bench-results.json.
+# What a deploy costs against the cost of only asking its questions (CONTRIBUTING.md:
+# Performance). Boots its own lab: SIMLAB_ID=<n> keeps it apart from another one; writes
+# bench-results.json.
+# BENCH_ARGS passes bench.run's options (make passes none of its own): BENCH_ARGS="--hosts 0".
 bench: $(STAMP)
-	$(PY) -m bench.run
+	$(PY) -m bench.run $(BENCH_ARGS)
 
 lab-up: $(STAMP)
 	$(PY) -m tests.simlab up

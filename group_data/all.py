@@ -170,7 +170,8 @@ lanes = [
 # A cluster lane serves one model from the head with a rank on every box (Ray over the fabric):
 # `tensor_parallel_size` = the number of boxes. It goes in the head's own `lanes` (host data of
 # the inventory), not here: it takes its memory_fraction of every box, and the two lanes above
-# leave no room for it. Seed 004's, with `lanes: []` for the workers (README, "Two boxes"):
+# leave no room for it. Seed 004's, with `lanes: []` for the workers (README, "A cluster, step
+# by step"):
 #   {"name": "big", "image": "nvcr.io/nvidia/vllm:26.04-py3",
 #    "model": "Qwen/Qwen3-235B-A22B-GPTQ-Int4", "served_name": "qwen3-235b-a22b",
 #    "port": 10103, "memory_fraction": 0.87, "max_model_len": 40960, "kv_cache_dtype": "fp8",

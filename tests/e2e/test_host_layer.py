@@ -58,7 +58,7 @@ def detected(result: subprocess.CompletedProcess) -> list[str]:
 
 
 def test_first_deploy_converges(bare: simlab.Lab) -> None:
-    # The command as README's "Running it on your Sparks" types it: no -y, Enter after the plan
+    # The command as README's quick start ("5. Deploy") types it: no -y, Enter after the plan
     # (46 s from bare on a 2-core machine shared with other labs; the second, below, 16 s).
     result = pyinfra(INVENTORY, "deploy.py", typed=True)
     assert "Press enter to execute" in result.stderr

@@ -33,11 +33,11 @@ README_BOX = "spark-2.local"
 
 
 def readme_commands() -> list[str]:
-    """The shell lines of the section's first code block (indented four spaces)."""
+    """The shell lines of the section's first code block (fenced as ```sh)."""
     text = README.read_text()
     section = text[text.index(SECTION) :]
     section = section[: section.index("\n## ", len(SECTION))]
-    block = re.search(r"\n\n((?: {4}\S.*\n)+)", section)
+    block = re.search(r"\n```sh\n(.*?)\n```\n", section, re.DOTALL)
     assert block, f"no code block in README's {SECTION!r}"
     return [line.strip() for line in block[1].splitlines()]
 
