@@ -4,6 +4,7 @@ configuration per box (clients/<box>.json). Reporting only: nothing here touches
 from __future__ import annotations
 
 import json
+import os
 import re
 import weakref
 from collections.abc import Sequence
@@ -131,8 +132,10 @@ class EndpointsReport(BaseStateCallback):
         served = {box: self.endpoints[box] for box in up if self.endpoints.get(box)}
         if not served:
             return
-        clients = Path(state.cwd or ".") / "clients"
-        clients.mkdir(exist_ok=True)
+        # clients/ beside the deploy, or SPARK_CLIENTS_DIR: the test suite gives each simulated
+        # lab its own, as the boxes of its labs share their names.
+        clients = Path(os.environ.get("SPARK_CLIENTS_DIR") or Path(state.cwd or ".") / "clients")
+        clients.mkdir(parents=True, exist_ok=True)
         for box, endpoints in served.items():
             text = json.dumps(opencode_config(box, endpoints), indent=2) + "\n"
             (clients / f"{box}.json").write_text(text)

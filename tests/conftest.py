@@ -14,6 +14,10 @@ import pytest
 from tests.simlab import lab as simlab
 from tests.simlab.paths import REPO, STATE
 
+# The OpenCode client files the deploy writes (endpoints.py): one folder per lab, whose boxes
+# have the same names as another lab's.
+CLIENTS = STATE / "clients"
+
 PYINFRA = str(Path(REPO) / ".venv/bin/pyinfra")
 
 
@@ -181,7 +185,8 @@ def pyinfra(
     feed = {"input": "\n"} if typed else {"stdin": subprocess.DEVNULL}
     result = subprocess.run(
         [PYINFRA, *["-y"] * (not typed), *args], cwd=REPO, capture_output=True, text=True,
-        timeout=timeout, env=dict(os.environ, SIMLAB_STATE=str(STATE)), **feed,
+        timeout=timeout, **feed,
+        env=dict(os.environ, SIMLAB_STATE=str(STATE), SPARK_CLIENTS_DIR=str(CLIENTS)),
     )  # fmt: skip
     if check and result.returncode != 0:
         raise AssertionError(f"pyinfra {' '.join(args)} failed:\n{result.stdout}\n{result.stderr}")

@@ -21,7 +21,7 @@ import pytest
 
 from operations import preflight
 from spark import box_paths
-from tests.conftest import Deployed, pyinfra, run_on
+from tests.conftest import CLIENTS, Deployed, pyinfra, run_on
 from tests.e2e.test_compliance import compliance, not_passing
 from tests.e2e.test_host_layer import changes
 from tests.simlab import lab as simlab
@@ -136,7 +136,7 @@ def test_the_endpoints_table_and_the_client_configuration(deployed: dict[str, An
             row = rf"{host.name}\s+{lane['name']}\s+vllm\s+{re.escape(lane['served_name'])}\s+"
             url = f"http://{host.mgmt_ip}:{lane['port']}/v1"
             assert re.search(row + re.escape(url), table), table
-        client = json.loads((Path(REPO) / "clients" / f"{host.name}.json").read_text())
+        client = json.loads((CLIENTS / f"{host.name}.json").read_text())
         provider = client["provider"][f"{host.name}-{A['name']}"]
         assert provider["options"]["baseURL"] == f"http://{host.mgmt_ip}:{A['port']}/v1"
         assert A["served_name"] in provider["models"]
@@ -296,7 +296,7 @@ def test_a_llama_cpp_lane_serves_beside_a_vllm_one_and_its_canary_catches_gibber
     assert (status, [model["id"] for model in listing["data"]]) == (200, [lane["served_name"]])
     journal = run_on(host, f"sudo journalctl -u {unit(lane)} -n 30 --no-pager")
     assert 'canary passed: "42 harbor"' in journal, journal
-    client = json.loads((Path(REPO) / "clients" / f"{host.name}.json").read_text())
+    client = json.loads((CLIENTS / f"{host.name}.json").read_text())
     provider = client["provider"][f"{host.name}-gguf"]
     assert provider["options"]["baseURL"] == f"{base}/v1"
     assert provider["models"]["qwen3-coder-next-gguf"]["limit"]["context"] == 131072
@@ -480,7 +480,7 @@ def test_secrets_appear_nowhere_but_their_files(deployed: dict[str, Any]) -> Non
                     host, f"for c in {names}; do sudo docker logs $c 2>&1; done"
                 ),
                 "pyinfra's output": output,
-                "the client configuration": (Path(REPO) / "clients" / f"{host.name}.json")
+                "the client configuration": (CLIENTS / f"{host.name}.json")
                 .read_text(),
             }  # fmt: skip
             for place, text in places.items():

@@ -26,7 +26,7 @@ import pytest
 
 from operations import metrics, ray
 from spark import box_paths
-from tests.conftest import pyinfra, reimage_all, run_on
+from tests.conftest import CLIENTS, pyinfra, reimage_all, run_on
 from tests.e2e.runs import INVENTORY, output_of
 from tests.simlab import lab as simlab
 from tests.simlab.paths import REPO, STATE
@@ -105,6 +105,6 @@ def test_secrets_are_in_their_files_and_nowhere_else(deployed: dict[str, Any]) -
     for host in hosts:
         places = as_root(host, SEARCH, "".join(f"{secret}\n" for secret in every)).splitlines()
         assert set(places) == secret_files, f"{host.name}: secrets found in {places}"
-    clients = "".join(path.read_text() for path in (Path(REPO) / "clients").glob("*.json"))
+    clients = "".join(path.read_text() for path in CLIENTS.glob("*.json"))
     for place, text in (("pyinfra's output", deployed["output"]), ("client files", clients)):
         assert not [secret for secret in every if secret in text], f"a secret in {place}"

@@ -127,3 +127,19 @@ def test_endpoints_of_a_box_from_its_validated_lanes() -> None:
             "fast", "vllm", "qwen3.6-35b-a3b", "http://10.0.0.5:10102/v1", 0.35, 65536, True
         ),
     ]
+
+
+def test_the_client_files_go_where_spark_clients_dir_says(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv("SPARK_CLIENTS_DIR", str(tmp_path / "lab-7" / "clients"))
+    report = endpoints.EndpointsReport()
+    report.endpoints = {"spark-1": ENDPOINTS}
+    state = run_state({}, current_stage=StateStage.Disconnect, cwd=tmp_path)
+    state.inventory = [Box("spark-1")]
+    state.activated_hosts = set(state.inventory)
+    report.host_disconnect(state, None)
+    assert sorted(path.name for path in (tmp_path / "lab-7" / "clients").iterdir()) == [
+        "spark-1.json"
+    ]
+    assert not (tmp_path / "clients").exists()
