@@ -1108,34 +1108,42 @@ def test_a_mark_left_by_a_lane_that_is_not_starting_is_cleared(turn: Any) -> Non
     assert sorted(path.name for path in turn.marks.glob("[!.]*")) == ["coder"]
 
 
-@pytest.mark.parametrize(
-    ("other", "state"),
-    [
-        # a lane loading: activating until /health answers; its ExecStartPost removes the mark
-        ("fast", "activating"),
-        # a cluster lane's headless rank: active once its container runs, its mark kept until
-        # it has loaded (spark-lane-ranks --turn, on the rank's "Model loading took" line)
-        ("big", "active"),
-    ],
-)
-def test_a_lane_waits_while_another_loads_and_goes_once_it_has_loaded(
-    turn: Any, other: str, state: str
-) -> None:
+def test_a_lane_waits_while_another_loads_and_goes_once_it_serves(turn: Any) -> None:
     turn.marks.mkdir()
-    (turn.marks / other).touch()
-    (turn.states / other).write_text(f"{state}\n")
+    (turn.marks / "fast").touch()
+    (turn.states / "fast").write_text("activating\n")  # fast is loading
 
-    def loaded() -> None:
+    def fast_serves() -> None:
         time.sleep(1.5)
-        (turn.marks / other).unlink()
-        (turn.states / other).write_text("active\n")
+        (turn.marks / "fast").unlink()  # its ExecStartPost, once /health answers
+        (turn.states / "fast").write_text("active\n")
 
-    loading = threading.Thread(target=loaded)
-    loading.start()
+    serving = threading.Thread(target=fast_serves)
+    serving.start()
     result = turn("coder")
-    loading.join()
+    serving.join()
     assert result.returncode == 0, result.stderr
-    assert result.stdout == f"lane coder waits for lane {other} to finish loading\n"
+    assert result.stdout == "lane coder waits for lane fast to finish loading\n"
+    assert sorted(path.name for path in turn.marks.glob("[!.]*")) == ["coder"]
+
+
+def test_a_running_lanes_mark_is_a_headless_rank_still_loading(turn: Any) -> None:
+    # A cluster lane's headless rank is active once its container runs and keeps its mark
+    # until it has loaded (spark-lane-ranks --turn): another lane waits for it.
+    turn.marks.mkdir()
+    (turn.marks / "big").touch()
+    (turn.states / "big").write_text("active\n")
+
+    def rank_loaded() -> None:
+        time.sleep(1.5)
+        (turn.marks / "big").unlink()  # the watch, on the rank's "Model loading took" line
+
+    loaded = threading.Thread(target=rank_loaded)
+    loaded.start()
+    result = turn("coder")
+    loaded.join()
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == "lane coder waits for lane big to finish loading\n"
     assert sorted(path.name for path in turn.marks.glob("[!.]*")) == ["coder"]
 
 
