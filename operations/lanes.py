@@ -395,12 +395,8 @@ class LaneUnit:
     def unit_variables(self, rdma: bool, unlimited_memlock: bool) -> dict:
         """What templates/vllm-lane.service.j2 is rendered with."""
         run = self.docker_run(rdma, unlimited_memlock)
-        mark = f"{LOADING_DIR}/{self.name}"
         if self.rank is not None:  # under the rendezvous watch
-            # A headless rank has no /health to wait for: the watch keeps the box's turn to load
-            # until the rank has loaded, at most as long as a start may take.
-            turn = ["--turn", mark, str(self.timeouts()["start_timeout"])] if self.headless else []
-            run = [RANKS_COMMAND, *turn, str(self.rank.master_port), *self.peers, "--", *run]
+            run = [RANKS_COMMAND, str(self.rank.master_port), *self.peers, "--", *run]
         return {
             "lane": self.name,
             "port": self.lane.port,
@@ -426,7 +422,7 @@ class LaneUnit:
                     *canary_causes(self.lane),
                 ]
             ),
-            "loading_mark": mark,
+            "loading_mark": f"{LOADING_DIR}/{self.name}",
             **self.timeouts(),
         }
 

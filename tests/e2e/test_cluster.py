@@ -33,7 +33,6 @@ from tests.e2e.test_compliance import compliance
 from tests.e2e.test_host_layer import detected
 from tests.simlab import lab as simlab
 from tests.simlab.paths import STATE
-from tests.simlab.serving.standin_model import LOAD_SECONDS_FILE
 
 pytestmark = pytest.mark.lab
 
@@ -608,35 +607,3 @@ def test_an_mp_rank_lost_or_a_head_restarted_brings_the_lane_back_on_every_box(
             fabric_down.nft(host, "delete", "table", "netdev", fabric_down.CUT_TABLE)
     until(lambda: "canary passed" in journal(head, since), 300, "the head serving again")
     until(lambda: answers(head) == 200, 60, "the lane answering")
-
-
-def test_an_mp_rank_keeps_its_boxs_turn_to_load_until_it_has_loaded(cluster: simlab.Lab) -> None:
-    """The worker's rank loads for 20 s (the stand-in reads its load time beside the model); a
-    lane of the worker starting meanwhile (its turn taken as its ExecStartPre takes it) waits
-    until the rank has loaded, then goes: two loads at once crash a box (seed 003)."""
-    head, worker = cluster.hosts
-    each = f"sudo sh -c 'for d in {CACHE}/snapshots/*/; do"
-    run_on(worker, f"{each} echo 20 > $d/{LOAD_SECONDS_FILE}; done'")
-    probe = f"{lanes.LOADING_DIR}/probe"
-    try:
-        since = run_on(worker, "date '+%Y-%m-%d %H:%M:%S'").strip()
-        # The head restarted: the worker's watch restarts its rank, which joins the head's next
-        # start and loads.
-        run_on(head, f"sudo systemctl restart --no-block {LANE_UNIT}")
-        until(lambda: "Starting to load model" in journal(worker, since), 360, "the rank loading")
-        waited = run_on(
-            worker, f"sudo timeout 120 {lanes.TURN_COMMAND} probe; echo rc=$? at=$(date +%s.%N)"
-        )
-        log = run_on(
-            worker,
-            f"sudo journalctl -u {LANE_UNIT} --since '{since}' -o short-unix --no-pager",
-        )
-    finally:
-        run_on(worker, f"{each} rm -f $d/{LOAD_SECONDS_FILE}; done'; sudo rm -f {probe}")
-    said, ended = waited.rsplit("rc=", 1)
-    assert said == "lane probe waits for lane big to finish loading\n", waited
-    code, at = ended.split()
-    loaded = next(line for line in log.splitlines() if "Model loading took" in line)
-    assert code == "0" and float(at.removeprefix("at=")) >= float(loaded.split()[0]), log
-    assert "this box's rank has loaded its share: the next lane's turn" in log, log
-    until(lambda: answers(head) == 200, 240, "the lane answering")

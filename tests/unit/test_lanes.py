@@ -829,9 +829,8 @@ def test_an_mp_cluster_lanes_head_serves_under_the_rendezvous_watch_without_ray(
     )
     assert MP_ARGS.format(rank=0) in start and "--headless" not in start
     assert "-v /etc/spark/secrets/coder.key:/run/secrets/api-key:ro" in start
-    # The head serves: health wait and canary as any lane's, then the next lane's turn.
+    # The head serves: health wait and canary as any lane's.
     assert "/health" in unit and "ExecStartPost=/usr/local/sbin/spark-lane-canary coder" in unit
-    assert "ExecStartPost=/bin/rm -f /run/spark/loading/coder\n" in unit
 
 
 def test_an_mp_cluster_lanes_worker_runs_a_headless_rank_without_key_health_or_canary() -> None:
@@ -840,14 +839,9 @@ def test_an_mp_cluster_lanes_worker_runs_a_headless_rank_without_key_health_or_c
     commands = run_op(lanes.serving, host=host, unit=unit_)
     unit = host.uploads[UNIT]
     start = exec_start(unit)
-    # The watch keeps the box's turn to load (the lane's mark) until the rank has loaded, at
-    # most the lane's start timeout (600 s here): no ExecStartPost gives it on at the start.
     assert start.startswith(
-        "ExecStart=/usr/local/sbin/spark-lane-ranks --turn /run/spark/loading/coder 600"
-        " 29501 192.168.100.10 -- /usr/bin/docker run"
+        "ExecStart=/usr/local/sbin/spark-lane-ranks 29501 192.168.100.10 -- /usr/bin/docker run"
     )
-    assert "ExecStartPost" not in unit
-    assert "ExecStopPost=/bin/rm -f /run/spark/loading/coder\n" in unit
     assert MP_ARGS.format(rank=1) + " --headless" in start
     assert "api-key" not in start and "VLLM_API_KEY" not in start
     assert "/health" not in unit and "spark-lane-canary coder" not in unit
@@ -885,32 +879,25 @@ def test_an_mp_rank_in_place_yields_nothing() -> None:
 def ranks(tmp_path: Path) -> Iterator[Callable[..., subprocess.Popen[str]]]:
     """Start the watch script for port 29501 and these peers over the rank (by default a
     `sleep 300` that writes its pid to tmp_path/rank.pid), with an `ss` that prints
-    tmp_path/connections (ss's columns under a state filter), a `ping` that fails for the
-    addresses listed in tmp_path/silent (no packet leaves this machine) and a `journalctl` that
-    prints tmp_path/journal when asked for this start's lines (systemd's INVOCATION_ID)."""
+    tmp_path/connections (ss's columns under a state filter) and a `ping` that fails for the
+    addresses listed in tmp_path/silent (no packet leaves this machine)."""
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     (bin_dir / "ss").write_text(f"#!/bin/sh\ncat {tmp_path}/connections 2>/dev/null\n")
     (bin_dir / "ping").write_text(
         f'#!/bin/sh\nfor last; do :; done\n! grep -qxF "$last" {tmp_path}/silent 2>/dev/null\n'
     )
-    (bin_dir / "journalctl").write_text(
-        '#!/bin/sh\n[ "$1" = "_SYSTEMD_INVOCATION_ID=start-7" ] || exit 0\n'
-        f"cat {tmp_path}/journal 2>/dev/null\n"
-    )
-    for tool in ("ss", "ping", "journalctl"):
+    for tool in ("ss", "ping"):
         (bin_dir / tool).chmod(0o755)
     script = tmp_path / "spark-lane-ranks"
     script.write_text((util.TEMPLATES / "spark-lane-ranks.j2").read_text())
     rank = ("sh", "-c", f"echo $$ > {tmp_path}/rank.pid; exec sleep 300")
     started: list[subprocess.Popen[str]] = []
 
-    def start(
-        *peers: str, command: tuple[str, ...] = rank, turn: tuple[str, ...] = ()
-    ) -> subprocess.Popen[str]:
-        env = {"PATH": f"{bin_dir}:/usr/bin:/bin", "INVOCATION_ID": "start-7"}
+    def start(*peers: str, command: tuple[str, ...] = rank) -> subprocess.Popen[str]:
+        env = {"PATH": f"{bin_dir}:/usr/bin:/bin"}
         process = subprocess.Popen(
-            ["sh", str(script), *turn, "29501", *peers, "--", *command],
+            ["sh", str(script), "29501", *peers, "--", *command],
             env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
         )  # fmt: skip
         started.append(process)
@@ -927,22 +914,16 @@ def ranks(tmp_path: Path) -> Iterator[Callable[..., subprocess.Popen[str]]]:
 def joined(watch: subprocess.Popen[str], seconds: float = 30) -> str:
     """The watch's output up to its "every rank joined" line, read as it comes (no fixed wait);
     AssertionError if it has not said so within `seconds`."""
-    return said_until(watch, "every rank joined", seconds)
-
-
-def said_until(watch: subprocess.Popen[str], words: str, seconds: float = 30) -> str:
-    """The watch's output up to a line with `words`, read as it comes; AssertionError if it has
-    not said them within `seconds`."""
     assert watch.stdout is not None
     said = ""
     with selectors.DefaultSelector() as selector:
         selector.register(watch.stdout, selectors.EVENT_READ)
         deadline = time.monotonic() + seconds
-        while words not in said:
+        while "every rank joined" not in said:
             left = deadline - time.monotonic()
-            assert left > 0 and selector.select(left), f"no {words!r} in {seconds:g} s: {said!r}"
+            assert left > 0 and selector.select(left), f"not joined in {seconds:g} s: {said!r}"
             line = watch.stdout.readline()
-            assert line, f"the watch ended before saying {words!r}: {said!r}"
+            assert line, f"the watch ended before joining: {said!r}"
             said += line
     return said
 
@@ -1025,37 +1006,6 @@ def test_the_watch_passes_systemds_stop_on_to_the_rank(
     assert rank_stopped(tmp_path)  # the rank stopped with it
 
 
-def test_a_headless_ranks_watch_keeps_the_turn_until_the_rank_has_loaded(
-    ranks: Callable[..., subprocess.Popen[str]], tmp_path: Path
-) -> None:
-    mark = tmp_path / "big"
-    mark.touch()  # spark-lane-turn's, taken in ExecStartPre
-    (tmp_path / "journal").write_text("(Worker pid=7) INFO Starting to load model Qwen/Qwen3...\n")
-    connections(tmp_path, "192.168.100.10")
-    watch = ranks("192.168.100.10", turn=("--turn", str(mark), "600"))
-    joined(watch)  # the watch has looked at the journal once by then (its loop's first round)
-    assert mark.exists()  # loading: the box's other lanes wait
-    # vLLM's line once the rank's weights are in (the stand-in's words, vLLM's format).
-    with (tmp_path / "journal").open("a") as journal:
-        journal.write(
-            "(Worker pid=7) INFO Model loading took 57.6400 GiB memory and 61.2 seconds\n"
-        )
-    said_until(watch, "this box's rank has loaded its share: the next lane's turn")
-    assert not mark.exists()
-    assert watch.poll() is None  # the watch goes on watching the rendezvous
-
-
-def test_a_headless_ranks_watch_gives_the_turn_on_after_the_start_timeout(
-    ranks: Callable[..., subprocess.Popen[str]], tmp_path: Path
-) -> None:
-    # No loaded line ever (a vLLM that logs none): the turn is not kept for good.
-    mark = tmp_path / "big"
-    mark.touch()
-    watch = ranks("192.168.100.10", turn=("--turn", str(mark), "1"))
-    said_until(watch, "no model loaded in 1 s: the next lane's turn anyway")
-    assert not mark.exists()
-
-
 def test_the_watch_refuses_a_command_line_without_its_command(
     ranks: Callable[..., subprocess.Popen[str]],
 ) -> None:
@@ -1124,26 +1074,6 @@ def test_a_lane_waits_while_another_loads_and_goes_once_it_serves(turn: Any) -> 
     serving.join()
     assert result.returncode == 0, result.stderr
     assert result.stdout == "lane coder waits for lane fast to finish loading\n"
-    assert sorted(path.name for path in turn.marks.glob("[!.]*")) == ["coder"]
-
-
-def test_a_running_lanes_mark_is_a_headless_rank_still_loading(turn: Any) -> None:
-    # A cluster lane's headless rank is active once its container runs and keeps its mark
-    # until it has loaded (spark-lane-ranks --turn): another lane waits for it.
-    turn.marks.mkdir()
-    (turn.marks / "big").touch()
-    (turn.states / "big").write_text("active\n")
-
-    def rank_loaded() -> None:
-        time.sleep(1.5)
-        (turn.marks / "big").unlink()  # the watch, on the rank's "Model loading took" line
-
-    loaded = threading.Thread(target=rank_loaded)
-    loaded.start()
-    result = turn("coder")
-    loaded.join()
-    assert result.returncode == 0, result.stderr
-    assert result.stdout == "lane coder waits for lane big to finish loading\n"
     assert sorted(path.name for path in turn.marks.glob("[!.]*")) == ["coder"]
 
 
