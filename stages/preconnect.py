@@ -7,8 +7,10 @@ only after that, and a state callback registered before `State.init` is dropped 
 last project code to run before connecting is group_data/all.py: it calls ``check`` with its
 own values, which are every box's defaults, and each box's data from the inventory file goes
 over them as pyinfra merges them. A problem stops the run there, every problem of every box
-listed, even when no box answers. `--data` on the command line is not in that inventory yet:
-deploy.py validates the whole data again once it is loaded.
+listed, even when no box answers. `--data` on the command line is not in that inventory yet
+(pyinfra hands it to the real inventory only): it is read from the command being run and goes
+over everything, as pyinfra applies it. deploy.py validates the whole data again once it is
+loaded, for runs through pyinfra's API.
 """
 
 from __future__ import annotations
@@ -19,19 +21,32 @@ from typing import Any
 import click
 import pyinfra
 from pyinfra.context import ctx_inventory
+from pyinfra_cli.util import parse_cli_arg
 
 from stages import settings
 
 
+def command_line_data() -> dict[str, Any]:
+    """The `--data key=value` overrides of the pyinfra command being run, parsed as pyinfra's
+    CLI parses them before it reads the inventory (pyinfra_cli/cli.py `_set_override_data`: split
+    at the first "=", values through pyinfra_cli/util.py `parse_cli_arg`); none outside it."""
+    command = click.get_current_context(silent=True)
+    given = command.params.get("data") or () if command else ()
+    return {key: parse_cli_arg(value) for key, value in (arg.split("=", 1) for arg in given)}
+
+
 def box_data(defaults: dict[str, Any]) -> dict[str, dict[str, Any]]:
     """Each box of the inventory being read, its data over ``defaults`` (a group_data file's
-    names: no dunders and no modules, as pyinfra keeps them)."""
+    names: no dunders and no modules, as pyinfra keeps them), and the command line's `--data`
+    over both (a host's data reads the inventory's override data first: pyinfra/api/host.py
+    `Host.__init__`)."""
     given = {
         key: value
         for key, value in defaults.items()
         if not key.startswith("__") and not isinstance(value, ModuleType)
     }
-    return {host.name: given | host.data.dict() for host in ctx_inventory.get()}
+    overrides = command_line_data()
+    return {host.name: given | host.data.dict() | overrides for host in ctx_inventory.get()}
 
 
 def check(defaults: dict[str, Any]) -> None:

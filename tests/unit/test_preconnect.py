@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import click
 import pyinfra
 import pytest
 from pyinfra.api import Inventory
@@ -117,15 +118,15 @@ def closed_port() -> int:
 
 
 def pyinfra_cli(
-    inventory_file: Path, hosts: dict[str, dict[str, Any]], cwd: Path = REPO
+    inventory_file: Path, hosts: dict[str, dict[str, Any]], *args: str, cwd: Path = REPO
 ) -> subprocess.CompletedProcess:
-    """`pyinfra -y INVENTORY deploy.py` over SSH to boxes at a port that refuses."""
+    """`pyinfra -y INVENTORY deploy.py ARGS` over SSH to boxes at a port that refuses."""
     port = closed_port()
     reached = {"ssh_hostname": "127.0.0.1", "ssh_port": port, "ssh_connect_retries": 0}
     boxes = [(name, reached | data) for name, data in hosts.items()]
     inventory_file.write_text(f"spark = {boxes!r}\n")
     return subprocess.run(
-        [sys.executable, "-m", "pyinfra", "-y", str(inventory_file), "deploy.py"],
+        [sys.executable, "-m", "pyinfra", "-y", str(inventory_file), "deploy.py", *args],
         cwd=cwd,
         capture_output=True,
         text=True,
@@ -189,3 +190,30 @@ def test_the_owners_inventory_started_elsewhere_stops_before_connecting(tmp_path
     assert f"start pyinfra in {here} (cd there, or add --chdir {here})" in output
     assert "Connecting to hosts" not in output
     assert "Traceback" not in output
+
+
+def test_the_command_lines_data_goes_over_every_box_parsed_as_pyinfra_parses_it() -> None:
+    """pyinfra 3.10 splits each `--data` at its first "=" and turns "true"/"false", numbers and
+    JSON into values (pyinfra_cli/cli.py `_set_override_data`, pyinfra_cli/util.py
+    `parse_cli_arg`); the override wins over the box's own data (pyinfra/api/host.py)."""
+    defaults = {"fabric_mtu": 9000, "nccl_debug": False, "lanes": []}
+    read = Inventory(([("spark-1", {"nccl_debug": True}), ("spark-2", {})], {}))
+    command = click.Context(click.Command("pyinfra"))
+    command.params["data"] = ("nccl_debug=false", "fabric_mtu=1500", 'lanes=[{"name": "a=b"}]')
+
+    with command, ctx_inventory.use(read):
+        boxes = preconnect.box_data(defaults)
+
+    over = {"fabric_mtu": 1500, "nccl_debug": False, "lanes": [{"name": "a=b"}]}
+    assert boxes == {"spark-1": over, "spark-2": over}
+
+
+def test_a_typo_given_with_data_is_shown_before_connecting(tmp_path: Path) -> None:
+    run = pyinfra_cli(tmp_path / "inventory.py", TWO_SPARKS, "--data", "fabric_mtu=100")
+    output = run.stdout + run.stderr
+
+    assert run.returncode == 1
+    assert "spark-1: fabric_mtu: " in output
+    assert "spark-2: fabric_mtu: " in output
+    assert "No box was contacted." in output
+    assert "Connecting to hosts" not in output
