@@ -28,6 +28,8 @@ FIELDS = (
 )
 SEPARATOR = "--"  # printed before each profile; never a "field:value" line
 NETPLAN_DIRS = ("/etc/netplan", "/run/netplan", "/lib/netplan")  # netplan reads */*.yaml there
+# What a file moved aside is renamed to, before its date: no longer a *.yaml netplan reads.
+MOVED_ASIDE = ".moved-aside-by-spark-"
 
 
 class NmConnections(FactBase):
@@ -135,8 +137,7 @@ def ethernet(
     Fields that differ are changed with ``nmcli connection modify``, then the profile is
     (re)activated; it is also activated when it is not active on ``ifname``. Other profiles
     bound to ``ifname`` by interface name or active on it (NetworkManager's automatic "Wired
-    connection 1") are deleted. A netplan file other than NetworkManager's 90-NM-* mirrors that
-    names ``ifname`` is refused: it would configure the interface behind NetworkManager's back.
+    connection 1") are deleted. Netplan files naming ``ifname`` are ``netplan_left_out``'s.
 
     **Example:**
 
@@ -149,15 +150,6 @@ def ethernet(
             address="192.168.100.10/24",
         )
     """
-    foreign = answer(ForeignNetplanFiles, ifname=ifname)
-    if foreign:
-        yield from util.refused(
-            f"{host.name}: {', '.join(foreign)} configure(s) {ifname} outside NetworkManager. "
-            f"NetworkManager owns the fabric interfaces on these boxes (netplan's networkd "
-            f"renderer does nothing there): remove {ifname} from those files, then run again."
-        )
-        return
-
     # nmcli's own text for each value, so the live text compares as it is.
     want = {
         "connection.interface-name": ifname,
@@ -209,6 +201,53 @@ def ethernet(
         yield _delete_if_present(stray["connection.uuid"])
     if not (changes or strays) and active:
         host.noop(f"profile {con_name} is up to date and active on {ifname}")
+
+
+@operation()
+def netplan_left_out(ifnames: list[str], take_over: bool = False):
+    """
+    No netplan file but NetworkManager's own 90-NM-* mirrors names these interfaces.
+
+    + ifnames: the interfaces NetworkManager's profiles alone configure
+    + take_over: move each file naming one aside, once: renamed to ``<file>`` +
+      ``MOVED_ASIDE`` + its UTC date, beside it and out of netplan's ``*.yaml``; then netplan's
+      profiles generated again without it and NetworkManager's profiles reloaded. Without it
+      such a file is refused, naming the option.
+
+    Netplan's generator turns every definition, at boot and on ``netplan generate`` or
+    ``apply``, into a NetworkManager profile of its own in /run (``netplan-<ifname>``), which
+    NetworkManager would bring up on the twin in place of ethernet()'s.
+
+    **Example:**
+
+    .. code:: python
+
+        nmcli.netplan_left_out(
+            name="Fabric twins left to NetworkManager",
+            ifnames=["enp1s0f1np1", "enP2p1s0f1np1"],
+        )
+    """
+    files = sorted(
+        {path for ifname in ifnames for path in answer(ForeignNetplanFiles, ifname=ifname)}
+    )
+    if not files:
+        host.noop(f"no netplan file but NetworkManager's configures {', '.join(ifnames)}")
+        return
+    if not take_over:
+        yield from util.refused(
+            f"{host.name}: {', '.join(files)} configure(s) {', '.join(ifnames)} outside"
+            " NetworkManager (netplan makes NetworkManager a profile of its own from them at"
+            " every boot), which owns the fabric interfaces on these boxes: set"
+            " fabric_take_over_netplan = True for the deploy to move those files aside (a dated"
+            " copy stays beside each), or remove the twins from them, then run again."
+        )
+        return
+    for path in files:
+        moved = f"{shlex.quote(path)}{MOVED_ASIDE}$(date -u +%Y%m%dT%H%M%SZ)"
+        yield f"mv -- {shlex.quote(path)} {moved}"
+    # Without netplan no generator wrote a profile from them: nothing to regenerate.
+    yield "! command -v netplan >/dev/null || netplan generate"
+    yield "nmcli connection reload"
 
 
 def questions(ifnames: list[str]) -> list[Question]:

@@ -1,4 +1,4 @@
-"""NmConnections, ForeignNetplanFiles and nmcli.ethernet.
+"""NmConnections, ForeignNetplanFiles, nmcli.ethernet and nmcli.netplan_left_out.
 
 The lab-nmcli-*.txt captures are real: NmConnections().command() run with sudo on the lab host
 spark-2 (Debian 12, NetworkManager 1.42.4), with a profile "fabric-enP2p1s0f1np1" on
@@ -24,6 +24,10 @@ ethernet() yields for it were run there, and the fact read afterwards made it yi
       empty block: a profile that went away between list and show)
   lab-nmcli-colon-name.txt
       ours renamed to 'fabric:2 \\ back'
+
+public-netplan-40-cx7-node1.yaml is real: the /etc/netplan/40-cx7.yaml NVIDIA's two-Spark guide
+has owners write on node 1 (NVIDIA/dgx-spark-playbooks nvidia/connect-two-sparks/README.md,
+Step 3, Option 1, commit a6da172), the heredoc's text as it is.
 """
 
 from __future__ import annotations
@@ -37,7 +41,10 @@ import pytest
 from pyinfra.api.arguments import all_global_arguments
 
 from operations import nmcli
+from spark.inventory import load_from_dicts
+from spark.plan import plan
 from tests.unit.harness import FakeHost, captured, process, refusal, run_op
+from tests.unit.test_config import TWO_SPARKS, merged, refusals
 
 NAME = "fabric-enP2p1s0f1np1"
 IFNAME = "enP2p1s0f1np1"
@@ -54,8 +61,8 @@ def delete(uuid: str) -> str:
     )
 
 
-def host_for(capture: str, netplan: str = "") -> FakeHost:
-    return FakeHost({nmcli.NmConnections: captured(capture), nmcli.ForeignNetplanFiles: netplan})
+def host_for(capture: str) -> FakeHost:
+    return FakeHost({nmcli.NmConnections: captured(capture)})
 
 
 def ethernet(capture: str, **kwargs) -> tuple[list[str], list[str]]:
@@ -138,6 +145,86 @@ def test_netplan_fact_command_finds_only_foreign_files_naming_the_interface(
 
 def test_netplan_fact_without_netplan_is_empty() -> None:
     assert process(nmcli.ForeignNetplanFiles, "") == []
+
+
+TWINS = ["enp1s0f1np1", "enP2p1s0f1np1"]
+CX7 = "/etc/netplan/40-cx7.yaml"
+
+
+def foreign(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, ifname: str) -> list[str]:
+    """The fact's command run by sh on tmp_path's etc/ and run/ in place of netplan's dirs."""
+    monkeypatch.setattr(nmcli, "NETPLAN_DIRS", (str(tmp_path / "etc"), str(tmp_path / "run")))
+    command = nmcli.ForeignNetplanFiles().command(ifname)
+    result = subprocess.run(["sh", "-c", command], capture_output=True, text=True, check=True)
+    return process(nmcli.ForeignNetplanFiles, result.stdout)
+
+
+def test_netplan_fact_finds_nvidias_40_cx7_for_each_twin(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    (tmp_path / "etc").mkdir()
+    cx7 = tmp_path / "etc/40-cx7.yaml"
+    cx7.write_text(captured("public-netplan-40-cx7-node1.yaml"))
+    assert [foreign(tmp_path, monkeypatch, twin) for twin in TWINS] == [[str(cx7)]] * 2
+    # Port 0's twins are not in it.
+    assert foreign(tmp_path, monkeypatch, "enp1s0f0np0") == []
+
+
+def left_out(take_over: bool, files: dict[str, str]) -> tuple[list[str], list[str]]:
+    host = FakeHost(
+        {(nmcli.ForeignNetplanFiles, (("ifname", twin),)): files.get(twin, "") for twin in TWINS}
+    )
+    return run_op(nmcli.netplan_left_out, host=host, ifnames=TWINS, take_over=take_over), host.noops
+
+
+def test_no_foreign_netplan_file_yields_nothing() -> None:
+    assert left_out(take_over=True, files={}) == (
+        [],
+        ["no netplan file but NetworkManager's configures enp1s0f1np1, enP2p1s0f1np1"],
+    )
+
+
+def test_foreign_netplan_file_is_refused_naming_the_option() -> None:
+    commands, _ = left_out(take_over=False, files={"enP2p1s0f1np1": f"{CX7}\n"})
+    assert re.search(
+        f"spark-test: {CX7} configure.s. enp1s0f1np1, enP2p1s0f1np1 outside NetworkManager"
+        ".* set fabric_take_over_netplan = True .*remove the twins from them",
+        refusal(commands),
+    )
+
+
+def test_take_over_moves_each_file_aside_once_and_regenerates() -> None:
+    # 40-cx7.yaml names both twins: asked for each, moved once.
+    commands, noops = left_out(
+        take_over=True,
+        files={twin: f"{CX7}\n/run/netplan/50-{twin}.yaml\n" for twin in TWINS},
+    )
+    assert commands == [
+        f"mv -- {CX7} {CX7}.moved-aside-by-spark-$(date -u +%Y%m%dT%H%M%SZ)",
+        "mv -- /run/netplan/50-enP2p1s0f1np1.yaml"
+        " /run/netplan/50-enP2p1s0f1np1.yaml.moved-aside-by-spark-$(date -u +%Y%m%dT%H%M%SZ)",
+        "mv -- /run/netplan/50-enp1s0f1np1.yaml"
+        " /run/netplan/50-enp1s0f1np1.yaml.moved-aside-by-spark-$(date -u +%Y%m%dT%H%M%SZ)",
+        "! command -v netplan >/dev/null || netplan generate",
+        "nmcli connection reload",
+    ]
+    assert noops == []
+
+
+def test_the_file_moved_aside_is_dated_and_no_longer_read(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    (tmp_path / "etc").mkdir()
+    cx7 = tmp_path / "etc/40-cx7.yaml"
+    cx7.write_text(captured("public-netplan-40-cx7-node1.yaml"))
+    files = {twin: "\n".join(foreign(tmp_path, monkeypatch, twin)) for twin in TWINS}
+    commands, _ = left_out(take_over=True, files=files)
+    subprocess.run(["sh", "-c", commands[0]], check=True)
+    (moved,) = (tmp_path / "etc").iterdir()
+    assert re.fullmatch(r"40-cx7\.yaml\.moved-aside-by-spark-\d{8}T\d{6}Z", moved.name)
+    assert moved.read_text() == captured("public-netplan-40-cx7-node1.yaml")
+    # netplan reads only *.yaml: the fact, which reads what netplan reads, finds none left.
+    assert [foreign(tmp_path, monkeypatch, twin) for twin in TWINS] == [[], []]
 
 
 # --- ethernet ----------------------------------------------------------------------------------
@@ -232,14 +319,6 @@ def test_profile_active_on_the_interface_without_naming_it_is_a_stray() -> None:
     assert not nmcli._bound_to(profile, "enp1s0f1np1")
 
 
-def test_foreign_netplan_file_is_refused() -> None:
-    host = host_for("lab-nmcli-exact.txt", netplan="/etc/netplan/50-cloud-init.yaml\n")
-    assert re.search(
-        f"50-cloud-init.yaml .*{IFNAME}.*remove {IFNAME}",
-        refusal(run_op(nmcli.ethernet, host=host, con_name=NAME, ifname=IFNAME, address=ADDRESS)),
-    )
-
-
 def test_profile_name_of_another_type_is_refused() -> None:
     assert re.search(
         "'docker0' is of type bridge, not ethernet",
@@ -252,10 +331,24 @@ def test_two_profiles_with_the_name_are_refused() -> None:
     text = captured("lab-nmcli-exact.txt")
     block = text[text.index(f"connection.id:{NAME}") :].split("\n--\n")[0]
     duplicate = block.replace(OURS, "00000000-0000-4000-8000-000000000001")
-    host = FakeHost(
-        {nmcli.NmConnections: f"{text}--\n{duplicate}\n", nmcli.ForeignNetplanFiles: ""}
-    )
+    host = FakeHost({nmcli.NmConnections: f"{text}--\n{duplicate}\n"})
     assert re.search(
         f"several NetworkManager profiles are named '{NAME}'",
         refusal(run_op(nmcli.ethernet, host=host, con_name=NAME, ifname=IFNAME, address=ADDRESS)),
     )
+
+
+# --- fabric_take_over_netplan: validated, off by default, carried by the fabric's plan ------------
+
+
+def test_take_over_is_off_by_default_and_the_plan_carries_it() -> None:
+    boxes = plan(load_from_dicts(merged(TWO_SPARKS))).boxes
+    assert {box.fabric.take_over_netplan for box in boxes if box.fabric} == {False}
+    hosts = {name: data | {"fabric_take_over_netplan": True} for name, data in TWO_SPARKS.items()}
+    boxes = plan(load_from_dicts(merged(hosts))).boxes
+    assert [box.fabric.take_over_netplan for box in boxes if box.fabric] == [True, True]
+
+
+def test_take_over_is_a_bool() -> None:
+    (problem,) = refusals(fabric_take_over_netplan="yes")
+    assert problem.startswith("spark-1: fabric_take_over_netplan: Input should be a valid boolean")
