@@ -159,12 +159,18 @@ def foreign(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, ifname: str) -> lis
     return process(nmcli.ForeignNetplanFiles, result.stdout)
 
 
-def test_netplan_fact_finds_nvidias_40_cx7_for_each_twin(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def nvidias_cx7(tmp_path: Path) -> Path:
+    """NVIDIA's node 1 file at tmp_path/etc/40-cx7.yaml, as the guide has owners write it."""
     (tmp_path / "etc").mkdir()
     cx7 = tmp_path / "etc/40-cx7.yaml"
     cx7.write_text(captured("public-netplan-40-cx7-node1.yaml"))
+    return cx7
+
+
+def test_netplan_fact_finds_nvidias_40_cx7_for_each_twin(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    cx7 = nvidias_cx7(tmp_path)
     assert [foreign(tmp_path, monkeypatch, twin) for twin in TWINS] == [[str(cx7)]] * 2
     # Port 0's twins are not in it.
     assert foreign(tmp_path, monkeypatch, "enp1s0f0np0") == []
@@ -214,13 +220,12 @@ def test_take_over_moves_each_file_aside_once_and_regenerates() -> None:
 def test_the_file_moved_aside_is_dated_and_no_longer_read(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    (tmp_path / "etc").mkdir()
-    cx7 = tmp_path / "etc/40-cx7.yaml"
-    cx7.write_text(captured("public-netplan-40-cx7-node1.yaml"))
+    cx7 = nvidias_cx7(tmp_path)
     files = {twin: "\n".join(foreign(tmp_path, monkeypatch, twin)) for twin in TWINS}
     commands, _ = left_out(take_over=True, files=files)
     subprocess.run(["sh", "-c", commands[0]], check=True)
-    (moved,) = (tmp_path / "etc").iterdir()
+    assert not cx7.exists()
+    (moved,) = cx7.parent.iterdir()
     assert re.fullmatch(r"40-cx7\.yaml\.moved-aside-by-spark-\d{8}T\d{6}Z", moved.name)
     assert moved.read_text() == captured("public-netplan-40-cx7-node1.yaml")
     # netplan reads only *.yaml: the fact, which reads what netplan reads, finds none left.
