@@ -71,7 +71,9 @@ management_ifname = "enP7s7"
 # for that twin, beside the deploy's (canonical/netplan doc/netplan.md: "During early boot,
 # the netplan network renderer ... writes configuration to /run"). True: the deploy moves each
 # such file aside once (a dated copy beside it, which netplan's *.yaml no longer reads),
-# regenerates netplan's profiles and says so; False: that box stops, naming the files.
+# regenerates netplan's profiles and says so (a file that configures more than twins, or is no
+# YAML, stays and stops the box: moved aside, it would take the rest with it); False: that box
+# stops, naming the files.
 fabric_take_over_netplan = False
 
 # Jumbo frames on every fabric interface, equal on all hosts (seed 001; NVIDIA's own
