@@ -65,6 +65,17 @@ fabric_link_speed_low = "refuse"
 # NVIDIA's spark_cluster_setup.py run_nccl_test).
 management_ifname = "enP7s7"
 
+# A netplan file other than NetworkManager's own 90-NM-* that names a fabric twin, as NVIDIA's
+# two-Spark guide writes /etc/netplan/40-cx7.yaml (dgx-spark-playbooks connect-two-sparks,
+# Step 3, Option 1): netplan's boot generator makes NetworkManager a profile of its own from it
+# for that twin, beside the deploy's (canonical/netplan doc/netplan.md: "During early boot,
+# the netplan network renderer ... writes configuration to /run"). True: the deploy moves each
+# such file aside once (a dated copy beside it, which netplan's *.yaml no longer reads),
+# regenerates netplan's profiles and says so (a file that configures more than twins, or is no
+# YAML, stays and stops the box: moved aside, it would take the rest with it); False: that box
+# stops, naming the files.
+fabric_take_over_netplan = False
+
 # Jumbo frames on every fabric interface, equal on all hosts (seed 001; NVIDIA's own
 # two-Spark guide leaves 1500: dgx-spark-playbooks#25).
 fabric_mtu = 9000

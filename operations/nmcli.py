@@ -28,6 +28,8 @@ FIELDS = (
 )
 SEPARATOR = "--"  # printed before each profile; never a "field:value" line
 NETPLAN_DIRS = ("/etc/netplan", "/run/netplan", "/lib/netplan")  # netplan reads */*.yaml there
+# What a file moved aside is renamed to, before its date: no longer a *.yaml netplan reads.
+MOVED_ASIDE = ".moved-aside-by-spark-"
 
 
 class NmConnections(FactBase):
@@ -70,23 +72,64 @@ class NmConnections(FactBase):
         return {block["connection.uuid"]: block for block in blocks if "connection.uuid" in block}
 
 
+# Reads each file named on stdin as netplan does (YAML, with python3-yaml: netplan.io depends on
+# it, Debian 12's 0.106 as Ubuntu's) and prints each definition in it: file, device type, ID, and
+# the name it matches.
+DEFINITIONS = r"""
+import sys
+try:
+    import yaml
+except ImportError:
+    yaml = None
+for path in sys.stdin.read().splitlines():
+    try:
+        with open(path) as file:
+            network = yaml.safe_load(file)["network"]
+        groups = [(kind, group) for kind, group in network.items() if isinstance(group, dict)]
+    except Exception as error:
+        why = "no python3-yaml" if yaml is None else type(error).__name__
+        print(path, "unreadable", why, "-", sep="\t")
+        continue
+    for kind, group in groups:
+        for name, body in group.items():
+            match = body.get("match") if isinstance(body, dict) else None
+            matched = match.get("name") if isinstance(match, dict) else None
+            print(path, kind, name, matched or "-", sep="\t")
+"""
+
+
 class ForeignNetplanFiles(FactBase):
-    """Netplan files that name an interface, except NetworkManager's own 90-NM-* mirrors.
+    """Netplan files that name an interface, except NetworkManager's own 90-NM-* mirrors, each
+    with every definition in it: device type, ID, and the name it matches ("-" for none). A
+    file read as netplan's YAML in vain holds one ("unreadable", why, "-").
 
     .. code:: python
 
-        ["/etc/netplan/50-cloud-init.yaml"]
+        {
+            "/etc/netplan/40-cx7.yaml": [
+                ("ethernets", "enp1s0f1np1", "-"),
+                ("ethernets", "enP2p1s0f1np1", "-"),
+            ],
+        }
     """
 
-    default = list
+    default = dict
 
     def command(self, ifname: str) -> str:
         files = " ".join(f"{directory}/*.yaml" for directory in NETPLAN_DIRS)
         # -w: "enp1s0f1np1" must not match "enp1s0f1np10".
-        return f"grep -lwF -- {shlex.quote(ifname)} {files} 2>/dev/null | grep -v /90-NM- || true"
+        found = f"grep -lwF -- {shlex.quote(ifname)} {files} 2>/dev/null | grep -v /90-NM-"
+        python = f"python3 -c {shlex.quote(DEFINITIONS)}"
+        unread = "sed 's/$/\\tunreadable\\tno python3\\t-/'"
+        read = f"if command -v python3 >/dev/null; then {python}; else {unread}; fi"
+        return f"{{ {found} | {read}; }} || true"
 
-    def process(self, output: list[str]) -> list[str]:
-        return [line for line in output if line]
+    def process(self, output: list[str]) -> dict[str, list[tuple[str, str, str]]]:
+        files: dict[str, list[tuple[str, str, str]]] = {}
+        for line in filter(None, output):
+            path, kind, name, matched = line.split("\t")
+            files.setdefault(path, []).append((kind, name, matched))
+        return files
 
 
 def _nmcli(*args: str) -> str:
@@ -135,8 +178,7 @@ def ethernet(
     Fields that differ are changed with ``nmcli connection modify``, then the profile is
     (re)activated; it is also activated when it is not active on ``ifname``. Other profiles
     bound to ``ifname`` by interface name or active on it (NetworkManager's automatic "Wired
-    connection 1") are deleted. A netplan file other than NetworkManager's 90-NM-* mirrors that
-    names ``ifname`` is refused: it would configure the interface behind NetworkManager's back.
+    connection 1") are deleted. Netplan files naming ``ifname`` are ``netplan_left_out``'s.
 
     **Example:**
 
@@ -149,15 +191,6 @@ def ethernet(
             address="192.168.100.10/24",
         )
     """
-    foreign = answer(ForeignNetplanFiles, ifname=ifname)
-    if foreign:
-        yield from util.refused(
-            f"{host.name}: {', '.join(foreign)} configure(s) {ifname} outside NetworkManager. "
-            f"NetworkManager owns the fabric interfaces on these boxes (netplan's networkd "
-            f"renderer does nothing there): remove {ifname} from those files, then run again."
-        )
-        return
-
     # nmcli's own text for each value, so the live text compares as it is.
     want = {
         "connection.interface-name": ifname,
@@ -209,6 +242,73 @@ def ethernet(
         yield _delete_if_present(stray["connection.uuid"])
     if not (changes or strays) and active:
         host.noop(f"profile {con_name} is up to date and active on {ifname}")
+
+
+@operation()
+def netplan_left_out(ifnames: list[str], take_over: bool = False):
+    """
+    No netplan file but NetworkManager's own 90-NM-* mirrors names these interfaces.
+
+    + ifnames: the interfaces NetworkManager's profiles alone configure
+    + take_over: move each file naming one aside, once: renamed to ``<file>`` +
+      ``MOVED_ASIDE`` + its UTC date, beside it and out of netplan's ``*.yaml``; then netplan's
+      profiles generated again without it and NetworkManager's profiles reloaded. Without it
+      such a file is refused, naming the option.
+
+    Netplan's generator turns every definition, at boot and on ``netplan generate`` or
+    ``apply``, into a NetworkManager profile of its own in /run (``netplan-<ifname>``), which
+    NetworkManager would bring up on the twin in place of ethernet()'s.
+
+    **Example:**
+
+    .. code:: python
+
+        nmcli.netplan_left_out(
+            name="Fabric twins left to NetworkManager",
+            ifnames=["enp1s0f1np1", "enP2p1s0f1np1"],
+        )
+    """
+    files: dict[str, list[tuple[str, str, str]]] = {}
+    for ifname in ifnames:
+        files |= answer(ForeignNetplanFiles, ifname=ifname)
+    if not files:
+        host.noop(f"no netplan file but NetworkManager's configures {', '.join(ifnames)}")
+        return
+    if not take_over:
+        yield from util.refused(
+            f"{host.name}: {', '.join(sorted(files))} configure(s) {', '.join(ifnames)} outside"
+            " NetworkManager (netplan makes NetworkManager a profile of its own from them at"
+            " every boot), which owns the fabric interfaces on these boxes: set"
+            " fabric_take_over_netplan = True for the deploy to move those files aside (a dated"
+            " copy stays beside each), or remove the twins from them, then run again."
+        )
+        return
+    # Moved aside, a file takes with it all it configures: only one that holds twins alone is.
+    others = {
+        path: [
+            f"unreadable ({name})" if kind == "unreadable" else name
+            for kind, name, matched in definitions
+            if kind == "unreadable" or not {name, matched} & set(ifnames)
+        ]
+        for path, definitions in files.items()
+    }
+    if any(others.values()):
+        named = "; ".join(
+            f"{path}: {', '.join(rest)}" for path, rest in sorted(others.items()) if rest
+        )
+        yield from util.refused(
+            f"{host.name}: fabric_take_over_netplan moves aside only netplan files that configure"
+            f" fabric twins alone, and these configure more or could not be read ({named}):"
+            f" take {', '.join(ifnames)} out of them by hand, then run again."
+        )
+        return
+    files = dict(sorted(files.items()))
+    for path in files:
+        moved = f"{shlex.quote(path)}{MOVED_ASIDE}$(date -u +%Y%m%dT%H%M%SZ)"
+        yield f"mv -- {shlex.quote(path)} {moved}"
+    # Without netplan no generator wrote a profile from them: nothing to regenerate.
+    yield "! command -v netplan >/dev/null || netplan generate"
+    yield "nmcli connection reload"
 
 
 def questions(ifnames: list[str]) -> list[Question]:

@@ -150,6 +150,10 @@ class HostSettings(BaseModel):
         description="True (a box of the fabric on a 7.x kernel gets kho=off through GRUB) or"
         " False (such a box is refused with the fix)"
     )
+    fabric_take_over_netplan: bool = Field(
+        description="True (netplan files naming a fabric twin, NVIDIA's 40-cx7.yaml, moved aside"
+        " once, a dated copy beside each) or False (such a box is refused, naming the files)"
+    )
     kernel_hold: bool = Field(
         description="True (the kernel metapackages held, apt pinned to the running kernel's"
         " ABI) or False"
@@ -617,6 +621,7 @@ class HostConfig(Frozen):
     mtu: int
     gid_index: int
     kernel_kho_off: bool
+    take_over_netplan: bool
     kernel_hold: bool
     driver: Driver
     toolkit: Toolkit
@@ -665,6 +670,7 @@ class HostConfig(Frozen):
             mtu=data.fabric_mtu,
             gid_index=data.roce_gid_index,
             kernel_kho_off=data.fabric_kernel_kho_off,
+            take_over_netplan=data.fabric_take_over_netplan,
             kernel_hold=data.kernel_hold,
             driver=Driver(branch=data.driver_branch, package=data.driver_package),
             toolkit=Toolkit(

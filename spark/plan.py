@@ -65,6 +65,7 @@ class Fabric(Record):
     link_speed_low: Literal["refuse", "warn"]
     gid_index: int  # where NVIDIA's design puts the RoCE v2 IPv4 entry; NCCL finds it anywhere
     peers: tuple[Peer, ...]
+    take_over_netplan: bool  # netplan files naming a twin moved aside, else the box refused
     # A ring's rendezvous and sockets go over the management network: its address checked.
     management: tuple[str, str] | None
 
@@ -336,6 +337,7 @@ def fabric(me: HostConfig, spark: SparkConfig) -> Fabric | None:
         link_speed_low=me.link_speed_low,
         gid_index=me.gid_index,
         peers=peers(me, spark.hosts),
+        take_over_netplan=me.take_over_netplan,
         management=management,
     )
 

@@ -43,6 +43,13 @@ def fabric(box: BoxPlan) -> None:
             name=f"Fabric ports of {plan.shape} cabled: every twin there",
             twins=list(plan.ports),
         )
+        # Before the profiles: a netplan file naming a twin would give it a profile of its own.
+        nmcli.netplan_left_out(
+            name="Fabric twins left to NetworkManager: netplan files naming them "
+            + ("moved aside (fabric_take_over_netplan)" if plan.take_over_netplan else "refused"),
+            ifnames=ifnames,
+            take_over=plan.take_over_netplan,
+        )
         for link in plan.links:
             nmcli.ethernet(
                 name=f"Fabric {link.ifname}: static IPv4, MTU {plan.mtu}",

@@ -1,5 +1,6 @@
-"""The fabric promise, per twin: its NetworkManager profile, address, MTU 9000 on the link, and
-the one RoCE v2 IPv4 GID entry NCCL selects; per box, a running kernel whose RDMA registers
+"""The fabric promise, per twin: its NetworkManager profile, address, MTU 9000 on the link, no
+netplan file but NetworkManager's own naming it, and the one RoCE v2 IPv4 GID entry NCCL
+selects; per box, a running kernel whose RDMA registers
 memory (kexec handover off)."""
 
 from __future__ import annotations
@@ -10,7 +11,7 @@ from typing import TYPE_CHECKING
 
 import pytest
 
-from operations import kernel, roce
+from operations import kernel, nmcli, roce
 
 if TYPE_CHECKING:
     from spark.inventory import FabricLink
@@ -96,6 +97,18 @@ def test_link_up(box: Box, link: FabricLink, found: Callable[[object], None]) ->
     state = _sys(box, link, "operstate")
     found(state)
     assert state == "up", f"expected {link.ifname} up (carrier), found {state}"
+
+
+def test_netplan_leaves_it(box: Box, link: FabricLink, found: Callable[[object], None]) -> None:
+    """netplan leaves {ifname} to NetworkManager"""
+    # The deploy's own fact: netplan files naming the twin, but NetworkManager's 90-NM-* mirrors.
+    fact = nmcli.ForeignNetplanFiles()
+    files = fact.process(box.run(fact.command(link.ifname)).stdout.splitlines())
+    found(", ".join(files) or "none")
+    assert not files, (
+        f"expected no netplan file but NetworkManager's naming {link.ifname} (netplan would make"
+        f" it a profile of its own at boot), found {', '.join(files)}"
+    )
 
 
 def test_roce_v2_entry(

@@ -27,10 +27,11 @@ IMAGES = CACHE / "images"  # bound read-only into every host at /srv/simlab-imag
 SUITE = "bookworm"
 # What a fresh DGX OS install has that the deploy relies on (DGX OS is Ubuntu 24.04; the lab
 # uses bookworm because its NetworkManager manages veths inside a container: see the README).
+# netplan.io: DGX OS keeps its network in netplan, NetworkManager its renderer (below).
 SPARK_PACKAGES = [
     "systemd", "systemd-sysv", "libpam-systemd", "dbus", "network-manager", "openssh-server",
     "iproute2", "sudo", "ca-certificates", "gnupg", "python3", "docker.io", "curl",
-    "iputils-ping", "procps", "less",
+    "iputils-ping", "procps", "less", "netplan.io",
 ]  # fmt: skip
 SERVING_PACKAGES = ["python3", "iproute2", "procps", "ca-certificates"]
 HOST_TOOLS = {
@@ -170,6 +171,13 @@ def _customize_spark(root: Path) -> None:
     )
     (root / "etc/sudoers.d/90-admin").write_text(f"{ADMIN_USER} ALL=(ALL) NOPASSWD:ALL\n")
     (root / "etc/sudoers.d/90-admin").chmod(0o440)
+    # Ubuntu's default (network-manager ships it from 23.10): every netplan definition goes to
+    # NetworkManager, which netplan's boot generator hands its profiles in /run (canonical/netplan
+    # PR#378, doc "00-network-manager-all.yaml").
+    (root / "usr/lib/netplan").mkdir(parents=True, exist_ok=True)
+    (root / "usr/lib/netplan/00-network-manager-all.yaml").write_text(
+        "network:\n  version: 2\n  renderer: NetworkManager\n"
+    )
     # The Debian mirror cannot be reached from the lab; the hosts' only apt source is the lab's
     # stand-in of the DGX OS archive, written at boot.
     (root / "etc/apt/sources.list").write_text("")

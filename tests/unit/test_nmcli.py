@@ -1,4 +1,4 @@
-"""NmConnections, ForeignNetplanFiles and nmcli.ethernet.
+"""NmConnections, ForeignNetplanFiles, nmcli.ethernet and nmcli.netplan_left_out.
 
 The lab-nmcli-*.txt captures are real: NmConnections().command() run with sudo on the lab host
 spark-2 (Debian 12, NetworkManager 1.42.4), with a profile "fabric-enP2p1s0f1np1" on
@@ -24,6 +24,15 @@ ethernet() yields for it were run there, and the fact read afterwards made it yi
       empty block: a profile that went away between list and show)
   lab-nmcli-colon-name.txt
       ours renamed to 'fabric:2 \\ back'
+
+lab-netplan-files-enP2p1s0f1np1.txt is real: ForeignNetplanFiles().command("enP2p1s0f1np1") run
+with sudo on the lab host spark-2 (netplan.io 0.106, python3-yaml) with three files in
+/etc/netplan: NVIDIA's 40-cx7.yaml (node 2's), a 50-cloud-init.yaml configuring enP7s7 and a
+definition "fabric0" matching enP2p1s0f1np1 by name, and a 60-broken.yaml that is no YAML.
+
+public-netplan-40-cx7-node1.yaml is real: the /etc/netplan/40-cx7.yaml NVIDIA's two-Spark guide
+has owners write on node 1 (NVIDIA/dgx-spark-playbooks nvidia/connect-two-sparks/README.md,
+Step 3, Option 1, commit a6da172), the heredoc's text as it is.
 """
 
 from __future__ import annotations
@@ -37,7 +46,10 @@ import pytest
 from pyinfra.api.arguments import all_global_arguments
 
 from operations import nmcli
+from spark.inventory import load_from_dicts
+from spark.plan import plan
 from tests.unit.harness import FakeHost, captured, process, refusal, run_op
+from tests.unit.test_config import TWO_SPARKS, merged, refusals
 
 NAME = "fabric-enP2p1s0f1np1"
 IFNAME = "enP2p1s0f1np1"
@@ -54,8 +66,8 @@ def delete(uuid: str) -> str:
     )
 
 
-def host_for(capture: str, netplan: str = "") -> FakeHost:
-    return FakeHost({nmcli.NmConnections: captured(capture), nmcli.ForeignNetplanFiles: netplan})
+def host_for(capture: str) -> FakeHost:
+    return FakeHost({nmcli.NmConnections: captured(capture)})
 
 
 def ethernet(capture: str, **kwargs) -> tuple[list[str], list[str]]:
@@ -119,25 +131,181 @@ def test_fact_without_networkmanager_is_empty() -> None:
 
 # --- ForeignNetplanFiles -----------------------------------------------------------------------
 
+TWINS = ["enp1s0f1np1", "enP2p1s0f1np1"]
+CX7 = "/etc/netplan/40-cx7.yaml"
+# The fact reads netplan's YAML with the box's python3 and python3-yaml (netplan's own); where
+# this machine's python3 has no yaml, the commands' runs here are skipped (the lab runs them).
+YAML_HERE = subprocess.run(["python3", "-c", "import yaml"], capture_output=True).returncode == 0
+needs_yaml = pytest.mark.skipif(not YAML_HERE, reason="this machine's python3 has no yaml")
 
+
+def foreign(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, ifname: str) -> dict:
+    """The fact's command run by sh on tmp_path's etc/ and run/ in place of netplan's dirs."""
+    monkeypatch.setattr(nmcli, "NETPLAN_DIRS", (str(tmp_path / "etc"), str(tmp_path / "run")))
+    command = nmcli.ForeignNetplanFiles().command(ifname)
+    result = subprocess.run(["sh", "-c", command], capture_output=True, text=True, check=True)
+    assert result.stderr == ""
+    return process(nmcli.ForeignNetplanFiles, result.stdout)
+
+
+def nvidias_cx7(tmp_path: Path) -> Path:
+    """NVIDIA's node 1 file at tmp_path/etc/40-cx7.yaml, as the guide has owners write it."""
+    (tmp_path / "etc").mkdir()
+    cx7 = tmp_path / "etc/40-cx7.yaml"
+    cx7.write_text(captured("public-netplan-40-cx7-node1.yaml"))
+    return cx7
+
+
+@needs_yaml
 def test_netplan_fact_command_finds_only_foreign_files_naming_the_interface(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    etc, run = tmp_path / "etc", tmp_path / "run"
+    etc = tmp_path / "etc"
     etc.mkdir()
     (etc / "50-cloud-init.yaml").write_text(f"network:\n  ethernets:\n    {IFNAME}:\n")
     (etc / f"90-NM-{OURS}.yaml").write_text(f"network:\n  ethernets:\n    {IFNAME}:\n")
     (etc / "60-other.yaml").write_text(f"network:\n  ethernets:\n    {IFNAME}0:\n")
     (etc / "70-not-yaml.yml").write_text(f"{IFNAME}\n")
-    monkeypatch.setattr(nmcli, "NETPLAN_DIRS", (str(etc), str(run)))  # run/ does not exist
-    command = nmcli.ForeignNetplanFiles().command(IFNAME)
-    result = subprocess.run(["sh", "-c", command], capture_output=True, text=True, check=True)
-    assert process(nmcli.ForeignNetplanFiles, result.stdout) == [f"{etc}/50-cloud-init.yaml"]
-    assert result.stderr == ""
+    assert foreign(tmp_path, monkeypatch, IFNAME) == {  # run/ does not exist
+        f"{etc}/50-cloud-init.yaml": [("ethernets", IFNAME, "-")]
+    }
 
 
-def test_netplan_fact_without_netplan_is_empty() -> None:
-    assert process(nmcli.ForeignNetplanFiles, "") == []
+@needs_yaml
+def test_netplan_fact_reads_nvidias_40_cx7_for_each_twin(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    cx7 = nvidias_cx7(tmp_path)
+    definitions = [("ethernets", "enp1s0f1np1", "-"), ("ethernets", "enP2p1s0f1np1", "-")]
+    for twin in TWINS:
+        assert foreign(tmp_path, monkeypatch, twin) == {str(cx7): definitions}
+    assert foreign(tmp_path, monkeypatch, "enp1s0f0np0") == {}  # port 0's twins are not in it
+
+
+@needs_yaml
+def test_netplan_fact_reads_every_definition_matches_and_what_is_no_yaml(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    run = tmp_path / "run"
+    run.mkdir()
+    # As cloud-init writes one (its management NIC), a twin added; a twin matched by name.
+    (run / "50-cloud-init.yaml").write_text(
+        "network:\n  version: 2\n  renderer: NetworkManager\n  ethernets:\n"
+        "    enP7s7:\n      dhcp4: true\n"
+        f"    fabric0:\n      match:\n        name: {IFNAME}\n      mtu: 9000\n"
+        f"  vlans:\n    vlan10:\n      id: 10\n      link: {IFNAME}\n"
+    )
+    (run / "60-broken.yaml").write_text(f"network: [{IFNAME}\n")
+    assert foreign(tmp_path, monkeypatch, IFNAME) == {
+        f"{run}/50-cloud-init.yaml": [
+            ("ethernets", "enP7s7", "-"),
+            ("ethernets", "fabric0", IFNAME),
+            ("vlans", "vlan10", "-"),
+        ],
+        f"{run}/60-broken.yaml": [("unreadable", "ParserError", "-")],
+    }
+
+
+def test_netplan_fact_without_netplan_or_python3_yaml() -> None:
+    assert process(nmcli.ForeignNetplanFiles, "") == {}
+    # What the command prints for a file where python3 has no yaml module, or no python3 is.
+    assert process(
+        nmcli.ForeignNetplanFiles,
+        f"{CX7}\tunreadable\tno python3-yaml\t-\n/run/netplan/a.yaml\tunreadable\tno python3\t-\n",
+    ) == {
+        CX7: [("unreadable", "no python3-yaml", "-")],
+        "/run/netplan/a.yaml": [("unreadable", "no python3", "-")],
+    }
+
+
+def test_netplan_fact_parses_the_lab_capture() -> None:
+    assert process(nmcli.ForeignNetplanFiles, captured("lab-netplan-files-enP2p1s0f1np1.txt")) == {
+        CX7: [("ethernets", "enp1s0f1np1", "-"), ("ethernets", "enP2p1s0f1np1", "-")],
+        "/etc/netplan/50-cloud-init.yaml": [
+            ("ethernets", "enP7s7", "-"),
+            ("ethernets", "fabric0", "enP2p1s0f1np1"),
+        ],
+        "/etc/netplan/60-broken.yaml": [("unreadable", "ParserError", "-")],
+    }
+
+
+# --- netplan_left_out -------------------------------------------------------------------------
+
+BOTH = f"{CX7}\tethernets\tenp1s0f1np1\t-\n{CX7}\tethernets\tenP2p1s0f1np1\t-\n"
+
+
+def left_out(take_over: bool, files: dict[str, str]) -> tuple[list[str], list[str]]:
+    """What netplan_left_out yields for the twins, the fact answering `files[twin]` for each."""
+    host = FakeHost(
+        {(nmcli.ForeignNetplanFiles, (("ifname", twin),)): files.get(twin, "") for twin in TWINS}
+    )
+    return run_op(nmcli.netplan_left_out, host=host, ifnames=TWINS, take_over=take_over), host.noops
+
+
+def test_no_foreign_netplan_file_yields_nothing() -> None:
+    assert left_out(take_over=True, files={}) == (
+        [],
+        ["no netplan file but NetworkManager's configures enp1s0f1np1, enP2p1s0f1np1"],
+    )
+
+
+def test_foreign_netplan_file_is_refused_naming_the_option() -> None:
+    commands, _ = left_out(take_over=False, files={"enP2p1s0f1np1": BOTH})
+    assert re.search(
+        f"spark-test: {CX7} configure.s. enp1s0f1np1, enP2p1s0f1np1 outside NetworkManager"
+        ".* set fabric_take_over_netplan = True .*remove the twins from them",
+        refusal(commands),
+    )
+
+
+def test_take_over_moves_each_file_aside_once_and_regenerates() -> None:
+    # 40-cx7.yaml names both twins: asked for each, moved once; a definition matching a twin
+    # by name is the twin's.
+    matched = "/run/netplan/50-fabric.yaml\tethernets\tfabric0\tenp1s0f1np1\n"
+    commands, noops = left_out(take_over=True, files={TWINS[0]: BOTH + matched, TWINS[1]: BOTH})
+    assert commands == [
+        f"mv -- {CX7} {CX7}.moved-aside-by-spark-$(date -u +%Y%m%dT%H%M%SZ)",
+        "mv -- /run/netplan/50-fabric.yaml"
+        " /run/netplan/50-fabric.yaml.moved-aside-by-spark-$(date -u +%Y%m%dT%H%M%SZ)",
+        "! command -v netplan >/dev/null || netplan generate",
+        "nmcli connection reload",
+    ]
+    assert noops == []
+
+
+def test_a_file_that_configures_more_than_twins_or_is_unread_is_not_moved() -> None:
+    cloud = "/etc/netplan/50-cloud-init.yaml"
+    mixed = f"{cloud}\tethernets\tenP7s7\t-\n{cloud}\tethernets\tenp1s0f1np1\t-\n"
+    unread = f"{CX7}\tunreadable\tno python3-yaml\t-\n"
+    commands, _ = left_out(take_over=True, files={TWINS[0]: mixed, TWINS[1]: unread})
+    assert refusal(commands) == (
+        "spark-test: fabric_take_over_netplan moves aside only netplan files that configure"
+        " fabric twins alone, and these configure more or could not be read"
+        f" ({CX7}: unreadable (no python3-yaml); {cloud}: enP7s7): take enp1s0f1np1,"
+        " enP2p1s0f1np1 out of them by hand, then run again."
+    )
+
+
+@needs_yaml
+def test_the_file_moved_aside_is_dated_and_no_longer_read(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    cx7 = nvidias_cx7(tmp_path)
+    found = {twin: foreign(tmp_path, monkeypatch, twin) for twin in TWINS}
+    files = {
+        twin: "".join(
+            "\t".join((path, *row)) + "\n" for path, rows in by_path.items() for row in rows
+        )
+        for twin, by_path in found.items()
+    }
+    commands, _ = left_out(take_over=True, files=files)
+    subprocess.run(["sh", "-c", commands[0]], check=True)
+    assert not cx7.exists()
+    (moved,) = cx7.parent.iterdir()
+    assert re.fullmatch(r"40-cx7\.yaml\.moved-aside-by-spark-\d{8}T\d{6}Z", moved.name)
+    assert moved.read_text() == captured("public-netplan-40-cx7-node1.yaml")
+    # netplan reads only *.yaml: the fact, which reads what netplan reads, finds none left.
+    assert [foreign(tmp_path, monkeypatch, twin) for twin in TWINS] == [{}, {}]
 
 
 # --- ethernet ----------------------------------------------------------------------------------
@@ -232,14 +400,6 @@ def test_profile_active_on_the_interface_without_naming_it_is_a_stray() -> None:
     assert not nmcli._bound_to(profile, "enp1s0f1np1")
 
 
-def test_foreign_netplan_file_is_refused() -> None:
-    host = host_for("lab-nmcli-exact.txt", netplan="/etc/netplan/50-cloud-init.yaml\n")
-    assert re.search(
-        f"50-cloud-init.yaml .*{IFNAME}.*remove {IFNAME}",
-        refusal(run_op(nmcli.ethernet, host=host, con_name=NAME, ifname=IFNAME, address=ADDRESS)),
-    )
-
-
 def test_profile_name_of_another_type_is_refused() -> None:
     assert re.search(
         "'docker0' is of type bridge, not ethernet",
@@ -252,10 +412,24 @@ def test_two_profiles_with_the_name_are_refused() -> None:
     text = captured("lab-nmcli-exact.txt")
     block = text[text.index(f"connection.id:{NAME}") :].split("\n--\n")[0]
     duplicate = block.replace(OURS, "00000000-0000-4000-8000-000000000001")
-    host = FakeHost(
-        {nmcli.NmConnections: f"{text}--\n{duplicate}\n", nmcli.ForeignNetplanFiles: ""}
-    )
+    host = FakeHost({nmcli.NmConnections: f"{text}--\n{duplicate}\n"})
     assert re.search(
         f"several NetworkManager profiles are named '{NAME}'",
         refusal(run_op(nmcli.ethernet, host=host, con_name=NAME, ifname=IFNAME, address=ADDRESS)),
     )
+
+
+# --- fabric_take_over_netplan: validated, off by default, carried by the fabric's plan ------------
+
+
+def test_take_over_is_off_by_default_and_the_plan_carries_it() -> None:
+    boxes = plan(load_from_dicts(merged(TWO_SPARKS))).boxes
+    assert {box.fabric.take_over_netplan for box in boxes if box.fabric} == {False}
+    hosts = {name: data | {"fabric_take_over_netplan": True} for name, data in TWO_SPARKS.items()}
+    boxes = plan(load_from_dicts(merged(hosts))).boxes
+    assert [box.fabric.take_over_netplan for box in boxes if box.fabric] == [True, True]
+
+
+def test_take_over_is_a_bool() -> None:
+    (problem,) = refusals(fabric_take_over_netplan="yes")
+    assert problem.startswith("spark-1: fabric_take_over_netplan: Input should be a valid boolean")
