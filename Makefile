@@ -26,6 +26,9 @@ OPENCODE_VERSION := 1.18.33
 OPENCODE_STAMP := .tools/opencode/.installed-$(OPENCODE_VERSION)
 
 $(OPENCODE_STAMP):
+	@command -v npm >/dev/null || { [ "$$(id -u)" = 0 ] || { echo "npm is needed: as root," \
+	         "apt-get install npm"; exit 1; }; \
+	       apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq npm; }
 	npm install --prefix .tools/opencode --no-save --no-audit --no-fund --loglevel=error \
 	  opencode-ai@$(OPENCODE_VERSION)
 	rm -f .tools/opencode/.installed-* && touch $@

@@ -20,8 +20,8 @@ pytestmark = pytest.mark.lab
 
 OPENCODE = Path(REPO) / ".tools/opencode/node_modules/.bin/opencode"
 # What OpenCode would otherwise fetch or start on its own, none of it reachable from the lab's
-# machine (https://opencode.ai/docs/cli/#environment-variables); the repository's own files
-# are no project configuration of its.
+# machine, and the repository's files taken as no project configuration of its: switches the
+# opencode 1.18.33 binary reads (its strings name every OPENCODE_DISABLE_* it knows).
 QUIET = {
     "OPENCODE_DISABLE_AUTOUPDATE": "1",
     "OPENCODE_DISABLE_MODELS_FETCH": "1",
@@ -35,7 +35,8 @@ LANES = {"coder": "qwen3-coder-next", "fast": "qwen3.6-35b-a3b"}  # group_data/a
 def run(home: Path, *command: str) -> subprocess.CompletedProcess:
     """A command as an owner whose home is ``home`` runs it, from there."""
     env = dict(os.environ, HOME=str(home), SIMLAB_STATE=str(STATE), **QUIET)
-    env.pop("XDG_CONFIG_HOME", None)
+    for name in ("XDG_CONFIG_HOME", "XDG_DATA_HOME", "XDG_CACHE_HOME", "XDG_STATE_HOME"):
+        env.pop(name, None)  # all under ``home``
     return subprocess.run(
         command, cwd=home, env=env, capture_output=True, text=True, timeout=300,
         stdin=subprocess.DEVNULL,
