@@ -1,7 +1,8 @@
 """teardown.py and a box leaving the cluster, on the deployed pair: spark-2 torn down (pyinfra
 asks first), compliance naming what spark-2 no longer has, then the inventory without it
-deployed (spark-1 serves alone: no Ray, no firewall; a lane of a model outside the catalog),
-and the pair deployed again."""
+deployed (spark-1 serves alone: no Ray, no firewall; a lane of a model outside the catalog; an
+older container toolkit), and the pair deployed again (the toolkit moved to group_data's newer
+one)."""
 
 from __future__ import annotations
 
@@ -17,6 +18,12 @@ from tests.simlab import lab as simlab
 pytestmark = pytest.mark.lab
 
 ALONE = "tests/e2e/without_spark2_inventory.py"
+# The container toolkit's four packages (operations/toolkit.py PACKAGES) as `name version`, held.
+TOOLKIT = (
+    "dpkg-query -W -f='${Package} ${Version}\\n' nvidia-container-toolkit"
+    " nvidia-container-toolkit-base libnvidia-container-tools libnvidia-container1"
+    " && apt-mark showhold"
+)
 # Every unit, container, file and table the deploy puts on a box of the pair (stages/teardown.py
 # names where each comes from), one `kind name` line each where it is left.
 LEFT = r"""
@@ -36,6 +43,14 @@ true
 
 def left_on(host: simlab.Host) -> list[str]:
     return run_on(host, f"sudo sh -c {shlex.quote(LEFT)}").splitlines()
+
+
+def toolkit(host: simlab.Host) -> tuple[str, bool]:
+    """The toolkit's version (the same for all four packages) and whether all four are held."""
+    lines = run_on(host, TOOLKIT).splitlines()
+    versions = {line.split()[1] for line in lines[:4]}
+    assert len(versions) == 1, lines
+    return versions.pop(), set(lines[4:]) >= {line.split()[0] for line in lines[:4]}
 
 
 def test_teardown_of_a_box_leaving_the_cluster_then_the_pair_again(
@@ -72,6 +87,8 @@ def test_teardown_of_a_box_leaving_the_cluster_then_the_pair_again(
     # Its lanes now: group_data's first and the README's model outside the catalog.
     assert {"container spark-lane-coder", "container spark-lane-small"} <= set(on_1)
     assert "container spark-lane-fast" not in on_1
+    # The alone inventory's older toolkit (1.18.0-1), held ...
+    assert toolkit(spark_1) == ("1.18.0-1", True)
     # Through the front with its key (a header read from stdin: the key in no argv).
     models = run_on(
         spark_1,
@@ -82,3 +99,6 @@ def test_teardown_of_a_box_leaving_the_cluster_then_the_pair_again(
 
     again = output_of(pyinfra(INVENTORY, "deploy.py"))
     assert f"{spark_1.name}  converged" in again and f"{spark_2.name}  converged" in again
+    # ... and group_data's newer one after it, held again: a newer toolkit is a raised
+    # toolkit_version (README: "A newer container toolkit").
+    assert toolkit(spark_1) == ("1.19.0-1", True)

@@ -1,7 +1,8 @@
 """inventories/sim.py with its second box taken out: the cluster of two made one box, as an
 owner's inventory is once a box leaves it (README: "A box leaves the cluster"); the box serves
 the README's lane of a model outside the catalog (Lanes, "A model outside the catalog") in place
-of group_data's second lane.
+of group_data's second lane, and the container toolkit's older build the lab's repository holds
+(1.18.0-1: group_data's 1.19.0-1 is then a newer toolkit to move to, README: Day to day).
 
     pyinfra tests/e2e/without_spark2_inventory.py deploy.py
 """
@@ -19,7 +20,7 @@ spark = [
     (
         name,
         {k: v for k, v in data.items() if k not in _cluster}
-        | {"lanes": [_lanes[0], readme_lane()]},
+        | {"lanes": [_lanes[0], readme_lane()], "toolkit_version": "1.18.0-1"},
     )
     for name, data in runpy.run_path(str(_repo / "inventories" / "sim.py"))["spark"][:1]
 ]
