@@ -8,7 +8,8 @@ STAMP := $(VENV)/.installed-$(shell sha256sum requirements.txt | cut -c1-12)
 
 INVENTORY ?= inventories/lab.py
 
-.PHONY: venv demo test unit plan compliance lane-bench lab-up lab-down bench prometheus-config status
+.PHONY: venv demo test unit plan compliance lane-bench lab-up lab-down bench prometheus-config status \
+	clients
 
 $(STAMP): requirements.txt
 	@command -v python3 >/dev/null && python3 -c 'import venv, ensurepip' 2>/dev/null \
@@ -18,6 +19,19 @@ $(STAMP): requirements.txt
 	python3 -m venv $(VENV)
 	$(VENV)/bin/pip install -q --disable-pip-version-check -r requirements.txt
 	rm -f $(VENV)/.installed-* && touch $@
+
+# The OpenCode client from npm (its package opencode-ai, pinned), which the end-to-end tests run
+# against the lab's lanes with what `make clients` wrote; in .tools/, beside the repository.
+OPENCODE_VERSION := 1.18.33
+OPENCODE_STAMP := .tools/opencode/.installed-$(OPENCODE_VERSION)
+
+$(OPENCODE_STAMP):
+	@command -v npm >/dev/null || { [ "$$(id -u)" = 0 ] || { echo "npm is needed: as root," \
+	         "apt-get install npm"; exit 1; }; \
+	       apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq npm; }
+	npm install --prefix .tools/opencode --no-save --no-audit --no-fund --loglevel=error \
+	  opencode-ai@$(OPENCODE_VERSION)
+	rm -f .tools/opencode/.installed-* && touch $@
 
 # The virtualenv alone (.venv, the pinned requirements): what an owner's control machine needs.
 venv: $(STAMP)
@@ -34,7 +48,7 @@ LAB_ID := $(or $(SIMLAB_ID),0)
 WORKERS := --dist loadgroup --no-loadscope-reorder --tx popen//env:SIMLAB_ID=$(LAB_ID) \
 	--tx popen//env:SIMLAB_ID=$(shell echo $$(($(LAB_ID) + 100)))
 
-test: $(STAMP)
+test: $(STAMP) $(OPENCODE_STAMP)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 	$(PY) -m pytest -p no:cacheprovider --durations=30 $(WORKERS) tests; rc=$$?; \
@@ -62,6 +76,11 @@ prometheus-config: $(STAMP)
 # is red. KEYS=<dir> where the boxes' metrics keys are (<box>.key; README: Watching the fleet).
 status: $(STAMP)
 	@$(PY) -m stages.status --inventory $(INVENTORY) $(if $(KEYS),--keys-dir $(KEYS))
+
+# Every lane's key copied from its box into OpenCode's configuration directory (DIR=<dir>, else
+# ~/.config/opencode), 0600, and one opencode.json for the whole fleet (README: Keys to clients).
+clients: $(STAMP)
+	$(PY) -m stages.clients --inventory $(INVENTORY) $(if $(DIR),--dir $(DIR))
 
 # Every lane of every box measured against the field's figures (README: Lanes). It loads each
 # lane for about a minute, one lane of one box at a time: run it deliberately (deploy.py never

@@ -62,15 +62,31 @@ def agent_note(endpoint: Endpoint) -> str:
     )
 
 
-def opencode_config(box: str, endpoints: Sequence[Endpoint]) -> dict:
+# OpenCode's global configuration directory, where `make clients` copies the keys
+# (https://opencode.ai/docs/config/#global: ~/.config/opencode/opencode.json).
+OPENCODE_DIR = "~/.config/opencode"
+
+
+def client_slug(box: str) -> str:
+    """A box's name as its providers and key files spell it: lower case, every run of
+    characters other than a-z, 0-9 and - made one - (spark-1.local: spark-1-local)."""
+    return re.sub(r"[^a-z0-9-]+", "-", box.lower())
+
+
+def key_file(box: str, lane: str) -> str:
+    """The name of a lane's key file on the client, in its configuration directory."""
+    return f"{client_slug(box)}-{lane}.key"
+
+
+def opencode_config(box: str, endpoints: Sequence[Endpoint], keys_dir: str = OPENCODE_DIR) -> dict:
     """An OpenCode configuration (as in seed 002) with one provider per lane of the box. The key
-    is read from a file on the client ({file:...}), never written here."""
-    slug = re.sub(r"[^a-z0-9-]+", "-", box.lower())
+    is read from a file on the client in ``keys_dir`` ({file:...}), never written here."""
+    slug = client_slug(box)
     providers = {}
     for endpoint in endpoints:
         options = {"baseURL": endpoint.url}
         if endpoint.api_key:
-            options["apiKey"] = f"{{file:~/.config/opencode/{slug}-{endpoint.lane}.key}}"
+            options["apiKey"] = f"{{file:{keys_dir}/{key_file(box, endpoint.lane)}}}"
         limit = {
             "context": endpoint.max_model_len,
             # Seed 002 leaves 16K of its 128K context for output; never more than a quarter.
@@ -141,10 +157,12 @@ class EndpointsReport(BaseStateCallback):
             (clients / f"{box}.json").write_text(text)
         click.echo("--> Lanes serving:", err=True)
         click.echo(endpoints_table(served), err=True)
+        box, lanes = next(iter(served.items()))
         click.echo(
-            f"    OpenCode configuration: clients/<box>.json. Keys stay on the boxes; copy one"
-            f" without showing it: ssh <box> sudo cat {SECRETS_DIR}/<lane>.key >"
-            " ~/.config/opencode/<box>-<lane>.key",
+            f"    OpenCode: `make clients` copies each lane's key ({SECRETS_DIR}/<lane>.key) to"
+            f" {OPENCODE_DIR}/<box>-<lane>.key ({box} {lanes[0].lane}:"
+            f" {key_file(box, lanes[0].lane)}) and merges every box's providers"
+            f" (clients/<box>.json) into {OPENCODE_DIR}/opencode.json.",
             err=True,
         )
         click.echo(

@@ -10,6 +10,7 @@ from ipaddress import IPv4Network
 from jinja2 import Template
 from pyinfra import host
 from pyinfra.api import FactBase, operation
+from pyinfra.facts.files import File
 
 from operations import debpkg, util
 from operations.asked import Question, answer, question
@@ -19,6 +20,9 @@ TABLE = "inet spark"  # our own table: docker's and anyone else's rules stay unt
 UNIT = "spark-firewall.service"
 DIGEST = re.compile(r'comment "spark:([0-9a-f]{64})"')
 PATH = "/etc/spark/firewall.nft"
+UNIT_PATH = f"/etc/systemd/system/{UNIT}"
+# The table deleted where it is left (stopping the unit deletes it already: its ExecStop).
+DELETE_TABLE = f"if nft list table {TABLE} >/dev/null 2>&1; then nft delete table {TABLE}; fi"
 
 
 def rules_check(path: str = PATH) -> str:
@@ -134,7 +138,7 @@ def cluster_ports_fabric_only(
     rules = ruleset(fabric, ranges)
     if not state["nft"]:
         yield debpkg.apt_install("nftables")
-    unit_path = f"/etc/systemd/system/{UNIT}"
+    unit_path = UNIT_PATH
     found = util.on_box(path, unit_path)
     ruleset_file = util.put(StringIO(rules), path, found=found)
     yield from ruleset_file
@@ -156,9 +160,31 @@ def cluster_ports_fabric_only(
         host.noop(f"{TABLE} admits the cluster's ports from the fabric only")
 
 
+@operation()
+def removed(path: str = PATH):
+    """
+    Stop and remove the firewall a cluster left on a box that now serves alone: its unit, its
+    table and its ruleset file.
+
+    + path: the ruleset file
+    """
+    if answer(File, path=UNIT_PATH) is None:
+        host.noop(f"no {UNIT} on this box")
+        return
+    yield f"systemctl disable --now {UNIT}"
+    yield DELETE_TABLE
+    yield f"rm -f {UNIT_PATH} {path}"
+    yield "systemctl daemon-reload"
+
+
 def questions() -> list[Question]:
     """What ``cluster_ports_fabric_only`` reads (operations/asked.py)."""
     return [
         question(FirewallState, path=PATH),
-        question(util.RootFiles, paths=(PATH, f"/etc/systemd/system/{UNIT}")),
+        question(util.RootFiles, paths=(PATH, UNIT_PATH)),
     ]
+
+
+def removed_questions() -> list[Question]:
+    """What ``removed`` reads (operations/asked.py)."""
+    return [question(File, path=UNIT_PATH)]

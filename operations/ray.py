@@ -321,6 +321,8 @@ def node_removed():
     yield f"systemctl disable --now {UNIT}"
     yield f"rm -f {UNIT_PATH}"
     yield "systemctl daemon-reload"
+    # The node's container stops with an error status: the unit stays listed as failed.
+    yield f"systemctl reset-failed {UNIT} || true"
 
 
 def questions(image: str | None) -> list[Question]:

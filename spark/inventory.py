@@ -45,6 +45,11 @@ from spark.ports import port_owners
 # host.data keys that pyinfra and its connectors read themselves: they pass unchecked and
 # are never echoed (`_sudo_password`, `ssh_password` are secrets).
 PYINFRA_KEY_PREFIXES = ("ssh_", "_", "docker_", "local_", "winrm_", "chroot_")
+# What `--data` gives teardown.py for one run (stages/teardown.py options): no box's setting,
+# so a box's checks pass them by, and the teardown checks their values.
+TEARDOWN_KEYS = frozenset(
+    {"teardown_confirm", "teardown_driver", "teardown_fabric", "teardown_weights"}
+)
 # Of those, the ones this collection connects with (pyinfra's SSH connector, its global
 # arguments such as `_sudo`): a misspelt one (`ssh_usr`) would be ignored by pyinfra, which then
 # logs in as someone else, so each must be a key pyinfra knows.
@@ -1169,7 +1174,7 @@ def load_from_dicts(
                 {
                     key: value
                     for key, value in data.items()
-                    if not key.startswith(PYINFRA_KEY_PREFIXES)
+                    if not key.startswith(PYINFRA_KEY_PREFIXES) and key not in TEARDOWN_KEYS
                 },
                 context={"ssh_port": _ssh_port(data.get("ssh_port"))},
             )

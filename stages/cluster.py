@@ -62,6 +62,11 @@ STAGE = "Cluster"
 def cluster(box: BoxPlan) -> None:
     plan = box.cluster
     if plan is None:
+        # A box that serves alone: what a cluster it has left would have left behind goes
+        # (README: "A box leaves the cluster").
+        asked.ahead([*ray.questions(None), *firewall.removed_questions()])
+        ray.node_removed(name=f"No {ray.UNIT}: this box serves alone")
+        firewall.removed(name=f"No {firewall.UNIT}: this box serves alone")
         return
     asked.ahead(questions(plan))
     if plan.firewall is None:

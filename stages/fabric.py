@@ -8,6 +8,11 @@ from operations import asked, environment, kernel, nmcli, preflight, roce
 from spark.plan import BoxPlan
 
 
+def profile_name(ifname: str) -> str:
+    """The NetworkManager profile the deploy keeps for a twin."""
+    return f"fabric-{ifname}"
+
+
 @deploy("Fabric")
 def fabric(box: BoxPlan) -> None:
     plan = box.fabric
@@ -53,7 +58,7 @@ def fabric(box: BoxPlan) -> None:
         for link in plan.links:
             nmcli.ethernet(
                 name=f"Fabric {link.ifname}: static IPv4, MTU {plan.mtu}",
-                con_name=f"fabric-{link.ifname}",
+                con_name=profile_name(link.ifname),
                 ifname=link.ifname,
                 address=str(link.address),
                 mtu=plan.mtu,

@@ -44,6 +44,15 @@ def test_opencode_config_names_the_key_file_never_the_key() -> None:
     assert fast["models"]["qwen3.6-35b-a3b"]["limit"] == {"context": 8192, "output": 2048}
 
 
+def test_the_key_file_a_box_and_lane_are_given_and_the_directory_named() -> None:
+    assert endpoints.client_slug("Spark_1.local") == "spark-1-local"
+    assert endpoints.key_file("GX10 #2", "coder") == "gx10-2-coder.key"
+    config = endpoints.opencode_config("spark-1.local", ENDPOINTS[:1], "/home/o/oc")
+    assert config["provider"]["spark-1-local-coder"]["options"]["apiKey"] == (
+        "{file:/home/o/oc/spark-1-local-coder.key}"
+    )
+
+
 def test_a_lane_below_64k_says_in_its_client_configuration_that_agents_refuse_it() -> None:
     # Hermes Agent refuses a context below 64K (seed 003): 65535 is one token short, 65536 is not.
     short = endpoints.Endpoint("fast", "vllm", "fast-model", FAST_URL, 0.35, 65535, True)
@@ -109,7 +118,12 @@ def test_report_after_a_run_only_for_boxes_whose_lanes_serve(
     shown = capsys.readouterr().err
     assert shown.count("--> Lanes serving:") == 1
     assert "spark-1  coder" in shown and "spark-2" not in shown.split("OpenCode")[0]
-    assert "sudo cat /etc/spark/secrets/<lane>.key > ~/.config/opencode/<box>-<lane>.key" in shown
+    # The key file's name as the client files spell it (spark-1.local: spark-1-local-coder.key).
+    assert (
+        "    OpenCode: `make clients` copies each lane's key (/etc/spark/secrets/<lane>.key) to"
+        " ~/.config/opencode/<box>-<lane>.key (spark-1 coder: spark-1-coder.key) and merges every"
+        " box's providers (clients/<box>.json) into ~/.config/opencode/opencode.json."
+    ) in shown.splitlines()
     assert (
         "    spark-1 fast: max_model_len 8192 is below 65536: agent clients refuse it (Hermes"
         " Agent needs 64K, seed 003)"

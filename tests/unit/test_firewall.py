@@ -154,3 +154,16 @@ def test_nft_accepts_the_ruleset(tmp_path: Path) -> None:
     if "Operation not permitted" in result.stderr:
         pytest.skip("no permission for a network namespace here")
     assert result.returncode == 0, result.stderr
+
+
+def test_a_box_serving_alone_loses_the_firewall_a_cluster_left() -> None:
+    left = FakeHost(file_facts({"/etc/systemd/system/spark-firewall.service": "[Unit]\n"}))
+    assert run_op(firewall.removed, host=left) == [
+        "systemctl disable --now spark-firewall.service",
+        "if nft list table inet spark >/dev/null 2>&1; then nft delete table inet spark; fi",
+        "rm -f /etc/systemd/system/spark-firewall.service /etc/spark/firewall.nft",
+        "systemctl daemon-reload",
+    ]
+    never = FakeHost(file_facts({"/etc/systemd/system/spark-firewall.service": None}))
+    assert run_op(firewall.removed, host=never) == []
+    assert never.noops == ["no spark-firewall.service on this box"]

@@ -20,6 +20,7 @@ from spark.inventory import load_from_dicts
 from spark.lane import MpRank
 from spark.plan import BoxPlan, Plan, Share, plan
 from tests.e2e.cluster_lane import CLUSTER_LANE
+from tests.e2e.readme_lane import readme_lane
 from tests.unit.test_config import REPO, TWO_SPARKS, merged
 from tests.unit.test_llamacpp import SEED_002
 from tests.unit.test_topology import boxes, ring
@@ -321,3 +322,23 @@ def test_make_plan_refuses_what_it_cannot_show(args: list[str], said: str) -> No
 
     assert shown.returncode == 2
     assert said in shown.stderr
+
+
+def test_the_readmes_model_outside_the_catalog_planned_from_its_model_spec() -> None:
+    small = readme_lane()
+    coder = merged({"spark-1": {}})["spark-1"]["lanes"][0]
+    lone = box(merged({"spark-1": {"lanes": [coder, small]}}), "spark-1")
+    own = {lane.served.lane.name: lane for lane in lone.lanes}
+    assert own["small"].weights.model == "Qwen/Qwen3-0.6B"
+    assert own["small"].served.after == "coder"  # one lane after the other, in the list's order
+    assert [(lane.name, lane.port) for lane in lone.front.lanes] == [
+        ("coder", 10101),
+        ("small", 10103),
+    ]
+    # Qwen/Qwen3-0.6B's config.json (README): 2 (K and V) x 28 layers x 8 KV heads x 128 x 2
+    # bytes (bf16) = 114688 B a token, 4.375 GiB for 40960 tokens; with its 1.5 GiB of weights
+    # and 4 GiB beside them (spark/memory.py OVERHEAD_GIB): 9.875 GiB. Its share: 0.1 of the
+    # Spark's 121.69 GiB (the planner's unified memory, as in the cluster lane's test above).
+    assert Share(lane="small", rank=False, fraction=0.1, share_gib=12.17, needs_gib=9.88) in (
+        lone.memory.shares
+    )

@@ -385,6 +385,7 @@ def test_a_ray_node_left_behind_is_stopped_and_removed_once() -> None:
         "systemctl disable --now spark-ray.service",
         "rm -f /etc/systemd/system/spark-ray.service",
         "systemctl daemon-reload",
+        "systemctl reset-failed spark-ray.service || true",
     ]
     assert run_op(ray.node_removed, host=FakeHost(file_facts({ray.UNIT_PATH: None}))) == []
 
