@@ -141,6 +141,7 @@ def endpoint(
     allow_networks: list[str],
     tls: bool,
     expected: dict,
+    lanes: dict[str, int],
 ):
     """
     The box's metrics endpoint: prometheus-node-exporter from the distribution on
@@ -150,6 +151,7 @@ def endpoint(
 
     + allow_networks: scraper networks admitted ("192.168.1.0/24"); empty: any (with the key)
     + tls: serve it with the front's certificate (operations/front.py puts it there)
+    + lanes: each lane's own /metrics served at a path (the key), from its server's port
 
     Runs after the front: nginx is installed and its secrets directory made.
     """
@@ -203,6 +205,7 @@ def endpoint(
         certificate_key=TLS_KEY,
         key_map=KEY_MAP,
         key_variable=KEY_VARIABLE,
+        lanes=lanes,
     )
     # Its arguments first: the package's first start then listens on loopback already (dpkg
     # keeps a conffile that is there: debpkg.apt_install's --force-confold).

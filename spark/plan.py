@@ -255,9 +255,19 @@ class Expected(Record):
     nccl_verdict: str
 
 
+class ScrapedLane(Record):
+    """A lane's own /metrics (vLLM's; llama-server's with --metrics) as the metrics endpoint
+    serves it on ``path``, from the lane's server on loopback."""
+
+    name: str
+    path: str
+    backend_port: int
+
+
 class Metrics(Record):
     """The box's metrics endpoint: the node exporter on loopback, nginx asking the metrics key
-    on ``port``, the collector every ``interval_s`` against ``expected``."""
+    on ``port``, the collector every ``interval_s`` against ``expected``, and each lane's own
+    metrics behind the same key."""
 
     port: int
     exporter_port: int
@@ -265,6 +275,7 @@ class Metrics(Record):
     allow_networks: tuple[str, ...]
     tls: bool  # the front's certificate, where it has one
     expected: Expected
+    lanes: tuple[ScrapedLane, ...]
 
 
 class BoxPlan(Record):
@@ -572,6 +583,7 @@ def metrics(me: HostConfig, spark: SparkConfig) -> Metrics | None:
             )
         )
     return Metrics(
+        lanes=scraped_lanes(units),
         port=me.metrics_port,
         exporter_port=metrics_exporter_port(me.metrics_port),
         interval_s=me.metrics_interval_s,
@@ -591,6 +603,20 @@ def metrics(me: HostConfig, spark: SparkConfig) -> Metrics | None:
             nccl=len(spark.hosts) > 1 and me.nccl_test is not None,
             nccl_verdict=NCCL_VERDICT,
         ),
+    )
+
+
+def lane_metrics_path(lane: str) -> str:
+    """Where the metrics endpoint serves a lane's own /metrics (a lane's name is a slug)."""
+    return f"/lanes/{lane}/metrics"
+
+
+def scraped_lanes(units: list[MetricsLane]) -> tuple[ScrapedLane, ...]:
+    """Every lane unit with a server on the box (a headless rank serves nothing)."""
+    return tuple(
+        ScrapedLane(name=lane.name, path=lane_metrics_path(lane.name), backend_port=port)
+        for lane in units
+        if (port := lane.backend_port) is not None
     )
 
 

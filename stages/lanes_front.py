@@ -88,4 +88,5 @@ def lanes_and_front(box: BoxPlan) -> None:
             allow_networks=list(watch.allow_networks),
             tls=watch.tls,
             expected=watch.expected.model_dump(mode="json"),
+            lanes={lane.path: lane.backend_port for lane in watch.lanes},
         )

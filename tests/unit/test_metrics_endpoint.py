@@ -23,7 +23,7 @@ import pytest
 
 from operations import metrics
 from spark.inventory import ConfigError, load_from_dicts
-from spark.plan import plan
+from spark.plan import MetricsLane, ScrapedLane, plan, scraped_lanes
 from tests.unit.harness import FakeHost, captured, file_facts, process, run_op
 from tests.unit.test_config import TWO_SPARKS, merged
 
@@ -38,7 +38,9 @@ def render(name: str, **variables: Any) -> str:
     return jinja2.Template(source, keep_trailing_newline=True).render(**variables)
 
 
-def site(allow: list[str] | None = None, tls: bool = False) -> str:
+def site(
+    allow: list[str] | None = None, tls: bool = False, lanes: dict[str, int] | None = None
+) -> str:
     return render(
         "nginx-spark-metrics.conf.j2",
         port=9100,
@@ -49,6 +51,7 @@ def site(allow: list[str] | None = None, tls: bool = False) -> str:
         certificate_key="/etc/spark/front/key.pem",
         key_map="/etc/nginx/spark-metrics/key.conf",
         key_variable="$spark_metrics_key",
+        lanes=lanes or {},
     )
 
 
@@ -78,7 +81,7 @@ def deployed_files() -> dict[str, str | None]:
 def run(capture: str, files: dict[str, str | None], **changes: Any) -> tuple[list[str], FakeHost]:
     host = FakeHost({metrics.MetricsState: captured(capture), **file_facts(files)})
     arguments = {"port": 9100, "exporter_port": 9101, "interval_s": 30, "allow_networks": []}
-    arguments |= {"tls": False, "expected": EXPECTED} | changes
+    arguments |= {"tls": False, "expected": EXPECTED, "lanes": {}} | changes
     return run_op(metrics.endpoint, host=host, **arguments), host
 
 
@@ -167,7 +170,13 @@ def deployed_host(capture: str) -> FakeHost:
     return host
 
 
-ARGUMENTS = {"port": 9100, "exporter_port": 9101, "interval_s": 30, "allow_networks": []}
+ARGUMENTS = {
+    "port": 9100,
+    "exporter_port": 9101,
+    "interval_s": 30,
+    "allow_networks": [],
+    "lanes": {},
+}
 
 
 def test_a_deployed_box_needs_nothing() -> None:
@@ -195,8 +204,25 @@ def test_an_allow_list_and_tls_shape_the_site() -> None:
     assert "    listen 9100 ssl;\n    ssl_certificate /etc/spark/front/certificate.pem;" in text
     assert "    allow 192.168.1.0/24;\n    deny all;\n" in text
     # Before any location: no path answers without the key; /metrics alone is forwarded.
-    assert text.index("if ($spark_metrics_key = 0)") < text.index("location")
+    assert text.index("if ($spark_metrics_key = 0)") < text.index("    location ")
     assert "location = /metrics {\n        proxy_pass http://127.0.0.1:9101;" in text
+
+
+def test_each_lanes_own_metrics_behind_the_metrics_key() -> None:
+    """A lane's /metrics at its path on the metrics port, from its server on loopback, after
+    the key's check (a lane's key is not the metrics key: the map holds that one alone)."""
+    lanes = {"/lanes/coder/metrics": 11101, "/lanes/fast/metrics": 11102}
+    text = site(lanes=lanes)
+    for path, port in lanes.items():
+        location = (
+            f"    location = {path} {{\n        proxy_pass http://127.0.0.1:{port}/metrics;\n"
+        )
+        assert location in text
+        assert text.index("if ($spark_metrics_key = 0)") < text.index(location)
+    commands, host = run("lab-metrics-deployed.txt", deployed_files(), lanes=lanes)
+    assert host.uploads["/etc/nginx/conf.d/spark-metrics.conf"] == text
+    assert commands[-1] == RELOAD
+    assert "location = /lanes/" not in site()
 
 
 def key_map_from(path: Path) -> subprocess.CompletedProcess:
@@ -219,6 +245,18 @@ def test_the_key_map_matches_the_key_alone(tmp_path: Path) -> None:
         key.write_text(bad)
         refused = key_map_from(key)
         assert refused.returncode != 0 and refused.stdout == ""
+
+
+def test_a_headless_rank_serves_no_metrics() -> None:
+    """A cluster lane's headless rank (executor mp, a worker) has no server: no path."""
+    rank = MetricsLane(
+        name="big", engine="vllm", served_name="b", image="i", port=10103, backend_port=None
+    )
+    head = rank.model_copy(update={"backend_port": 11103})
+    assert scraped_lanes([rank]) == ()
+    assert scraped_lanes([head]) == (
+        ScrapedLane(name="big", path="/lanes/big/metrics", backend_port=11103),
+    )
 
 
 def test_a_lane_on_the_metrics_ports_is_refused() -> None:
@@ -270,6 +308,10 @@ def test_the_plan_gives_the_collector_the_boxes_values() -> None:
     assert [(lane["name"], lane["port"], lane["backend_port"]) for lane in expected["lanes"]] == [
         ("coder", 10101, 11101),
         ("fast", 10102, 11102),
+    ]
+    assert [lane.model_dump() for lane in head.metrics.lanes] == [
+        {"name": "coder", "path": "/lanes/coder/metrics", "backend_port": 11101},
+        {"name": "fast", "path": "/lanes/fast/metrics", "backend_port": 11102},
     ]
     assert (expected["nccl"], expected["nccl_verdict"]) == (
         True,
