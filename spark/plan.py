@@ -257,11 +257,13 @@ class Expected(Record):
 
 class ScrapedLane(Record):
     """A lane's own /metrics (vLLM's; llama-server's with --metrics) as the metrics endpoint
-    serves it on ``path``, from the lane's server on loopback."""
+    serves it on ``path``, from the lane's server on loopback, with the lane's key where it has
+    one (llama-server asks it on every path but its health; vLLM's key guards /v1 alone)."""
 
     name: str
     path: str
     backend_port: int
+    key: bool
 
 
 class Metrics(Record):
@@ -569,9 +571,11 @@ def metrics(me: HostConfig, spark: SparkConfig) -> Metrics | None:
     too; a headless one answers no /health), and the NCCL test where it runs."""
     if not me.metrics:
         return None
-    units = []
+    units, scraped = [], []
     for lane in spark.units(me.name):
         headless = lane.is_cluster and lane.cluster_executor == "mp" and me.role != "head"
+        if not headless:
+            scraped.append(scraped_lane(lane))
         units.append(
             MetricsLane(
                 name=lane.name,
@@ -583,7 +587,6 @@ def metrics(me: HostConfig, spark: SparkConfig) -> Metrics | None:
             )
         )
     return Metrics(
-        lanes=scraped_lanes(units),
         port=me.metrics_port,
         exporter_port=metrics_exporter_port(me.metrics_port),
         interval_s=me.metrics_interval_s,
@@ -603,6 +606,7 @@ def metrics(me: HostConfig, spark: SparkConfig) -> Metrics | None:
             nccl=len(spark.hosts) > 1 and me.nccl_test is not None,
             nccl_verdict=NCCL_VERDICT,
         ),
+        lanes=tuple(scraped),
     )
 
 
@@ -611,12 +615,13 @@ def lane_metrics_path(lane: str) -> str:
     return f"/lanes/{lane}/metrics"
 
 
-def scraped_lanes(units: list[MetricsLane]) -> tuple[ScrapedLane, ...]:
-    """Every lane unit with a server on the box (a headless rank serves nothing)."""
-    return tuple(
-        ScrapedLane(name=lane.name, path=lane_metrics_path(lane.name), backend_port=port)
-        for lane in units
-        if (port := lane.backend_port) is not None
+def scraped_lane(lane: Lane) -> ScrapedLane:
+    """A lane unit with a server on the box (a headless rank serves nothing)."""
+    return ScrapedLane(
+        name=lane.name,
+        path=lane_metrics_path(lane.name),
+        backend_port=lane.backend_port,
+        key=lane.api_key,
     )
 
 
