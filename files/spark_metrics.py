@@ -59,6 +59,11 @@ GPU_FIELDS = ("temperature.gpu", "power.draw", "utilization.gpu", "pstate", "dri
 NOT_REPORTED = ("[N/A]", "N/A", "[Not Supported]", "Not Supported", "")
 CONTAINER_PREFIXES = ("spark-lane-", "spark-ray")  # the lanes' containers; Ray's holds ranks
 HEALTH_TIMEOUT_S = 2
+# The answer canary every lane's unit runs after /health (operations/lanes.py CANARY_COMMAND).
+CANARY = "/usr/local/sbin/spark-lane-canary"
+# How `systemctl show -p ExecStartPost` ends a command's entry: its last run (pid 0: none since
+# the unit's last start, when systemd clears every command's status: src/core/service.c).
+RUN = re.compile(r"pid=(\d+) ; code=(\S+) ; status=(\d+)")
 
 
 @dataclass
@@ -305,6 +310,17 @@ def unit_state(show: str) -> dict[str, str]:
     return dict(line.split("=", 1) for line in show.splitlines() if "=" in line)
 
 
+def canary_exit(show: str) -> int | None:
+    """The canary's exit status in the lane's last start (non-zero, or killed: failed), from
+    its ExecStartPost entry; None where it has not run since the unit last started."""
+    for line in show.splitlines():
+        if line.startswith("ExecStartPost=") and f"path={CANARY} " in line:
+            run = RUN.search(line)
+            if run and run[1] != "0":
+                return int(run[3]) if run[2] == "exited" else -1
+    return None
+
+
 def healthy(port: int) -> bool:
     try:
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=HEALTH_TIMEOUT_S):
@@ -323,11 +339,12 @@ def lanes(
 ) -> None:
     """Each lane: its unit active (up), /health on loopback (healthy), and the canary's last
     verdict and age: the canary runs after /health in the unit's start (ExecStartPost,
-    templates/vllm-lane.service.j2), so an active unit passed it when it became active, and a
-    failed one did not pass its last start."""
+    templates/vllm-lane.service.j2), and systemd keeps its exit status until the next start,
+    through Restart='s wait too; an active unit passed it when it became active."""
     for lane in expected["lanes"]:
         name = lane["name"]
-        state = unit_state(show(f"spark-lane-{name}.service") or "")
+        show_text = show(f"spark-lane-{name}.service") or ""
+        state = unit_state(show_text)
         active = state.get("ActiveState")
         labels = {"lane": name}
         metrics.add(
@@ -338,9 +355,11 @@ def lanes(
         if lane["backend_port"] is not None:
             ok = active == "active" and health(lane["backend_port"])
             metrics.add("spark_lane_healthy", int(ok), "The lane answers /health", **labels)
-        if active in ("active", "failed"):
+        status = canary_exit(show_text)
+        if status is not None or active == "active":
+            passed = active == "active" if status is None else status == 0
             metrics.add(
-                "spark_lane_canary_passed", int(active == "active"),
+                "spark_lane_canary_passed", int(passed),
                 "The canary's verdict at the lane's last start", **labels,
             )  # fmt: skip
         entered = state.get("ActiveEnterTimestampMonotonic", "0")
@@ -435,6 +454,7 @@ def collect(
 
     def show(unit: str) -> str | None:
         properties = ["-p", "ActiveState", "-p", "ActiveEnterTimestampMonotonic"]
+        properties += ["-p", "ExecStartPost"]
         return command(["systemctl", "show", unit, *properties])
 
     lanes(metrics, expected, show, health, uptime, drift)

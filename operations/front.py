@@ -48,10 +48,16 @@ def key_map(lane: str) -> str:
     """Shell printing the lane's key map for nginx, read from the lane's key file: the key goes
     through printf, a shell builtin, so it is in no process's argv. Fails on a key that is not
     a Bearer token. A map is a hash lookup: no byte-by-byte comparison to time."""
-    path = key_path(lane)
     lines = ["map $http_authorization " + key_variable(lane) + " {", "    default 0;"]
     lines += ['    "Bearer %s" 1;', "}"]
-    template = "\\n".join(lines) + "\\n"
+    return printed_with_key(lane, "\\n".join(lines) + "\\n")
+
+
+def printed_with_key(lane: str, template: str) -> str:
+    """Shell printing ``template`` with the lane's key for its %s, read from the lane's key file
+    (through printf, a shell builtin: in no process's argv); fails on a key that is not a
+    Bearer token, which could not be quoted into nginx's configuration safely."""
+    path = key_path(lane)
     return (
         f"key=$(cat {path}) && case $key in (''|*[!{TOKEN_CHARACTERS}]*)"
         f" echo '{path}: not a Bearer token (RFC 6750: {TOKEN_CHARACTERS})' >&2; false;;"

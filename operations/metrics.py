@@ -19,7 +19,7 @@ from pyinfra.api import FactBase, operation
 
 from operations import debpkg, util
 from operations.asked import Question, answer, question
-from operations.front import TLS_CERTIFICATE, TLS_KEY
+from operations.front import TLS_CERTIFICATE, TLS_KEY, printed_with_key
 from operations.lanes import FRONT, key_made
 from spark.box_paths import SECRETS_DIR, key_path
 
@@ -49,19 +49,34 @@ KEY_CHARACTERS = "A-Za-z0-9_-"
 RELOAD_FRONT = f"nginx -t -q && systemctl reload-or-restart {FRONT}.service"
 
 
-def key_map() -> str:
+def lane_key_variable(lane: str) -> str:
+    """The nginx variable holding "Bearer <the lane's key>", sent to the lane's server with a
+    scrape of its metrics (a slug's '-' is not a variable character; slugs have no '_')."""
+    return "$spark_lane_auth_" + lane.replace("-", "_")
+
+
+def key_map(keyed: tuple[str, ...] = ()) -> str:
     """Shell printing the metrics key's map for nginx, read from its key file (through printf,
     a shell builtin: the key is in no process's argv). A regular expression entry, which nginx
-    keeps out of the map's hash: no map_hash_bucket_size needed beside the front's own."""
+    keeps out of the map's hash: no map_hash_bucket_size needed beside the front's own. Then,
+    for each of the ``keyed`` lanes, a map giving its lane_key_variable for every request."""
     template = (
         f"map $http_authorization {KEY_VARIABLE} {{\\n    default 0;\\n"
         '    "~^Bearer %s$" 1;\\n}\\n'
     )
-    return (
+    metrics_key = (
         f"key=$(cat {KEY_PATH}) && case $key in (''|*[!{KEY_CHARACTERS}]*)"
         f" echo '{KEY_PATH}: not a key the deploy made ({KEY_CHARACTERS})' >&2; false;;"
         f' esac && printf {shlex.quote(template)} "$key"'
     )
+    lanes = [
+        printed_with_key(
+            lane, f'map $host {lane_key_variable(lane)} {{\\n    default "Bearer %s";\\n}}\\n'
+        )
+        for lane in keyed
+    ]
+    # One group: a redirection after it takes every map, not the last command's alone.
+    return f"{{ {' && '.join([metrics_key, *lanes])}; }}"
 
 
 class MetricsState(FactBase):
@@ -83,7 +98,7 @@ class MetricsState(FactBase):
         }
     """
 
-    def command(self, ports: tuple[int, ...] = ()) -> str:
+    def command(self, ports: tuple[int, ...] = (), keyed: tuple[str, ...] = ()) -> str:
         # ss(8) filter: a listening TCP socket on that local port (iproute2, on every box).
         listening = [
             f"ss -Hltn 'sport = :{port}' 2>/dev/null | grep -q . && echo 'listening {port}';"
@@ -97,7 +112,7 @@ class MetricsState(FactBase):
                 " 2>/dev/null;",
                 f"[ -d {TEXTFILE_DIR} ] && echo textfile-dir;",
                 f"if [ \"$(stat -c '%U %a' {KEY_MAP} 2>/dev/null)\" = 'root 600' ]"
-                f' && [ "$(cat {KEY_MAP})" = "$({key_map()} 2>/dev/null)" ];'
+                f' && [ "$(cat {KEY_MAP})" = "$({key_map(keyed)} 2>/dev/null)" ];'
                 " then echo 'key-map same'; else echo 'key-map differs'; fi",
             ]
         )
@@ -141,6 +156,7 @@ def endpoint(
     allow_networks: list[str],
     tls: bool,
     expected: dict,
+    lanes: list[dict],
 ):
     """
     The box's metrics endpoint: prometheus-node-exporter from the distribution on
@@ -150,10 +166,13 @@ def endpoint(
 
     + allow_networks: scraper networks admitted ("192.168.1.0/24"); empty: any (with the key)
     + tls: serve it with the front's certificate (operations/front.py puts it there)
+    + lanes: each lane's own /metrics served at its ``path`` from its ``backend_port``, with
+      the lane's key where it has one (``key``)
 
     Runs after the front: nginx is installed and its secrets directory made.
     """
-    state = answer(MetricsState, ports=(port, exporter_port))
+    keyed = keyed_lanes(lanes)
+    state = answer(MetricsState, ports=(port, exporter_port), keyed=keyed)
     units = state["units"]
     commands: list[str] = []
     if not state["installed"]:
@@ -189,7 +208,7 @@ def endpoint(
     if state["key_map"] != "same":
         front.append(
             f"install -d -m 700 -o root -g root {SECRETS_DIR} {KEY_MAP_DIR} && {key_made(KEY_NAME)}"
-            f" && ( umask 077; {key_map()} > {KEY_MAP}.new && mv {KEY_MAP}.new {KEY_MAP} )"
+            f" && ( umask 077; {key_map(keyed)} > {KEY_MAP}.new && mv {KEY_MAP}.new {KEY_MAP} )"
         )
     front += util.template(
         "nginx-spark-metrics.conf.j2",
@@ -203,6 +222,7 @@ def endpoint(
         certificate_key=TLS_KEY,
         key_map=KEY_MAP,
         key_variable=KEY_VARIABLE,
+        lanes=[lane | {"auth": lane_key_variable(lane["name"])} for lane in lanes],
     )
     # Its arguments first: the package's first start then listens on loopback already (dpkg
     # keeps a conffile that is there: debpkg.apt_install's --force-confold).
@@ -240,9 +260,13 @@ def endpoint_files() -> tuple[str, ...]:
     return (DEFAULTS, COLLECTOR, EXPECTED, f"{UNIT_DIR}/{SERVICE}", f"{UNIT_DIR}/{TIMER}", SITE)
 
 
-def questions(port: int, exporter_port: int) -> list[Question]:
+def keyed_lanes(lanes: list[dict]) -> tuple[str, ...]:
+    return tuple(lane["name"] for lane in lanes if lane["key"])
+
+
+def questions(port: int, exporter_port: int, lanes: list[dict]) -> list[Question]:
     """What ``endpoint`` reads (operations/asked.py)."""
     return [
-        question(MetricsState, ports=(port, exporter_port)),
+        question(MetricsState, ports=(port, exporter_port), keyed=keyed_lanes(lanes)),
         question(util.RootFiles, paths=endpoint_files()),
     ]

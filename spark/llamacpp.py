@@ -36,6 +36,10 @@ DEFAULTS: tuple[tuple[tuple[str, ...], tuple[str, ...]], ...] = (
     (("--jinja", "--no-jinja"), ("--jinja",)),
     # The Grace CPU's 10 performance cores: 20 threads ran slower (seed 003's llama-bench grid).
     (("-t", "--threads"), ("--threads", "10")),
+    # Its Prometheus metrics at /metrics, which the box's metrics endpoint serves behind the
+    # metrics key (operations/metrics.py); off by default (tools/server/README.md: "--metrics
+    # enable prometheus compatible metrics endpoint (default: disabled)").
+    (("--metrics",), ("--metrics",)),
 )
 # One slot: agent clients send prompts past 32K, and slots split the context (seed 002:
 # "splitting context across slots causes 'context exceeded'"). A lane's `slots` changes it.

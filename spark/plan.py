@@ -256,9 +256,21 @@ class Expected(Record):
     nccl_verdict: str
 
 
+class ScrapedLane(Record):
+    """A lane's own /metrics (vLLM's; llama-server's with --metrics) as the metrics endpoint
+    serves it on ``path``, from the lane's server on loopback, with the lane's key where it has
+    one (llama-server asks it on every path but its health; vLLM's key guards /v1 alone)."""
+
+    name: str
+    path: str
+    backend_port: int
+    key: bool
+
+
 class Metrics(Record):
     """The box's metrics endpoint: the node exporter on loopback, nginx asking the metrics key
-    on ``port``, the collector every ``interval_s`` against ``expected``."""
+    on ``port``, the collector every ``interval_s`` against ``expected``, and each lane's own
+    metrics behind the same key."""
 
     port: int
     exporter_port: int
@@ -266,6 +278,7 @@ class Metrics(Record):
     allow_networks: tuple[str, ...]
     tls: bool  # the front's certificate, where it has one
     expected: Expected
+    lanes: tuple[ScrapedLane, ...]
 
 
 class BoxPlan(Record):
@@ -560,9 +573,11 @@ def metrics(me: HostConfig, spark: SparkConfig) -> Metrics | None:
     too; a headless one answers no /health), and the NCCL test where it runs."""
     if not me.metrics:
         return None
-    units = []
+    units, scraped = [], []
     for lane in spark.units(me.name):
         headless = lane.is_cluster and lane.cluster_executor == "mp" and me.role != "head"
+        if not headless:
+            scraped.append(scraped_lane(lane))
         units.append(
             MetricsLane(
                 name=lane.name,
@@ -593,6 +608,22 @@ def metrics(me: HostConfig, spark: SparkConfig) -> Metrics | None:
             nccl=len(spark.hosts) > 1 and me.nccl_test is not None,
             nccl_verdict=NCCL_VERDICT,
         ),
+        lanes=tuple(scraped),
+    )
+
+
+def lane_metrics_path(lane: str) -> str:
+    """Where the metrics endpoint serves a lane's own /metrics (a lane's name is a slug)."""
+    return f"/lanes/{lane}/metrics"
+
+
+def scraped_lane(lane: Lane) -> ScrapedLane:
+    """A lane unit with a server on the box (a headless rank serves nothing)."""
+    return ScrapedLane(
+        name=lane.name,
+        path=lane_metrics_path(lane.name),
+        backend_port=lane.backend_port,
+        key=lane.api_key,
     )
 
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 
-from spark.plan import Plan
+from spark.plan import BoxPlan, Plan
 
 RULES_FILE = "spark-rules.yml"
 # Where the keys are on the Prometheus machine: one file per box, <box>.key, each that box's
@@ -26,29 +26,48 @@ def job_name(box: str) -> str:
     return f"spark-{box}"
 
 
+def lane_job_name(box: str, lane: str) -> str:
+    """Apart from every box's job: no box name holds a '/' (a host name does not)."""
+    return f"spark-{box}/{lane}"
+
+
+def scrape_job(
+    name: str, box: BoxPlan, keys_dir: str, labels: dict[str, str], path: str = "/metrics"
+) -> dict:
+    """One target on the box's metrics endpoint, with the box's key."""
+    assert box.metrics is not None
+    return {
+        "job_name": name,
+        "scrape_interval": f"{box.metrics.interval_s}s",
+        "scheme": "https" if box.metrics.tls else "http",
+        "metrics_path": path,
+        "authorization": {"type": "Bearer", "credentials_file": f"{keys_dir}/{box.name}.key"},
+        "static_configs": [{"targets": [f"{box.address}:{box.metrics.port}"], "labels": labels}],
+    }
+
+
 def scrape_config(plan: Plan, keys_dir: str = KEYS_DIR) -> dict:
     """prometheus.yml: a job per box with a metrics endpoint, scraped every collection
     interval (the collector writes no oftener), its key as the bearer token from a file
     (Prometheus' scrape_config: authorization.credentials_file) and https with the front's
-    TLS."""
-    boxes = [box for box in plan.boxes if box.metrics is not None]
+    TLS; and a job per lane, its own metrics at its path on the same endpoint, with the same
+    key (scrape_config: metrics_path)."""
     jobs = []
-    for box in boxes:
-        assert box.metrics is not None
-        jobs.append(
-            {
-                "job_name": job_name(box.name),
-                "scrape_interval": f"{box.metrics.interval_s}s",
-                "scheme": "https" if box.metrics.tls else "http",
-                "authorization": {
-                    "type": "Bearer",
-                    "credentials_file": f"{keys_dir}/{box.name}.key",
-                },
-                "static_configs": [
-                    {"targets": [f"{box.address}:{box.metrics.port}"], "labels": {"box": box.name}}
-                ],
-            }
-        )
+    for box in plan.boxes:
+        if box.metrics is None:
+            continue
+        labels = {"box": box.name}
+        jobs.append(scrape_job(job_name(box.name), box, keys_dir, labels))
+        jobs += [
+            scrape_job(
+                lane_job_name(box.name, lane.name),
+                box,
+                keys_dir,
+                labels | {"lane": lane.name},
+                lane.path,
+            )
+            for lane in box.metrics.lanes
+        ]
     return {
         "global": {"evaluation_interval": "15s"},
         "rule_files": [RULES_FILE],

@@ -8,7 +8,7 @@ from pyinfra.api import deploy
 from operations import asked, front, lanes, memguard, metrics, preflight
 from operations.asked import Question
 from spark.box_paths import MODELS_DIR
-from spark.plan import BoxPlan, ModelOnBox, ServedLane
+from spark.plan import BoxPlan, Metrics, ModelOnBox, ServedLane
 
 
 def model_questions(weights: ModelOnBox) -> list[Question]:
@@ -35,6 +35,11 @@ def serve(served: ServedLane) -> None:
     lanes.serving(name=f"Lane {served.lane.name}: {served.title}", unit=lane_unit(served))
 
 
+def metrics_lanes(watch: Metrics) -> list[dict]:
+    """The lanes the metrics endpoint serves, as its operation takes them."""
+    return [lane.model_dump() for lane in watch.lanes]
+
+
 @deploy("Lanes and front")
 def lanes_and_front(box: BoxPlan) -> None:
     fronted = [
@@ -55,7 +60,11 @@ def lanes_and_front(box: BoxPlan) -> None:
                 ]
             ),
             *front.questions(fronted),
-            *(metrics.questions(watch.port, watch.exporter_port) if (watch := box.metrics) else []),
+            *(
+                metrics.questions(watch.port, watch.exporter_port, metrics_lanes(watch))
+                if (watch := box.metrics)
+                else []
+            ),
         ]
     )
     guard = box.memory_guard
@@ -88,4 +97,5 @@ def lanes_and_front(box: BoxPlan) -> None:
             allow_networks=list(watch.allow_networks),
             tls=watch.tls,
             expected=watch.expected.model_dump(mode="json"),
+            lanes=metrics_lanes(watch),
         )

@@ -30,7 +30,9 @@ def main(argv: list[str] | None = None) -> int:
     config = prometheus.scrape_config(plan, args.keys_dir)
     (args.out / "prometheus.yml").write_text(prometheus.dump(config))
     (args.out / prometheus.RULES_FILE).write_text(prometheus.dump(prometheus.rules(plan)))
-    print(f"{args.out}/prometheus.yml: {len(config['scrape_configs'])} box(es);"
+    boxes = sum(1 for box in plan.boxes if box.metrics is not None)
+    lanes = len(config["scrape_configs"]) - boxes
+    print(f"{args.out}/prometheus.yml: {boxes} box(es) and {lanes} lane(s);"
           f" their keys in {args.keys_dir}/<box>.key")  # fmt: skip
     return 0
 

@@ -24,6 +24,8 @@ from spark import box_paths
 from tests.conftest import CLIENTS, Deployed, pyinfra, run_on
 from tests.e2e.test_compliance import compliance, not_passing
 from tests.e2e.test_host_layer import changes
+from tests.e2e.test_metrics import key_of as metrics_key_of
+from tests.e2e.test_metrics import scrape
 from tests.simlab import lab as simlab
 from tests.simlab.paths import REPO, STATE
 
@@ -296,6 +298,12 @@ def test_a_llama_cpp_lane_serves_beside_a_vllm_one_and_its_canary_catches_gibber
     assert (status, [model["id"] for model in listing["data"]]) == (200, [lane["served_name"]])
     journal = run_on(host, f"sudo journalctl -u {unit(lane)} -n 30 --no-pager")
     assert 'canary passed: "42 harbor"' in journal, journal
+    # llama-server's own metrics (--metrics) on the box's metrics port, behind its metrics key.
+    path = f"/lanes/{lane['name']}/metrics"
+    code, text = scrape(host, metrics_key_of(host), path)
+    names = {line.split(" ")[0] for line in text.splitlines() if not line.startswith("#")}
+    assert code == 200 and "llamacpp:prompt_tokens_total" in names, text
+    assert scrape(host, key_of(host, lane).strip(), path)[0] == 401
     client = json.loads((CLIENTS / f"{host.name}.json").read_text())
     provider = client["provider"][f"{host.name}-gguf"]
     assert provider["options"]["baseURL"] == f"{base}/v1"

@@ -187,6 +187,24 @@ def test_api_key_guards_v1_only(start: Callable[..., Server]) -> None:
         assert request(f"{server.url}{open_path}")[0] == 200
 
 
+def test_metrics_answer_anyone_with_vllms_own_series(start: Callable[..., Server]) -> None:
+    """vLLM's /metrics is outside /v1: its key does not guard it (vLLM's security guide). The
+    names and labels are vllm/v1/metrics/loggers.py's (PrometheusStatLogger: labelnames
+    model_name and engine; a counter's name gets _total from prometheus_client)."""
+    server = start("--api-key", "s3cret")
+    status, body, _ = request(f"{server.url}/metrics")
+    assert status == 200
+    samples = {line.split("{")[0] for line in body.splitlines() if line[:1] != "#"}
+    assert samples == {
+        "vllm:num_requests_running",
+        "vllm:num_requests_waiting",
+        "vllm:kv_cache_usage_perc",
+        "vllm:prompt_tokens_total",
+        "vllm:generation_tokens_total",
+    }
+    assert 'vllm:num_requests_waiting{engine="0",model_name="test/model"} 0.0' in body
+
+
 def test_api_key_from_environment_and_cli_precedence(start: Callable[..., Server]) -> None:
     from_env = start(VLLM_API_KEY="env-key")
     assert request(f"{from_env.url}/v1/models")[0] == 401

@@ -54,6 +54,7 @@ def test_seed_002s_lane_runs_llama_server_with_the_fields_settings() -> None:
         "--n-gpu-layers", "99", "--fit", "off",  # seed 002
         "--jinja",  # seed 002
         "--threads", "10",  # seed 003
+        "--metrics",  # served behind the metrics key (llama.cpp's server README: off by default)
     ]  # fmt: skip
     assert served.container_env() == {}  # no SM121 addition of vLLM's
     assert served.weight_files == ("Qwen3-Coder-Next-UD-Q4_K_XL.gguf",)

@@ -12,6 +12,9 @@ Inputs:
   issues (40C, P8, 4W, 0%: NVIDIA/k8s-device-plugin#1482) written by hand, and "[N/A]" where
   a GB10 does not report a field.
 - files/nccl_check.py's verdict.json layout (its report()).
+- tests/unit/captured/lab-systemctl-show-lane-canary-failed.txt: the collector's `systemctl
+  show` of a lab lane whose canary failed its start (its model made to answer gibberish;
+  tests/e2e/test_metrics.py), waiting to restart (Restart=on-failure: "activating").
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ from pathlib import Path
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from operations import lanes
 from tests.unit.harness import captured
 
 _SPEC = importlib.util.spec_from_file_location(
@@ -112,7 +116,7 @@ def box(tmp_path: Path) -> dict:
         "nvidia-smi": "40, 4.12, 0, P8, 580.142\n",
         "dpkg-query": "1.19.0-1",
         "spark-lane-coder.service": "ActiveState=active\nActiveEnterTimestampMonotonic=400500000\n",
-        "spark-lane-fast.service": "ActiveState=failed\nActiveEnterTimestampMonotonic=0\n",
+        "spark-lane-fast.service": captured("lab-systemctl-show-lane-canary-failed.txt"),
     }
     return {"proc": proc, "sys": sys_fs, "verdict": verdict, "outputs": outputs}
 
@@ -171,11 +175,45 @@ def test_a_converged_box_reads_back_through_the_parser(box: dict) -> None:
     assert got[("spark_nccl_age_seconds", ())] == 600
     versions = (("driver", "580.142"), ("kernel", "6.17.0-1032-nvidia"), ("toolkit", "1.19.0-1"))
     assert got[("spark_version_info", versions)] == 1
-    # the failed lane is the only drift
-    assert drift == [("lane", "fast", "active", "failed", drift[0][4])]
+    # the lane whose canary failed, waiting to start again, is the only drift
+    assert drift == [("lane", "fast", "active", "activating", drift[0][4])]
     assert got[("spark_drifts", ())] == 1
-    drifted = (("expected", "active"), ("found", "failed"), ("kind", "lane"), ("subject", "fast"))
+    drifted = (
+        ("expected", "active"),
+        ("found", "activating"),
+        ("kind", "lane"),
+        ("subject", "fast"),
+    )
     assert got[("spark_drift", drifted)] == 1
+
+
+def test_the_canarys_exit_status_is_read_from_its_own_entry() -> None:
+    """The lab's capture: the /health wait (an ExecStartPost too) exited 0, the canary 1, the
+    mark's removal never ran (pid=0). Its path is operations/lanes.py's CANARY_COMMAND. An
+    entry not run since the last start is no verdict; one killed (code=killed) is a failure."""
+    show = captured("lab-systemctl-show-lane-canary-failed.txt")
+    assert spark_metrics.canary_exit(show) == 1
+    assert spark_metrics.CANARY == lanes.CANARY_COMMAND
+    canary = next(line for line in show.splitlines() if "path=/usr/local/sbin/spark-lane" in line)
+    passed = canary.replace("code=exited ; status=1 }", "code=exited ; status=0 }")
+    assert spark_metrics.canary_exit(passed) == 0
+    killed = canary.replace("code=exited ; status=1 }", "code=killed ; status=9/KILL }")
+    assert spark_metrics.canary_exit(killed) == -1
+    not_run = canary.replace(
+        "pid=5957 ; code=exited ; status=1", "pid=0 ; code=(null) ; status=0/0"
+    )
+    assert spark_metrics.canary_exit(not_run) is None
+    assert spark_metrics.canary_exit("ActiveState=active\n") is None
+
+
+def test_a_lane_active_after_its_canary_passed(box: dict) -> None:
+    show = captured("lab-systemctl-show-lane-canary-failed.txt")
+    restarted = show.replace("code=exited ; status=1 }", "code=exited ; status=0 }").replace(
+        "ActiveState=activating", "ActiveState=active"
+    )
+    got = samples(collect(box, **{"spark-lane-fast.service": restarted})[0])
+    assert got[("spark_lane_up", (("lane", "fast"),))] == 1
+    assert got[("spark_lane_canary_passed", (("lane", "fast"),))] == 1
 
 
 def test_fabric_faults_are_drift_series(box: dict) -> None:
@@ -196,7 +234,7 @@ def test_fabric_faults_are_drift_series(box: dict) -> None:
         ("mtu", "enp1s0f1np1", "1500"),
         ("rate", "enP2p1s0f1np1", "100000"),
         ("gid", "enP2p1s0f1np1", "4"),
-        ("lane", "fast", "failed"),
+        ("lane", "fast", "activating"),
     }
     mtu = (("expected", "9000"), ("found", "1500"), ("kind", "mtu"), ("subject", "enp1s0f1np1"))
     assert got[("spark_drift", mtu)] == 1

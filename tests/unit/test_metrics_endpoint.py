@@ -24,6 +24,7 @@ import pytest
 from operations import metrics
 from spark.inventory import ConfigError, load_from_dicts
 from spark.plan import plan
+from stages import lanes_front
 from tests.unit.harness import FakeHost, captured, file_facts, process, run_op
 from tests.unit.test_config import TWO_SPARKS, merged
 
@@ -38,7 +39,7 @@ def render(name: str, **variables: Any) -> str:
     return jinja2.Template(source, keep_trailing_newline=True).render(**variables)
 
 
-def site(allow: list[str] | None = None, tls: bool = False) -> str:
+def site(allow: list[str] | None = None, tls: bool = False, lanes: list[dict] | None = None) -> str:
     return render(
         "nginx-spark-metrics.conf.j2",
         port=9100,
@@ -49,6 +50,7 @@ def site(allow: list[str] | None = None, tls: bool = False) -> str:
         certificate_key="/etc/spark/front/key.pem",
         key_map="/etc/nginx/spark-metrics/key.conf",
         key_variable="$spark_metrics_key",
+        lanes=[lane | {"auth": f"$spark_lane_auth_{lane['name']}"} for lane in lanes or []],
     )
 
 
@@ -78,7 +80,7 @@ def deployed_files() -> dict[str, str | None]:
 def run(capture: str, files: dict[str, str | None], **changes: Any) -> tuple[list[str], FakeHost]:
     host = FakeHost({metrics.MetricsState: captured(capture), **file_facts(files)})
     arguments = {"port": 9100, "exporter_port": 9101, "interval_s": 30, "allow_networks": []}
-    arguments |= {"tls": False, "expected": EXPECTED} | changes
+    arguments |= {"tls": False, "expected": EXPECTED, "lanes": []} | changes
     return run_op(metrics.endpoint, host=host, **arguments), host
 
 
@@ -167,7 +169,13 @@ def deployed_host(capture: str) -> FakeHost:
     return host
 
 
-ARGUMENTS = {"port": 9100, "exporter_port": 9101, "interval_s": 30, "allow_networks": []}
+ARGUMENTS = {
+    "port": 9100,
+    "exporter_port": 9101,
+    "interval_s": 30,
+    "allow_networks": [],
+    "lanes": [],
+}
 
 
 def test_a_deployed_box_needs_nothing() -> None:
@@ -195,8 +203,36 @@ def test_an_allow_list_and_tls_shape_the_site() -> None:
     assert "    listen 9100 ssl;\n    ssl_certificate /etc/spark/front/certificate.pem;" in text
     assert "    allow 192.168.1.0/24;\n    deny all;\n" in text
     # Before any location: no path answers without the key; /metrics alone is forwarded.
-    assert text.index("if ($spark_metrics_key = 0)") < text.index("location")
+    assert text.index("if ($spark_metrics_key = 0)") < text.index("    location ")
     assert "location = /metrics {\n        proxy_pass http://127.0.0.1:9101;" in text
+
+
+LANES = [
+    {"name": "coder", "path": "/lanes/coder/metrics", "backend_port": 11101, "key": True},
+    {"name": "fast", "path": "/lanes/fast/metrics", "backend_port": 11102, "key": False},
+]
+
+
+def test_each_lanes_own_metrics_behind_the_metrics_key() -> None:
+    """A lane's /metrics at its path on the metrics port, from its server on loopback, after
+    the key's check (a lane's key is not the metrics key: the map holds that one alone). The
+    metrics key goes no further: a lane with a key gets its own, one without gets none."""
+    text = site(lanes=LANES)
+    for lane, auth in ((LANES[0], "$spark_lane_auth_coder"), (LANES[1], '""')):
+        location = (
+            f"    location = {lane['path']} {{\n        proxy_set_header Authorization {auth};\n"
+            f"        proxy_pass http://127.0.0.1:{lane['backend_port']}/metrics;\n    }}\n"
+        )
+        assert location in text
+        assert text.index("if ($spark_metrics_key = 0)") < text.index(location)
+    commands, host = run("lab-metrics-deployed.txt", deployed_files(), lanes=LANES)
+    assert host.uploads["/etc/nginx/conf.d/spark-metrics.conf"] == text
+    assert commands[-1] == RELOAD
+    assert "location = /lanes/" not in site()
+    # A bare box: the key map is written with the keyed lane's "Bearer <key>" beside it.
+    commands, _host = run("lab-metrics-bare.txt", dict.fromkeys(deployed_files()), lanes=LANES)
+    key = next(c for c in commands if "_metrics.key" in c)
+    assert metrics.key_map(("coder",)) in key and "/etc/spark/secrets/fast.key" not in key
 
 
 def key_map_from(path: Path) -> subprocess.CompletedProcess:
@@ -219,6 +255,28 @@ def test_the_key_map_matches_the_key_alone(tmp_path: Path) -> None:
         key.write_text(bad)
         refused = key_map_from(key)
         assert refused.returncode != 0 and refused.stdout == ""
+
+
+def test_a_keyed_lanes_key_is_printed_for_its_metrics(tmp_path: Path) -> None:
+    """The lane's key file (a Bearer token, as the front checks it) gives a map whose one
+    default is "Bearer <key>"; a key that is not a Bearer token prints nothing and fails."""
+    metrics_key, lane_key = tmp_path / "m", tmp_path / "l"
+    metrics_key.write_text("m" * 43)
+    lane_key.write_text("aB3-_x.~+/=")
+    shell = metrics.key_map(("coder",)).replace(metrics.KEY_PATH, str(metrics_key))
+    shell = shell.replace("/etc/spark/secrets/coder.key", str(lane_key))
+    # Redirected as the operation writes it: every map goes to the file.
+    out = tmp_path / "key.conf"
+    done = subprocess.run(["sh", "-c", f"{shell} > {out}"], capture_output=True, text=True)
+    assert done.returncode == 0 and done.stdout == "", done.stderr
+    assert out.read_text() == (
+        "map $http_authorization $spark_metrics_key {\n    default 0;\n"
+        f'    "~^Bearer {"m" * 43}$" 1;\n}}\n'
+        'map $host $spark_lane_auth_coder {\n    default "Bearer aB3-_x.~+/=";\n}\n'
+    )
+    lane_key.write_text('a"b')
+    refused = subprocess.run(["sh", "-c", shell], capture_output=True, text=True, check=False)
+    assert refused.returncode != 0 and "spark_lane_auth" not in refused.stdout
 
 
 def test_a_lane_on_the_metrics_ports_is_refused() -> None:
@@ -270,6 +328,12 @@ def test_the_plan_gives_the_collector_the_boxes_values() -> None:
     assert [(lane["name"], lane["port"], lane["backend_port"]) for lane in expected["lanes"]] == [
         ("coder", 10101, 11101),
         ("fast", 10102, 11102),
+    ]
+    # As the stage hands them to the operation: every lane with its key (group_data's lanes
+    # have api_key True).
+    assert lanes_front.metrics_lanes(head.metrics) == [
+        {"name": "coder", "path": "/lanes/coder/metrics", "backend_port": 11101, "key": True},
+        {"name": "fast", "path": "/lanes/fast/metrics", "backend_port": 11102, "key": True},
     ]
     assert (expected["nccl"], expected["nccl_verdict"]) == (
         True,

@@ -46,11 +46,13 @@ def written(tmp_path: Path) -> Path:
 
 def test_a_job_per_box_with_its_key_and_interval(tmp_path: Path) -> None:
     """The address pyinfra connects to (the inventory's name, TWO_SPARKS has no ssh_hostname),
-    group_data's metrics_port 9100 and interval 30 s, each box's key file."""
+    group_data's metrics_port 9100 and interval 30 s, each box's key file; then a job for each
+    of its lanes (group_data's coder and fast), at the lane's path, with the same key."""
     jobs = prometheus.scrape_config(pair(), "/k")["scrape_configs"]
     assert [
         (
             job["job_name"],
+            job["metrics_path"],
             job["static_configs"],
             job["authorization"],
             job["scrape_interval"],
@@ -59,13 +61,19 @@ def test_a_job_per_box_with_its_key_and_interval(tmp_path: Path) -> None:
         for job in jobs
     ] == [
         (
-            f"spark-{name}",
-            [{"targets": [f"{name}:9100"], "labels": {"box": name}}],
+            f"spark-{name}{suffix}",
+            path,
+            [{"targets": [f"{name}:9100"], "labels": {"box": name} | labels}],
             {"type": "Bearer", "credentials_file": f"/k/{name}.key"},
             "30s",
             "http",
         )
         for name in ("spark-1", "spark-2")
+        for suffix, path, labels in (
+            ("", "/metrics", {}),
+            ("/coder", "/lanes/coder/metrics", {"lane": "coder"}),
+            ("/fast", "/lanes/fast/metrics", {"lane": "fast"}),
+        )
     ]
 
 
@@ -252,9 +260,16 @@ def test_make_prometheus_config_writes_both_files_for_the_owners_inventory(
     assert prometheus_config.main(["--inventory", "inventories/lab.py", "--out", str(out),
                                    "--keys-dir", str(keys)]) == 0  # fmt: skip
     config = json.loads((out / "prometheus.yml").read_text())
-    assert [job["static_configs"][0]["targets"] for job in config["scrape_configs"]] == [
-        ["spark-1.local:9100"],
-        ["spark-2.local:9100"],
+    assert [
+        (job["static_configs"][0]["targets"], job["metrics_path"])
+        for job in config["scrape_configs"]
+    ] == [
+        (["spark-1.local:9100"], "/metrics"),
+        (["spark-1.local:9100"], "/lanes/coder/metrics"),
+        (["spark-1.local:9100"], "/lanes/fast/metrics"),
+        (["spark-2.local:9100"], "/metrics"),
+        (["spark-2.local:9100"], "/lanes/coder/metrics"),
+        (["spark-2.local:9100"], "/lanes/fast/metrics"),
     ]
     for name in ("spark-1.local", "spark-2.local"):
         (keys / f"{name}.key").write_text("k\n")

@@ -696,12 +696,21 @@ class Handler(shared.Replies):
         )
 
     def metrics(self, _body: bytes) -> None:
-        """/metrics in Prometheus' text format, as vLLM's exporter serves it (a few series)."""
+        """/metrics in Prometheus' text format, as vLLM's exporter serves it: a few of the
+        series of vllm/v1/metrics/loggers.py (PrometheusStatLogger; labels model_name and
+        engine; prometheus_client adds _total to a counter's name)."""
         name = self.server.config.served_names[0]
-        text = (
-            "# HELP vllm:num_requests_running Number of requests in model execution batches.\n"
-            "# TYPE vllm:num_requests_running gauge\n"
-            f'vllm:num_requests_running{{engine="0",model_name="{name}"}} 0.0\n'
+        rows = (
+            ("num_requests_running", "gauge", "Number of requests in model execution batches."),
+            ("num_requests_waiting", "gauge", "Number of requests waiting to be processed."),
+            ("kv_cache_usage_perc", "gauge", "KV-cache usage. 1 means 100 percent usage."),
+            ("prompt_tokens_total", "counter", "Number of prefill tokens processed."),
+            ("generation_tokens_total", "counter", "Number of generation tokens processed."),
+        )
+        text = "".join(
+            f"# HELP vllm:{metric} {about}\n# TYPE vllm:{metric} {kind}\n"
+            f'vllm:{metric}{{engine="0",model_name="{name}"}} 0.0\n'
+            for metric, kind, about in rows
         )
         self._send(200, text.encode(), "text/plain; version=0.0.4; charset=utf-8")
 
