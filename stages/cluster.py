@@ -5,7 +5,7 @@ after each box has done what it can alone."""
 from pyinfra import logger
 from pyinfra.api import deploy
 
-from operations import asked, firewall, lanes, nccl, preflight, ray, weights
+from operations import asked, firewall, images, lanes, nccl, preflight, ray, weights
 from operations.asked import Question
 from spark.box_paths import MODELS_DIR
 from spark.plan import BoxPlan, Cluster, NcclRun
@@ -100,7 +100,7 @@ def cluster(box: BoxPlan) -> None:
             head=node.head,
         )
     if plan.nccl_image is not None:  # Ray, which pulls its image elsewhere, is left out
-        lanes.image_present(name=f"NCCL test image {plan.nccl_image}", image=plan.nccl_image)
+        images.image_present(name=f"NCCL test image {plan.nccl_image}", image=plan.nccl_image)
     lane = plan.lane
     if lane is None:
         nccl_test(plan.nccl_test)
