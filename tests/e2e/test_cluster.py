@@ -130,7 +130,7 @@ def healthy(head: simlab.Host) -> bool:
 
 @pytest.fixture(scope="module")
 def cluster(lab: simlab.Lab) -> simlab.Lab:
-    reimage_all(lab)  # the serving image in every box's docker, as a real Spark would pull it
+    reimage_all(lab)  # bare boxes: the deploy pulls the serving image from the lab's registry
     # The model is not on spark-2: the deploy stops there before any lane starts, saying how to
     # fetch it (a wait of hours is not hidden in a deploy).
     put_model(lab.hosts[0])

@@ -180,7 +180,7 @@ def image_config(tag: str, diff_ids: list[str]) -> bytes:
     from tests.simlab.serving import image_changes
 
     settings: dict = {"Env": [DEFAULT_PATH]}
-    for change in image_changes(tag):  # the Dockerfile lines `docker import --change` took
+    for change in image_changes(tag):  # Dockerfile lines: ENV, WORKDIR, ENTRYPOINT
         word, _, value = change.partition(" ")
         if word == "ENV":
             settings["Env"].append(value)
@@ -205,13 +205,13 @@ def push_blob(address: str, repository: str, digest: str, body: object, size: in
     if request(address, "HEAD", f"/v2/{repository}/blobs/{digest}")[0] == 200:
         return
     for other in _pushed_repositories(address):
-        status, _h, _b = request(
+        status, headers, _body = request(
             address, "POST", f"/v2/{repository}/blobs/uploads/?mount={digest}&from={other}"
         )
         if status == 201:
             return
         with contextlib.suppress(KeyError):  # an upload the mount started instead: cancel it
-            request(address, "DELETE", _h["Location"])
+            request(address, "DELETE", headers["Location"])
     status, headers, answer = request(address, "POST", f"/v2/{repository}/blobs/uploads/")
     if status != 202:
         raise RuntimeError(f"registry: upload to {repository} refused: {status} {answer!r}")
