@@ -47,6 +47,7 @@ def questions(plan: Cluster) -> list[Question]:
         *(lanes.questions([plan.nccl_image], hf_token=False) if plan.nccl_image else []),
         *(model_questions(lane.weights) if lane and lane.weights else []),
         *(weights.questions(copy.model, MODELS_DIR, copy.serves) if copy else []),
+        *(lanes.questions([lane.image], hf_token=False) if lane else []),
         *(preflight.image_questions(lane.image) if lane else []),
         *(nccl.questions() if plan.nccl_test is not None else []),
         *(lanes.serving_questions(lane_unit(lane.served)) if lane and lane.served else []),
@@ -107,6 +108,9 @@ def cluster(box: BoxPlan) -> None:
         return
     # The cluster lane: each box checks what it needs before the head starts it.
     what = f"Cluster lane {lane.name}"
+    # Every box runs a rank of the lane in its image (and copies the model in it); a worker has
+    # no lane of its own that pulled it (on the head it is present).
+    images.image_present(name=f"{what}: its image {lane.image} on this box", image=lane.image)
     if lane.weights is not None:
         model_on_box(lane.weights, what)
     if lane.copied is not None:  # from the internet once, onto the head; over the fabric after

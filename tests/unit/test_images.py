@@ -13,11 +13,12 @@ Captures (each fact's own command, run under sudo on the simulated lab, Debian 1
 
 from __future__ import annotations
 
+import hashlib
 import subprocess
 
 import pytest
 
-from operations import images, lanes, util
+from operations import images, lanes, preflight, util
 from tests.unit.harness import FakeHost, captured, process, refusal, run_op
 
 IMAGE = "nvcr.io/nvidia/vllm:26.04-py3"
@@ -181,3 +182,22 @@ def test_too_little_room_stops_the_box_naming_both_numbers_and_the_unused_images
 def test_room_enough_pulls() -> None:
     host = FakeHost(facts(None) | {images.DockerRoom: room_with(163146892)})  # exactly enough
     assert run_op(images.image_present, host=host, image=IMAGE) == [PULL]
+
+
+@pytest.mark.parametrize(
+    ("printed", "layers"),
+    [
+        # What the lab's docker 20.10 printed for an image it lacks, and for the 26.10 stand-in.
+        ("", None),
+        (
+            '["sha256:d8d5","sha256:cf28"]',
+            hashlib.sha256(b'["sha256:d8d5","sha256:cf28"]\n').hexdigest(),  # sha256sum's line
+        ),
+    ],
+)
+def test_image_layers_of_an_absent_image_is_none(printed: str, layers: str | None) -> None:
+    fake = f"docker() {{ echo '{printed}'; }}"
+    command = preflight.ImageLayers().command(image=IMAGE)
+    done = subprocess.run(["bash", "-c", f"{fake}; {command}"], capture_output=True, text=True)
+    found = process(preflight.ImageLayers, done.stdout)
+    assert found == layers
