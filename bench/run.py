@@ -98,9 +98,10 @@ def sessions_since(host: simlab.Host, after: str) -> int:
 
 
 def prepare_hosts(lab: simlab.Lab) -> None:
-    """sshd logs each session (a fresh image logs only logins); the serving image is in docker."""
+    """sshd logs each session (a fresh image logs only logins); the serving image is pulled
+    before the clock starts (the converges are timed without it, as before the lab pulled)."""
     for host in lab.hosts:
-        simlab.load_serving_image(host)
+        simlab.pull_image(host)
         # journald may still be writing to /run only (read here from the host's disk).
         simlab.ssh(host, "echo LogLevel VERBOSE | sudo tee /etc/ssh/sshd_config.d/00-bench.conf"
                          " >/dev/null && sudo journalctl --flush"

@@ -464,7 +464,7 @@ def serving(unit: LaneUnit):
     Serve one vLLM lane as the systemd unit spark-lane-<lane>, enabled and serving.
 
     + unit: the lane and how this box runs it (see ``LaneUnit``); its image is on the box (see
-      ``image_present``); a port another service holds is refused; with the lane's api_key,
+      ``images.image_present``); a port another service holds is refused; with the lane's api_key,
       /v1 is guarded by the key in /etc/spark/secrets/<lane>.key (root 0600), generated on the
       box when absent and never regenerated, so clients keep working; a cluster lane on Ray
       requires ``spark-ray.service`` and waits until all its Ray nodes have joined before its
@@ -577,20 +577,6 @@ def lanes_removed(keep: list[str]):
 
 
 @operation()
-def image_present(image: str):
-    """
-    Make sure the serving image is on the box: `docker pull` it when absent (tens of GB: the
-    first deploy of a box takes a while here), never when present (pinned tags do not move).
-
-    + image: registry/repository:tag, or pinned: registry/repository:tag@sha256:...
-    """
-    if local_name(image) in answer(LocalImages):
-        host.noop(f"{image} is present")
-    else:
-        yield ray.pull(image)
-
-
-@operation()
 def hf_token(src: str, path: str = HF_TOKEN):
     """
     Put the Hugging Face token from a file on this machine into a root 0600 file on the box,
@@ -622,8 +608,8 @@ def lane_files(lane: str) -> tuple[str, ...]:
 
 
 def questions(images: list[str], hf_token: bool) -> list[Question]:
-    """What ``lanes_removed``, ``image_present`` (of these images: one question for all) and
-    ``hf_token`` read (operations/asked.py)."""
+    """What ``lanes_removed``, ``images.image_present`` (of these images: one question for all)
+    and ``hf_token`` read (operations/asked.py)."""
     return [
         question(LaneUnits),
         *([question(LocalImages)] if images else []),

@@ -465,7 +465,8 @@ class ImageLayers(FactBase):
     def command(self, image: str) -> str:
         return (
             f"docker image inspect --format '{{{{json .RootFS.Layers}}}}' {shlex.quote(image)}"
-            " 2>/dev/null | sha256sum | cut -d' ' -f1; true"
+            # docker 20.10 prints an empty line for an image it lacks (the lab's docker).
+            " 2>/dev/null | grep . | sha256sum | cut -d' ' -f1; true"
         )
 
     def process(self, output: list[str]) -> str | None:

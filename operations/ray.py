@@ -109,12 +109,6 @@ def docker_run(
     return [*args, image, *ray_args]
 
 
-def pull(image: str) -> str:
-    """The command that brings an image to the box (never run when it is there: tags are
-    pinned, and an NGC image is tens of GB)."""
-    return f"docker pull --quiet {shlex.quote(image)}"
-
-
 def ray_version(image: str) -> str:
     """The command printing the image's ``ray --version`` (fails when it has no Ray)."""
     return f"docker run --rm --network none --entrypoint ray {shlex.quote(image)} --version"
@@ -247,7 +241,7 @@ def node(
     changes: list = []
     if state["image"] is None:
         # The version is compared on the next run; today a missing Ray stops this one here.
-        yield pull(image)
+        yield util.pull(image, host.name)
         yield record_ray_version(image)
     elif state["ray"] is None:
         yield from util.refused(

@@ -218,3 +218,18 @@ def missing(boxes: Iterable[str]) -> dict[str, str]:
 def waits_for(stopped: dict[str, str]) -> str:
     """What an operation that needs the ``stopped`` boxes (``missing``) says instead of running."""
     return "; ".join(f"waits for {name}, stopped at {where}" for name, where in stopped.items())
+
+
+def pull(image: str, box: str) -> str:
+    """`docker pull` of the image; failing, one line on stderr naming the box, the registry
+    and what docker said (the registry's answer: connection refused, manifest unknown, ...)."""
+    failed = shlex.quote(f"{box}: docker pull {image} from registry {registry_of(image)} failed:")
+    return (
+        f"out=$(docker pull --quiet {shlex.quote(image)} 2>&1)"
+        f" || {{ echo {failed} \"$(printf %s \"$out\" | tr '\\n' ' ')\" >&2; exit 1; }}"
+    )
+
+
+def registry_of(image: str) -> str:
+    """The registry of registry/repository:tag (the name's first part)."""
+    return image.split("/", 1)[0]

@@ -5,7 +5,7 @@ after each box has done what it can alone."""
 from pyinfra import logger
 from pyinfra.api import deploy
 
-from operations import asked, firewall, lanes, nccl, preflight, ray, weights
+from operations import asked, firewall, images, lanes, nccl, preflight, ray, weights
 from operations.asked import Question
 from spark.box_paths import MODELS_DIR
 from spark.plan import BoxPlan, Cluster, NcclRun
@@ -47,6 +47,7 @@ def questions(plan: Cluster) -> list[Question]:
         *(lanes.questions([plan.nccl_image], hf_token=False) if plan.nccl_image else []),
         *(model_questions(lane.weights) if lane and lane.weights else []),
         *(weights.questions(copy.model, MODELS_DIR, copy.serves) if copy else []),
+        *(lanes.questions([lane.image], hf_token=False) if lane else []),
         *(preflight.image_questions(lane.image) if lane else []),
         *(nccl.questions() if plan.nccl_test is not None else []),
         *(lanes.serving_questions(lane_unit(lane.served)) if lane and lane.served else []),
@@ -105,13 +106,16 @@ def cluster(box: BoxPlan) -> None:
             head=node.head,
         )
     if plan.nccl_image is not None:  # Ray, which pulls its image elsewhere, is left out
-        lanes.image_present(name=f"NCCL test image {plan.nccl_image}", image=plan.nccl_image)
+        images.image_present(name=f"NCCL test image {plan.nccl_image}", image=plan.nccl_image)
     lane = plan.lane
     if lane is None:
         nccl_test(plan.nccl_test)
         return
     # The cluster lane: each box checks what it needs before the head starts it.
     what = f"Cluster lane {lane.name}"
+    # Every box runs a rank of the lane in its image (and copies the model in it); a worker has
+    # no lane of its own that pulled it (on the head it is present).
+    images.image_present(name=f"{what}: its image {lane.image} on this box", image=lane.image)
     if lane.weights is not None:
         model_on_box(lane.weights, what)
     if lane.copied is not None:  # from the internet once, onto the head; over the fabric after

@@ -5,7 +5,7 @@ it needs another box."""
 
 from pyinfra.api import deploy
 
-from operations import asked, front, lanes, memguard, metrics, preflight
+from operations import asked, front, images, lanes, memguard, metrics, preflight
 from operations.asked import Question
 from spark.box_paths import MODELS_DIR
 from spark.plan import BoxPlan, Metrics, ModelOnBox, ServedLane
@@ -77,7 +77,7 @@ def lanes_and_front(box: BoxPlan) -> None:
         lanes.hf_token(name="Hugging Face token (root 0600)", src=box.hf_token_file)
     lanes.lanes_removed(name="Lanes no longer configured: removed", keep=list(box.lane_units))
     for image in box.images:
-        lanes.image_present(name=f"Serving image {image}", image=image)
+        images.image_present(name=f"Serving image {image}", image=image)
     for lane in box.lanes:
         model_on_box(lane.weights, f"Lane {lane.served.lane.name}")
         serve(lane.served)

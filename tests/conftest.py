@@ -136,8 +136,8 @@ _recabled = False
 
 
 def reimage_all(lab: simlab.Lab) -> simlab.Lab:
-    """Every host of the session's lab back to the bare image (about 5 s), trusted again, with
-    the serving image in its docker as a Spark that pulled it (the lab reaches no registry)."""
+    """Every host of the session's lab back to the bare image (about 5 s), trusted again; the
+    deploy pulls the serving image from the lab's registry, as on a Spark."""
     global _as_deployed, _recabled
     _as_deployed = False
     if _recabled:  # booted bare again, as cabled as before
@@ -149,13 +149,12 @@ def reimage_all(lab: simlab.Lab) -> simlab.Lab:
     simlab.write_ssh_files(lab)
     for host in lab.hosts:
         simlab.wait_ready(host, time.monotonic() + simlab.BOOT_TIMEOUT)
-        simlab.load_serving_image(host)
     return lab
 
 
 def cabled(lab: simlab.Lab, cabling: str, count: int | None = None) -> simlab.Lab:
     """The session's boxes booted bare again (or `count` bare boxes), cabled as `cabling`
-    (simlab.CABLINGS), the serving image in their docker. They stay up after the module: the
+    (simlab.CABLINGS). They stay up after the module: the
     next reimage_all() boots the session's boxes again (modules marked `recabled` run last)."""
     global _as_deployed, _recabled
     _as_deployed, _recabled = False, True
@@ -163,12 +162,8 @@ def cabled(lab: simlab.Lab, cabling: str, count: int | None = None) -> simlab.La
 
 
 def _booted_bare(count: int, cabling: str) -> simlab.Lab:
-    """`count` bare boxes cabled as `cabling`, in place of the lab that was up, the serving
-    image in their docker as a Spark that pulled it."""
-    booted = simlab.up(count, cabling=cabling)
-    for host in booted.hosts:
-        simlab.load_serving_image(host)
-    return booted
+    """`count` bare boxes cabled as `cabling`, in place of the lab that was up."""
+    return simlab.up(count, cabling=cabling)
 
 
 def run_on(host: simlab.Host, command: str, check: bool = True) -> str:

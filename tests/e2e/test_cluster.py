@@ -130,7 +130,7 @@ def healthy(head: simlab.Host) -> bool:
 
 @pytest.fixture(scope="module")
 def cluster(lab: simlab.Lab) -> simlab.Lab:
-    reimage_all(lab)  # the serving image in every box's docker, as a real Spark would pull it
+    reimage_all(lab)  # bare boxes: the deploy pulls the serving image from the lab's registry
     # The model is not on spark-2: the deploy stops there before any lane starts, saying how to
     # fetch it (a wait of hours is not hidden in a deploy).
     put_model(lab.hosts[0])
@@ -528,8 +528,6 @@ def test_the_lane_on_an_image_without_ray_runs_on_vllms_own_multinode_mode(
     cluster: simlab.Lab,
 ) -> None:
     head, worker = cluster.hosts
-    for host in cluster.hosts:
-        simlab.load_serving_image(host, "nvcr.io/nvidia/vllm:26.10-py3")  # as if pulled
     started = run_on(head, "date '+%Y-%m-%d %H:%M:%S'").strip()
     # No -y: the plan, then Enter (this test, both typed runs and compliance: 66 s on the lab).
     deploy = pyinfra(MP_INVENTORY, "deploy.py", typed=True)

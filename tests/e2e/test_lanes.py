@@ -263,7 +263,6 @@ def test_a_llama_cpp_lane_serves_beside_a_vllm_one_and_its_canary_catches_gibber
     restart fails naming the canary and llama.cpp's causes; then back to the inventory's lanes."""
     host = deployed["lab"].hosts[0]
     lane = runpy.run_path(str(Path(REPO) / LLAMA_INVENTORY))["GGUF_LANE"]
-    simlab.load_serving_image(host, lane["image"])  # as if pulled from its registry
     only = ("--limit", host.name)
     started = time.monotonic()
     first = pyinfra(LLAMA_INVENTORY, "deploy.py", *only)
@@ -368,8 +367,6 @@ def test_lane_b_moved_to_2610_runs_nvfp4_on_marlin_in_vllm_0310_terms(
     # exactly vLLM 0.31.0's options, so a 0.19.0-only one would stop the lane.
     image = "nvcr.io/nvidia/vllm:26.10-py3"
     hosts = deployed["lab"].hosts
-    for host in hosts:
-        simlab.load_serving_image(host, image)  # as if pulled from NGC
     deploy(lanes_data(A, B | {"image": image}))
     for host in hosts:
         name = f"spark-lane-{B['name']}"

@@ -95,7 +95,6 @@ def test_readme_steps_bring_a_reimaged_box_back(deployed: simlab.Lab) -> None:
         f"{spark_2.mgmt_ip} {' '.join(console_key.split()[:2])}"
     ]
 
-    simlab.load_serving_image(spark_2)  # the lab's stand-in for a registry the box reaches
     back = pyinfra(INVENTORY, "deploy.py")
     output = output_of(back)
     assert errors(output) == [], output

@@ -20,8 +20,6 @@ def demo() -> int:
     current = lab.Lab.load()
     if not current.hosts:
         current = lab.up(2)
-    for host in current.hosts:  # as a Spark that pulled it: the lab reaches no registry
-        lab.load_serving_image(host)
     log("deploying: pyinfra inventories/sim.py deploy.py")
     pyinfra = str(REPO / ".venv/bin/pyinfra")
     deploy = subprocess.run([pyinfra, "-y", "inventories/sim.py", "deploy.py"], cwd=REPO,

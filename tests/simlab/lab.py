@@ -23,18 +23,13 @@ import uuid
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from tests.simlab import registry
 from tests.simlab.paths import LAB_ID, PREFIX, STATE, log
-from tests.simlab.rootfs import (
-    ADMIN_USER,
-    IMAGES,
-    ensure_host_tools,
-    serving_image_tar,
-    spark_base,
-    stand_in_repositories,
-)
+from tests.simlab.rootfs import ADMIN_USER, ensure_host_tools, spark_base, stand_in_repositories
 
 MGMT_BRIDGE = PREFIX
 MGMT_PREFIX = f"10.77.{LAB_ID}"  # this machine's side is .1; hosts are .11, .12, ...
+REGISTRY_ADDRESS = f"{MGMT_PREFIX}.1"  # the lab's registry, on this machine's side (registry.py)
 FABRIC_TWINS = [("enp1s0f1np1", "rocep1s0f1"), ("enP2p1s0f1np1", "roceP2p1s0f1")]  # port 1
 PORT0_TWINS = [("enp1s0f0np0", "rocep1s0f0"), ("enP2p1s0f0np0", "roceP2p1s0f0")]
 PORT_TWINS = {1: FABRIC_TWINS, 0: PORT0_TWINS}
@@ -50,7 +45,6 @@ CABLINGS = {
 }
 SWITCH_NS = f"{PREFIX}-switch"
 REPOS_MOUNT = "/srv/simlab-repos"
-IMAGES_MOUNT = "/srv/simlab-images"
 HARDWARE_FILE = "/usr/local/lib/simlab/hardware.json"
 # A host boots in under a second on an idle machine (systemd-analyze critical-chain: multi-user
 # at 0.7 s, docker the slowest unit); the suite once saw a boot pass 90 s while other labs loaded
@@ -198,7 +192,12 @@ def prepare_disk(host: Host, lab: Lab, base: Path) -> None:
     _write(upper / "etc/hostname", host.name + "\n")
     _write(upper / "etc/machine-id", uuid.uuid4().hex + "\n", 0o444)
     hosts = "127.0.0.1 localhost\n" + "".join(f"{h.mgmt_ip} {h.name}\n" for h in lab.hosts)
+    # The registries of the serving images' names are the lab's registry, which the hosts'
+    # docker trusts by the lab's authority (a registry's CA, docker's certs.d documentation).
+    hosts += f"{REGISTRY_ADDRESS} {' '.join(registry.names())}\n"
     _write(upper / "etc/hosts", hosts)
+    for name in registry.names():
+        _write(upper / f"etc/docker/certs.d/{name}/ca.crt", registry.AUTHORITY.read_text())
     (upper / "etc/ssh").mkdir(parents=True, exist_ok=True)
     run("ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", f"root@{host.name}",
         "-f", str(upper / "etc/ssh/ssh_host_ed25519_key"))  # fmt: skip
@@ -360,7 +359,6 @@ def boot(host: Host, base: Path) -> None:
          "--system-call-filter=@system-service @mount @privileged keyctl bpf",
          f"--machine={host.name}", f"--bind-ro={stand_in_repositories()}:{REPOS_MOUNT}",
          f"--bind={host.dir / 'docker'}:/var/lib/docker",
-         f"--bind-ro={IMAGES}:{IMAGES_MOUNT}",
          f"--bind-ro={host.dir / 'hardware.json'}:{HARDWARE_FILE}"],
         stdin=subprocess.DEVNULL, stdout=logfile, stderr=subprocess.STDOUT, env=env,
         start_new_session=True,
@@ -514,18 +512,16 @@ def stop(host: Host) -> None:
         run("umount", "-R", str(merged))
 
 
-def load_serving_image(host: Host, tag: str | None = None) -> str:
-    """A stand-in serving image (NGC's default vLLM one unless `tag` names another of the
-    deploy's table, or the llama.cpp image) in the host's docker, as if pulled; its tag."""
-    from tests.simlab.serving import SERVING_IMAGE_TAG, image_changes
+def pull_image(host: Host, image: str | None = None) -> str:
+    """`docker pull` of a stand-in serving image (NGC's default vLLM one unless `image` names
+    another the lab's registry serves) on the host, outside a deploy: for what needs an image on
+    a box without deploying it (the lab's own tests of the images; the bench, which times its
+    converges without the pull); the image."""
+    from tests.simlab.serving import SERVING_IMAGE_TAG
 
-    tag = tag or SERVING_IMAGE_TAG
-    tar = serving_image_tar(tag)
-    changes = "".join(f" --change {shlex.quote(change)}" for change in image_changes(tag))
-    present = f"sudo docker image inspect {tag} >/dev/null 2>&1"
-    load = f"sudo docker import{changes} {IMAGES_MOUNT}/{tar.name} {tag} >/dev/null"
-    ssh(host, f"{present} || {load}")
-    return tag
+    image = image or SERVING_IMAGE_TAG
+    ssh(host, f"sudo docker pull --quiet {shlex.quote(image)} >/dev/null", timeout=600)
+    return image
 
 
 def set_hardware(host: Host, **hardware: object) -> None:
@@ -570,7 +566,6 @@ def up(
     down()
     stand_in_repositories()
     base = spark_base()
-    IMAGES.mkdir(parents=True, exist_ok=True)
     gid_index = gid_index or {}
     lab = Lab(
         [Host(f"spark-{i}", i, gid_index.get(f"spark-{i}", 3)) for i in range(1, count + 1)],
@@ -578,6 +573,7 @@ def up(
     )
     ensure_client_key()
     ensure_mgmt_bridge()
+    registry.start(REGISTRY_ADDRESS)
     for host in lab.hosts:
         prepare_disk(host, lab, base)
         wire_host(host)
@@ -635,6 +631,7 @@ def down() -> None:
     lab = Lab.load()
     for host in lab.hosts:
         stop(host)
+    registry.remove()
     # Leftovers of a lab whose state file was lost: our namespaces and mounts, by name.
     for line in run("ip", "netns", "list", capture_output=True, text=True).stdout.splitlines():
         netns = line.split()[0]

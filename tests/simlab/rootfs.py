@@ -8,8 +8,10 @@ them (the package list or the files baked in) changes their key and builds them 
 from __future__ import annotations
 
 import fcntl
+import gzip
 import hashlib
 import inspect
+import json
 import os
 import re
 import shutil
@@ -22,7 +24,7 @@ from pathlib import Path
 
 from tests.simlab.paths import CACHE, HARDWARE_DIR, log
 
-IMAGES = CACHE / "images"  # bound read-only into every host at /srv/simlab-images
+IMAGES = CACHE / "images"  # the stand-in serving images' layers, pushed to each lab's registry
 
 SUITE = "bookworm"
 # What a fresh DGX OS install has that the deploy relies on (DGX OS is Ubuntu 24.04; the lab
@@ -84,23 +86,29 @@ def prometheus_binaries() -> Path:
     package, unpacked into the cache once (not installed: its service would start on this
     machine); the generated configuration and rules are checked, and the lab scraped, with
     them."""
-    target = CACHE / "prometheus"
-    if not (target / "usr/bin/promtool").exists():
+    return unpacked_package("prometheus") / "usr/bin"
+
+
+def unpacked_package(package: str) -> Path:
+    """The tree of a Debian package of this machine's distribution, unpacked into the cache
+    once (not installed: a service it ships would start on this machine)."""
+    target = CACHE / package
+    if not target.exists():
         with _building(target) as needed:
             if needed:
-                staging = CACHE / "prometheus.staging"
+                staging = CACHE / f"{package}.staging"
                 shutil.rmtree(staging, ignore_errors=True)
                 staging.mkdir(parents=True)
                 quiet = {"stdin": subprocess.DEVNULL, "capture_output": True}
-                download = ["apt-get", "download", "-qq", "prometheus"]
+                download = ["apt-get", "download", "-qq", package]
                 if subprocess.run(download, cwd=staging, check=False, **quiet).returncode:
                     subprocess.run(["apt-get", "update", "-qq"], check=True, **quiet)
                     subprocess.run(download, cwd=staging, check=True, **quiet)
-                deb = next(staging.glob("prometheus_*.deb"))
+                deb = next(staging.glob(f"{package}_*.deb"))
                 subprocess.run(["dpkg-deb", "-x", str(deb), str(staging / "tree")], check=True)
                 (staging / "tree").rename(target)
                 shutil.rmtree(staging)
-    return target / "usr/bin"
+    return target
 
 
 def debian_mirror() -> str:
@@ -258,10 +266,9 @@ def stand_in_repositories() -> Path:
     return target
 
 
-def serving_image_tar(tag: str | None = None) -> Path:
-    """A stand-in NGC vLLM image (the default one unless `tag` names another of the deploy's
-    table, or the llama.cpp image serving.LLAMA_IMAGE_TAG) as a tarball for `docker import`,
-    built on first use."""
+def serving_image_tar() -> Path:
+    """The stand-in of NGC's default vLLM image as a tarball of its tree, built on first use:
+    the bottom layer of every stand-in image the lab's registry serves (image_layers)."""
     from tests.simlab import serving
 
     source = Path(serving.__file__).parent
@@ -274,11 +281,86 @@ def serving_image_tar(tag: str | None = None) -> Path:
         with _building(tar) as needed:
             if needed:
                 _build_serving_image(tar)
-    if tag is None or tag == serving.SERVING_IMAGE_TAG:
-        return tar
+    return tar
+
+
+def image_layers(tag: str) -> list[Path]:
+    """The stand-in image `tag` (one of the deploy's table, or the llama.cpp image
+    serving.LLAMA_IMAGE_TAG) as its layers' tarballs, bottom first: the default image's tree,
+    and for another image a layer over it that removes what that image lacks and adds its own
+    files, as NGC's images share their base layers."""
+    from tests.simlab import serving
+
+    base = serving_image_tar()
+    if tag == serving.SERVING_IMAGE_TAG:
+        return [base]
     if tag == serving.LLAMA_IMAGE_TAG:
-        return llama_image(tar)
-    return _derived_image(tar, serving.release_of(tag), ray=serving.IMAGES[tag].ray)
+        return [base, _layer(base, "llama", serving.NOT_IN_LLAMA_IMAGE, serving.add_llama_server)]
+    ray = serving.IMAGES[tag].ray
+    release = serving.release_of(tag)
+    release_file = serving.RELEASE_FILE.relative_to("/")
+
+    def add(staging: Path) -> list[Path]:
+        (staging / release_file).parent.mkdir(parents=True)
+        (staging / release_file).write_text(release + "\n")
+        return [release_file]
+
+    gone = () if ray else serving.RAY_PATHS
+    return [base, _layer(base, f"{release}{'' if ray else '-noray'}", gone, add)]
+
+
+def _layer(base: Path, name: str, gone: Iterable[Path], add: Callable[[Path], list[Path]]) -> Path:
+    """A layer over the base image's tree, built once: a whiteout for each path `gone` (an
+    empty `.wh.<name>` beside it: the OCI image spec's layer format, which docker applies)
+    and what `add` writes into an empty tree (the relative paths it returns)."""
+    tar = base.with_name(f"{base.stem}-{name}-layer.tar")
+    if _cached(tar):
+        return tar
+    with _building(tar) as needed:
+        if needed:
+            partial = tar.with_suffix(".partial")
+            with tempfile.TemporaryDirectory() as staging:
+                added = add(Path(staging))
+                whiteouts = [path.parent / f".wh.{path.name}" for path in gone]
+                for whiteout in whiteouts:
+                    (Path(staging) / whiteout).parent.mkdir(parents=True, exist_ok=True)
+                    (Path(staging) / whiteout).touch()
+                subprocess.run(["tar", "-C", staging, "--owner=0", "--group=0", "-cf",
+                                str(partial), *(f"./{p}" for p in [*whiteouts, *added])],
+                               check=True)  # fmt: skip
+            partial.rename(tar)
+    return tar
+
+
+def layer_blob(layer: Path) -> dict:
+    """A layer's tarball gzipped as a registry keeps it (built once, beside it): its file, the
+    digest and size of the gzipped blob, and the digest of the tar it unpacks to (the image
+    config's diff_id: the OCI image spec)."""
+    blob = layer.with_name(layer.name + ".gz")
+    facts = layer.with_name(layer.name + ".gz.json")
+    if not _cached(facts):
+        with _building(facts) as needed:
+            if needed:
+                partial = blob.with_suffix(".partial")
+                # mtime 0: the same tar gives the same blob, and so the same digest.
+                with (
+                    open(layer, "rb") as source,
+                    open(partial, "wb") as out,
+                    gzip.GzipFile(fileobj=out, mode="wb", compresslevel=1, mtime=0) as packed,
+                ):
+                    shutil.copyfileobj(source, packed, 1 << 20)
+                partial.rename(blob)
+                digests = {"digest": _sha256(blob), "diff_id": _sha256(layer)}
+                facts.write_text(json.dumps(digests | {"size": blob.stat().st_size}))
+    return json.loads(facts.read_text()) | {"file": str(blob)}
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as source:
+        while chunk := source.read(1 << 20):
+            digest.update(chunk)
+    return f"sha256:{digest.hexdigest()}"
 
 
 def _build_serving_image(tar: Path) -> None:
@@ -286,7 +368,7 @@ def _build_serving_image(tar: Path) -> None:
 
     ensure_host_tools()
     IMAGES.mkdir(parents=True, exist_ok=True)
-    for stale in _unused(IMAGES.glob("serving-image-*.tar")):
+    for stale in _unused(IMAGES.glob("serving-image-*")):  # layers and blobs too
         stale.unlink()
     root = CACHE / "serving-rootfs"
     shutil.rmtree(root, ignore_errors=True)
@@ -298,50 +380,3 @@ def _build_serving_image(tar: Path) -> None:
                    check=True)  # fmt: skip
     partial.rename(tar)
     shutil.rmtree(root, ignore_errors=True)
-
-
-def _variant(
-    base: Path, name: str, gone: Iterable[Path], add: Callable[[Path], list[Path]]
-) -> Path:
-    """The base image's tar less the paths `gone`, plus what `add` writes into an empty tree
-    (the relative paths it returns), named `name`; built once."""
-    tar = base.with_name(name)
-    if _cached(tar):
-        return tar
-    with _building(tar) as needed:
-        if needed:
-            partial = tar.with_suffix(".partial")
-            shutil.copyfile(base, partial)
-            subprocess.run(["tar", "--delete", "-f", str(partial), *(f"./{p}" for p in gone)],
-                           check=True)  # fmt: skip
-            with tempfile.TemporaryDirectory() as staging:
-                added = add(Path(staging))
-                subprocess.run(["tar", "-C", staging, "--owner=0", "--group=0", "-rf",
-                                str(partial), *(f"./{p}" for p in added)], check=True)  # fmt: skip
-            partial.rename(tar)
-    return tar
-
-
-def _derived_image(base: Path, release: str, ray: bool) -> Path:
-    """The default image's tree as another image of the table: its `release` file names the
-    vLLM it carries, and without Ray where that image has none (NGC's from 26.05)."""
-    from tests.simlab import serving
-
-    release_file = serving.RELEASE_FILE.relative_to("/")
-
-    def add(staging: Path) -> list[Path]:
-        (staging / release_file).parent.mkdir(parents=True)
-        (staging / release_file).write_text(release + "\n")
-        return [release_file]
-
-    gone = [release_file, *(() if ray else serving.RAY_PATHS)]
-    return _variant(base, f"{base.stem}-{release}{'' if ray else '-noray'}.tar", gone, add)
-
-
-def llama_image(base: Path) -> Path:
-    """The default image's tree as the llama.cpp image: without Ray, `vllm`, `hf` and the vLLM
-    lists, with the llama-server stand-in and its option list (serving.add_llama_server)."""
-    from tests.simlab import serving
-
-    name = f"{base.stem}-llama.tar"
-    return _variant(base, name, serving.NOT_IN_LLAMA_IMAGE, serving.add_llama_server)

@@ -166,7 +166,7 @@ def install_toolkit(host: simlab.Host) -> None:
 
 def test_docker_starts_gpu_containers_through_the_toolkit(lab: simlab.Lab) -> None:
     host = lab.hosts[0]
-    image = simlab.load_serving_image(host)
+    image = simlab.pull_image(host)
     install_toolkit(host)
     out = run_on(host, f"sudo docker run --rm --gpus all --runtime nvidia {image} "
                        "vllm --version")  # fmt: skip
@@ -181,8 +181,8 @@ def test_two_hosts_form_a_ray_cluster_over_the_fabric(lab: simlab.Lab) -> None:
     run = "sudo docker run -d --rm --name ray --network host --shm-size 1g"
     try:
         for host in lab.hosts:
-            simlab.load_serving_image(host)
-        image = simlab.load_serving_image(head)
+            simlab.pull_image(host)
+        image = simlab.pull_image(head)
         run_on(head, f"{run} {image} ray start --block --head --port=6379 --num-gpus=1 "
                      "--node-ip-address=192.168.100.10 --include-dashboard=false")  # fmt: skip
         run_on(worker, f"{run} {image} ray start --block --address=192.168.100.10:6379 "

@@ -1,4 +1,4 @@
-"""The llama.cpp image on a lab host: loaded into its docker as if pulled, a GGUF fetched by the
+"""The llama.cpp image on a lab host: pulled from the lab's registry, a GGUF fetched by the
 vLLM image's `hf download` stand-in, and a container of it run the way its Dockerfile says (the
 arguments only: its entrypoint is /app/llama-server)."""
 
@@ -20,8 +20,8 @@ REPO, FILE = "unsloth/Qwen3-Coder-Next-GGUF", "Qwen3-Coder-Next-UD-Q4_K_XL.gguf"
 
 def test_a_llama_server_container_answers_health(lab: simlab.Lab) -> None:
     host = lab.hosts[0]
-    vllm_image = simlab.load_serving_image(host)
-    assert simlab.load_serving_image(host, LLAMA_IMAGE_TAG) == LLAMA_IMAGE_TAG
+    vllm_image = simlab.pull_image(host)
+    assert simlab.pull_image(host, LLAMA_IMAGE_TAG) == LLAMA_IMAGE_TAG
     config = json.loads(run_on(host, f"sudo docker image inspect {LLAMA_IMAGE_TAG}"))[0]["Config"]
     assert config["Entrypoint"] == ["/app/llama-server"]
     assert (config["WorkingDir"], "LLAMA_ARG_HOST=0.0.0.0" in config["Env"]) == ("/app", True)

@@ -20,6 +20,7 @@ from spark.llamacpp_release import DATA
 from tests.simlab.loopback import Server, Servers, free_port, request
 from tests.simlab.serving import llama_server_standin as standin
 from tests.simlab.serving.standin_model import ANSWER_FILE
+from tests.simlab.test_rootfs import unpacked_layers
 
 STANDIN = Path(standin.__file__)
 COMMIT, TABLE = standin.read_options(DATA)
@@ -319,9 +320,11 @@ def test_completions_answer_too(start: Callable[..., Server]) -> None:
 # --- the image ------------------------------------------------------------------------------------
 
 
-def test_the_llama_image_is_the_serving_tree_with_llama_server(tmp_path: Path) -> None:
-    """The llama.cpp image's tar, from a serving image's tree written here: no Ray, vllm or hf,
-    /app/llama-server runnable with the tree's own standin_model and option list."""
+def test_the_llama_image_is_the_serving_tree_with_llama_server(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The llama.cpp image's layers over a serving image's tree written here: no Ray, vllm or
+    hf, /app/llama-server runnable with the tree's own standin_model and option list."""
     from tests.simlab import rootfs, serving
 
     tree = tmp_path / "tree"
@@ -337,13 +340,13 @@ def test_the_llama_image_is_the_serving_tree_with_llama_server(tmp_path: Path) -
     (tree / serving.MODEL_MODULE).write_text((STANDIN.parent / "standin_model.py").read_text())
     base = tmp_path / "serving-image-0123456789ab.tar"
     subprocess.run(["tar", "-C", str(tree), "-cf", str(base), "."], check=True)
+    monkeypatch.setattr(rootfs, "CACHE", tmp_path)  # for the build lock
+    monkeypatch.setattr(rootfs, "serving_image_tar", lambda: base)
 
-    image = rootfs.llama_image(base)
+    layers = rootfs.image_layers(serving.LLAMA_IMAGE_TAG)
 
-    assert image.name == "serving-image-0123456789ab-llama.tar"
-    unpacked = tmp_path / "image"
-    unpacked.mkdir()
-    subprocess.run(["tar", "-C", str(unpacked), "-xf", str(image)], check=True)
+    assert layers[0] == base and layers[1].name == "serving-image-0123456789ab-llama-layer.tar"
+    unpacked = unpacked_layers(layers, tmp_path / "image")
     for gone in serving.NOT_IN_LLAMA_IMAGE:
         assert not (unpacked / gone).exists(), gone
     server = unpacked / "app/llama-server"

@@ -425,17 +425,10 @@ def test_configured_lanes_are_left_alone() -> None:
     assert host.noops == ["no lane unit to remove"]
 
 
-def test_image_pulled_only_when_absent() -> None:
-    present = FakeHost(lane_facts(captured("lab-lanehost-serving.txt")))
-    assert run_op(lanes.image_present, host=present, image=IMAGE) == []
-    bare = FakeHost(lane_facts(captured("lab-lanehost-bare.txt")))
-    assert run_op(lanes.image_present, host=bare, image=IMAGE) == [f"docker pull --quiet {IMAGE}"]
-
-
 DIGEST = "sha256:cbbf2f9a99b47fc460d422812b6a5adff7dfee951d8fa2e4a98caa0382cfbdbf"
 # `docker image ls --digests` lines in the fact's format, written by hand after the example of
-# docker's own documentation (an image pulled by digest has the tag <none>); the lab imports its
-# images, which have no digest (<none>), and reaches no registry to pull one by digest.
+# docker's own documentation (an image pulled by digest has the tag <none>; an imported one has
+# no digest: <none>).
 IMAGE_LINES = {
     "imported": f"image {IMAGE} <none>",
     "by tag": f"image {IMAGE} {DIGEST}",
@@ -453,16 +446,6 @@ IMAGE_LINES = {
 )
 def test_local_images_by_tag_and_by_digest(line: str, listed: set[str]) -> None:
     assert process(lanes.LocalImages, IMAGE_LINES[line] + "\n") == listed
-
-
-def test_an_image_pinned_by_digest_is_pulled_once() -> None:
-    pinned = f"{IMAGE}@{DIGEST}"
-    present = FakeHost({lanes.LocalImages: IMAGE_LINES["by digest"] + "\n"})
-    assert run_op(lanes.image_present, host=present, image=pinned) == []
-    only_the_tag = FakeHost({lanes.LocalImages: IMAGE_LINES["imported"] + "\n"})
-    assert run_op(lanes.image_present, host=only_the_tag, image=pinned) == [
-        f"docker pull --quiet {pinned}"
-    ]
 
 
 @pytest.mark.parametrize(

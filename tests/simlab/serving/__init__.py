@@ -1,16 +1,17 @@
 """The stand-ins for NGC's vLLM images (Debian 12 with Ray and a `vllm` that serves no model),
 and for the llama.cpp image of seed 002 (the same tree with a `llama-server` instead).
 
-Real Sparks run nvcr.io/nvidia/vllm:26.04-py3 (vLLM 0.19.0) by default. The lab imports this tree
-into each host's docker under the same tag, so the deploy's containers, `ray start` and `vllm
-serve` command lines run unchanged; only the engine behind them is simulated (see
-vllm_standin.py). The other images of the deploy's table (operations/vllm_release.py) are the
-same tree as their release and their lack of Ray make it (rootfs.serving_image_tar).
+Real Sparks run nvcr.io/nvidia/vllm:26.04-py3 (vLLM 0.19.0) by default. The lab's registry
+serves this tree under the same name (tests/simlab/registry.py), which the deploy pulls, so the
+deploy's containers, `ray start` and `vllm serve` command lines run unchanged; only the engine
+behind them is simulated (see vllm_standin.py). The other images of the deploy's table
+(spark/vllm_release.py) are the same tree as their release and their lack of Ray make it: a
+layer over it (rootfs.image_layers).
 
 The llama.cpp image, LLAMA_IMAGE_TAG, is the same tree without Ray, `vllm`, `hf` and the vLLM
-lists, with the llama-server stand-in at /app/llama-server and its option list; `docker import`
-gives it the settings of the server stage of its Dockerfile (LLAMA_IMAGE_CHANGES) but for its
-HEALTHCHECK, which `docker import --change` cannot set (nor does the tree hold curl).
+lists, with the llama-server stand-in at /app/llama-server and its option list; its config
+holds the settings of the server stage of its Dockerfile (LLAMA_IMAGE_CHANGES) but for its
+HEALTHCHECK (the tree holds no curl).
 """
 
 from __future__ import annotations
@@ -52,7 +53,7 @@ TORCH_PACKAGE = Path("usr/lib/python3/dist-packages/torch")
 
 # Seed 002's llama.cpp image, and the server stage of its Dockerfile (ardge-labs/
 # llama-cpp-dgx-spark, Dockerfile: ENV LLAMA_ARG_HOST=0.0.0.0, WORKDIR /app, the binary at
-# /app/llama-server, ENTRYPOINT ["/app/llama-server"]) as `docker import --change` sets it.
+# /app/llama-server, ENTRYPOINT ["/app/llama-server"]) as Dockerfile lines.
 LLAMA_IMAGE_TAG = "ghcr.io/ardge-labs/llama-cpp-dgx-spark:server"
 LLAMA_IMAGE_CHANGES = (
     "ENV LLAMA_ARG_HOST=0.0.0.0",
@@ -73,8 +74,8 @@ NOT_IN_LLAMA_IMAGE = (
 
 
 def image_changes(tag: str) -> tuple[str, ...]:
-    """The Dockerfile settings `docker import --change` gives the image `tag` (none for NGC's
-    vLLM images, whose stand-ins run commands the deploy names)."""
+    """The Dockerfile settings of the image `tag`, which its config carries (registry.py's
+    image_config; none for NGC's vLLM images, whose stand-ins run commands the deploy names)."""
     return LLAMA_IMAGE_CHANGES if tag == LLAMA_IMAGE_TAG else ()
 
 

@@ -1,0 +1,81 @@
+"""Serving images pulled from the lab's registry (issue 29), on the deployed pair: the deploy
+from bare pulled the serving image by its registry's digest; a lane pinned to that digest
+converges and a second run changes nothing; with the registry stopped, a box that needs an image
+stops naming the registry and docker's answer, no traceback, its lanes left running.
+
+Tests in this module run in order; the last one starts the registry again.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import runpy
+import subprocess
+
+import pytest
+
+from tests.conftest import Deployed, pyinfra, run_on
+from tests.e2e.runs import INVENTORY, output_of
+from tests.e2e.test_host_layer import changes
+from tests.simlab import lab as simlab
+from tests.simlab import registry
+from tests.simlab.paths import REPO
+from tests.simlab.serving import SERVING_IMAGE_TAG
+
+pytestmark = pytest.mark.lab
+
+LANES = runpy.run_path(str(REPO / "group_data/all.py"))["lanes"]
+
+
+def deploy(lanes: list[dict], check: bool = True) -> subprocess.CompletedProcess:
+    return pyinfra(INVENTORY, "deploy.py", "--data", "lanes=" + json.dumps(lanes), check=check)
+
+
+def repo_digests(host: simlab.Host, image: str) -> list[str]:
+    found = run_on(host, f"sudo docker image inspect --format '{{{{json .RepoDigests}}}}' {image}")
+    return json.loads(found)
+
+
+def test_the_deploy_pulled_the_serving_image_from_the_registry(deployed_lab: Deployed) -> None:
+    # Nothing else puts an image on a lab box: the deploy's pull recorded the registry's digest.
+    served = registry.digest(simlab.REGISTRY_ADDRESS, SERVING_IMAGE_TAG)
+    assert served and served.startswith("sha256:")
+    for host in deployed_lab.lab.hosts:
+        assert repo_digests(host, SERVING_IMAGE_TAG) == [f"nvcr.io/nvidia/vllm@{served}"]
+
+
+def test_a_digest_pin_converges_and_a_second_run_changes_nothing(deployed_lab: Deployed) -> None:
+    served = registry.digest(simlab.REGISTRY_ADDRESS, SERVING_IMAGE_TAG)
+    pinned = [LANES[0], LANES[1] | {"image": f"{SERVING_IMAGE_TAG}@{served}"}]
+    output = output_of(deploy(pinned))
+    # The boxes hold that manifest (RepoDigests): verified, not pulled again (pyinfra's results:
+    # hosts, success, error, no change); the lane follows.
+    row = rf"Serving image {re.escape(pinned[1]['image'])}\s+2\s+-\s+-\s+2\s"
+    assert re.search(row, output), output
+    for host in deployed_lab.lab.hosts:
+        container = run_on(host, "sudo docker inspect --format '{{.Config.Image}}' spark-lane-fast")
+        assert container.strip() == f"{SERVING_IMAGE_TAG}@{served}"
+    assert changes(deploy(pinned)) == 0
+
+
+def test_the_registry_stopped_stops_each_box_naming_it(deployed_lab: Deployed) -> None:
+    # A pin to a manifest the boxes lack: each asks the registry, which is down.
+    missing = f"{SERVING_IMAGE_TAG}@sha256:{'0' * 64}"
+    registry.stop()
+    try:
+        result = deploy([LANES[0], LANES[1] | {"image": missing}], check=False)
+    finally:
+        registry.start(simlab.REGISTRY_ADDRESS)
+    output = output_of(result)
+    assert result.returncode == 1 and "Traceback" not in output, output
+    for host in deployed_lab.lab.hosts:
+        stopped = (
+            f"{host.name}: {missing}: its registry nvcr.io answers: failed to configure transport:"
+            f' error pinging v2 registry: Get "https://nvcr.io/v2/": dial tcp'
+            f" {simlab.REGISTRY_ADDRESS}:443: connect: connection refused"
+        )
+        assert stopped in output, output
+        # Stopped before the lanes' units: the lane runs its image as before.
+        state = run_on(host, "systemctl is-active spark-lane-fast").strip()
+        assert state == "active"
