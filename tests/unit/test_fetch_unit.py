@@ -1,0 +1,97 @@
+"""operations/weights.py's background fetch: the unit it writes and starts without waiting, and
+what a deploy says while it runs. FetchState's command runs here in a real shell against a
+cache in a temporary folder; its status line is files/spark_fetch.py's own format."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+
+from operations import preflight, weights
+from tests.unit.harness import FakeHost, file_facts, process, run_op
+
+MODEL = "org/name"
+UNIT = "spark-fetch-org--name.service"
+MODELS = "/var/lib/spark/models"
+HUB = "https://huggingface.co"
+# A status line as spark_fetch.py writes it (Progress.add): 10 GB of 40, 52 MB/s.
+STATUS = json.dumps({"model": MODEL, "total": 40 * 10**9, "done": 10 * 10**9, "rate": 52 * 10**6,
+                     "state": "fetching", "time": 1795000000})  # fmt: skip
+
+
+def box(present: bool, active: str, files: dict[str, str | None] | None = None) -> FakeHost:
+    return FakeHost(
+        {
+            preflight.ModelWeights: "present" if present else "",
+            weights.FetchState: f"{active}\n{STATUS}\nbytes {10 * 10**9}",
+            **file_facts(files or {}),
+        }
+    )
+
+
+def fetched(host: FakeHost, token: str | None = None) -> list[str]:
+    return run_op(weights.fetched, MODEL, (), MODELS, HUB, token, host=host)
+
+
+def test_the_fact_reads_the_unit_the_status_and_the_blobs(tmp_path: Path) -> None:
+    blobs = tmp_path / "hub/models--org--name/blobs"
+    blobs.mkdir(parents=True)
+    (blobs / ("a" * 64)).write_bytes(b"x" * 1000)
+    (blobs / ("b" * 64 + ".incomplete")).write_bytes(b"y" * 234)
+    command = weights.FetchState().command(model=MODEL, models_dir=str(tmp_path))
+    output = subprocess.run(["sh", "-c", command], capture_output=True, text=True, check=True)
+    found = process(weights.FetchState, output.stdout)
+    # No such unit here, no status file: inactive, the bytes summed from the blobs' sizes.
+    assert found == {"active": "inactive", "done": 1234}
+    assert process(weights.FetchState, f"activating\n{STATUS}\nbytes 7") == {
+        "active": "activating", "total": 40 * 10**9, "rate": 52 * 10**6, "state": "fetching",
+        "done": 7,
+    }  # fmt: skip
+
+
+def test_a_model_on_the_box_is_left_alone() -> None:
+    host = box(present=True, active="inactive")
+    assert fetched(host) == []
+    assert host.noops == [f"{MODEL} is on this box"]
+
+
+def test_a_running_fetch_is_reported_and_nothing_changed() -> None:
+    host = box(present=False, active="activating")
+    assert fetched(host) == []
+    assert host.noops == [
+        f"{MODEL}: 10.0 of 40.0 GB (25%), 52 MB/s: fetching ({UNIT}; journalctl -u {UNIT})"
+    ]
+
+
+def test_a_missing_model_gets_its_unit_started_without_waiting() -> None:
+    host = box(
+        present=False,
+        active="inactive",
+        files={weights.FETCH_SCRIPT: None, f"/etc/systemd/system/{UNIT}": None},
+    )
+    commands = fetched(host, token="/etc/spark/secrets/hf-token")
+    assert commands[-2:] == [
+        "systemctl daemon-reload",
+        f"systemctl reset-failed {UNIT} 2>/dev/null; systemctl start --no-block {UNIT}",
+    ]
+    assert host.uploads[weights.FETCH_SCRIPT] == weights.FETCH_SOURCE.read_text()
+    unit = host.uploads[f"/etc/systemd/system/{UNIT}"]
+    assert (
+        "ExecStart=/usr/bin/python3 /usr/local/lib/spark/spark_fetch.py org/name --cache"
+        f" {MODELS} --endpoint {HUB} --status /var/lib/spark/fetch/org--name.json"
+        " --token-file /etc/spark/secrets/hf-token\n"
+    ) in unit
+    # oneshot: active once landed, for the lanes ordered after it; no 90 s start timeout.
+    for line in ("Type=oneshot", "RemainAfterExit=yes", "TimeoutStartSec=infinity",
+                 "Restart=on-failure"):  # fmt: skip
+        assert f"\n{line}\n" in unit
+    assert "hf_" not in unit.replace("hf-token", "")  # the token's path only
+
+
+def test_the_unit_name_and_arguments_quote_what_they_carry() -> None:
+    assert weights.fetch_unit("Qwen/Qwen3.6-35B") == "spark-fetch-Qwen--Qwen3.6-35B.service"
+    assert weights.fetch_arguments(MODEL, ("a b.gguf",), MODELS, HUB, None, "http://x:1") == (
+        f"org/name 'a b.gguf' --cache {MODELS} --endpoint {HUB}"
+        " --status /var/lib/spark/fetch/org--name.json --source http://x:1"
+    )
