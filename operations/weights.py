@@ -302,3 +302,76 @@ def fetch_questions(model: str, models_dir: str, files: tuple[str, ...]) -> list
         question(ModelWeights, model=model, models_dir=models_dir, files=files),
         question(FetchState, model=model, models_dir=models_dir),
     ]
+
+
+# --- room for a model, checked before it is fetched ----------------------------------------------
+
+
+class CacheRoom(FactBase):
+    """The bytes free where the cache is (``df``, of the cache or the directory that will hold
+    it), and the bytes each model in it takes (``du``, its repository's blobs).
+
+    .. code:: python
+
+        {"free": 107374182400, "models": {"org/name": 42949672960}}
+    """
+
+    def command(self, models_dir: str) -> str:
+        hub = shlex.quote(f"{models_dir}/hub")
+        return (
+            f'd={hub}; while [ ! -d "$d" ]; do d=$(dirname "$d"); done;'
+            ' echo "free $(df -B1 --output=avail "$d" | tail -n 1)";'
+            f' for r in {hub}/models--*; do [ -d "$r" ] &&'
+            ' echo "model ${r##*/models--} $(du -sb "$r" | cut -f1)"; done; true'
+        )
+
+    def process(self, output: list[str]) -> dict[str, object]:
+        free, models = 0, {}
+        for line in output:
+            words = line.split()
+            if words[:1] == ["free"] and len(words) == 2:
+                free = int(words[1])
+            elif words[:1] == ["model"] and len(words) == 3:
+                models[words[1].replace("--", "/", 1)] = int(words[2])
+        return {"free": free, "models": models}
+
+
+def gb(size: int) -> str:
+    return f"{size / 1e9:.1f} GB"
+
+
+@operation()
+def room_for(model: str, needs: int, models_dir: str, in_use: list[str]):
+    """
+    Stop this box before ``model`` is fetched where its disk lacks the room: what the model
+    still needs (``needs`` less what of it is already in the cache) against the bytes free,
+    naming both and the biggest models in the cache no lane of the box uses, which it could
+    remove. This changes nothing.
+
+    + model: a Hugging Face id
+    + needs: its size in bytes (the hub's listing, or the catalog's weights)
+    + models_dir: the Hugging Face cache on the box the lanes mount
+    + in_use: the models the box's lanes serve (never offered for removal)
+    """
+    room = answer(CacheRoom, models_dir=models_dir)
+    cached: dict[str, int] = room["models"]
+    still = max(needs - cached.get(model, 0), 0)
+    free: int = room["free"]
+    if still <= free:
+        host.noop(f"{model}: {gb(still)} still to fetch, {gb(free)} free")
+        return
+    unused = sorted(
+        ((size, name) for name, size in cached.items() if name not in in_use), reverse=True
+    )
+    removable = ", ".join(
+        f"{name} ({gb(size)}: {hf_cache_dir(models_dir, name)})" for size, name in unused[:3]
+    )
+    yield from util.refused(
+        f"{host.name}: no room for {model}: it needs {gb(still)} more, {models_dir} has"
+        f" {gb(free)} free; "
+        + (
+            f"models no lane of this box uses, biggest first: {removable}"
+            if removable
+            else "no model in the cache is unused: free space elsewhere on that disk"
+        )
+    )

@@ -9,7 +9,7 @@ import subprocess
 from pathlib import Path
 
 from operations import preflight, weights
-from tests.unit.harness import FakeHost, file_facts, process, run_op
+from tests.unit.harness import FakeHost, file_facts, process, refusal, run_op
 
 MODEL = "org/name"
 UNIT = "spark-fetch-org--name.service"
@@ -94,4 +94,44 @@ def test_the_unit_name_and_arguments_quote_what_they_carry() -> None:
     assert weights.fetch_arguments(MODEL, ("a b.gguf",), MODELS, HUB, None, "http://x:1") == (
         f"org/name 'a b.gguf' --cache {MODELS} --endpoint {HUB}"
         " --status /var/lib/spark/fetch/org--name.json --source http://x:1"
+    )
+
+
+def test_room_reads_the_free_bytes_and_each_models_size(tmp_path: Path) -> None:
+    repo = tmp_path / "hub/models--org--big/blobs"
+    repo.mkdir(parents=True)
+    (repo / "blob").write_bytes(b"z" * 5000)
+    command = weights.CacheRoom().command(models_dir=str(tmp_path))
+    output = subprocess.run(["sh", "-c", command], capture_output=True, text=True, check=True)
+    found = process(weights.CacheRoom, output.stdout)
+    assert found["free"] > 0
+    assert 5000 <= found["models"]["org/big"] < 5000 + 3 * 4096  # the file and directories
+    # A cache not made yet: the free bytes of the directory that will hold it.
+    command = weights.CacheRoom().command(models_dir=str(tmp_path / "not/yet"))
+    output = subprocess.run(["sh", "-c", command], capture_output=True, text=True, check=True)
+    assert process(weights.CacheRoom, output.stdout)["models"] == {}
+
+
+ROOM = "free 50000000000\nmodel org--old 80000000000\nmodel org--used 30000000000\n" \
+    "model org--name 20000000000\nmodel other--small 1000000000"  # fmt: skip
+
+
+def room_for(needs: int) -> tuple[list[str], FakeHost]:
+    host = FakeHost({weights.CacheRoom: ROOM}, name="spark-2")
+    return run_op(weights.room_for, MODEL, needs, MODELS, ["org/used", MODEL], host=host), host
+
+
+def test_room_enough_counting_what_is_already_fetched() -> None:
+    # 70 GB, of which 20 GB are in the cache already: 50 GB still, 50 GB free.
+    commands, host = room_for(70 * 10**9)
+    assert commands == []
+    assert host.noops == [f"{MODEL}: 50.0 GB still to fetch, 50.0 GB free"]
+
+
+def test_too_little_room_names_both_numbers_and_the_unused_models() -> None:
+    commands, _ = room_for(90 * 10**9)
+    assert refusal(commands) == (
+        f"spark-2: no room for {MODEL}: it needs 70.0 GB more, {MODELS} has 50.0 GB free;"
+        f" models no lane of this box uses, biggest first: org/old (80.0 GB:"
+        f" {MODELS}/hub/models--org--old), other/small (1.0 GB: {MODELS}/hub/models--other--small)"
     )
