@@ -299,6 +299,8 @@ class LaneUnit:
     + rank: this box's rank of a cluster lane on executor mp (a unit on every box)
     + peers: the fabric addresses of the boxes whose ranks this box's rank meets on the head's
       master port (the head: every other box's; another box: the head's), on executor mp
+    + fetch_unit: the unit fetching its model (operations/weights.py ``fetched``), which it
+      starts after; None: its model is on the box or the box stops without it
     """
 
     lane: Lane
@@ -311,6 +313,7 @@ class LaneUnit:
     ray_token: bool = False
     rank: MpRank | None = None
     peers: tuple[str, ...] = ()
+    fetch_unit: str | None = None
 
     @property
     def name(self) -> str:
@@ -402,6 +405,7 @@ class LaneUnit:
             "port": self.lane.port,
             "backend_port": self.lane.backend_port,
             "after": unit_name(self.after) if self.after else None,
+            "fetch_unit": self.fetch_unit,
             "container": PREFIX + self.name,
             "exec_start": " ".join(systemd_word(arg) for arg in run),
             "ray_nodes": self.lane.tensor_parallel_size if self.on_ray else None,
@@ -456,6 +460,24 @@ def _port_owner_problem(state: dict, lane: Lane) -> str | None:
                 f" service or give the lane another {key} in group_data `lanes`"
             )
     return None
+
+
+# How long a lane's start waits for its model's fetch before the deploy goes on: a fetch that
+# lands by then (a small model) has its lane started within the deploy; a longer one goes on in
+# the background, the lane's start queued after it (After=).
+FETCH_WAIT_S = 20
+
+
+def fetch_wait(name: str, fetch: str) -> str:
+    """Shell that queues the lane's start after its model's fetch and exits 0 saying so while
+    the fetch still runs after FETCH_WAIT_S; then the lane's own start follows (it waits for
+    that queued job: `systemctl start` of a unit with a start job pending waits for it)."""
+    running = f'[ "$(systemctl show -p ActiveState --value {fetch})" = activating ]'
+    return (
+        f"if {running}; then systemctl start --no-block {name}; n=0;"
+        f" while {running} && [ $n -lt {FETCH_WAIT_S} ]; do sleep 1; n=$((n + 1)); done;"
+        f" if {running}; then echo '{name}: starts once {fetch} lands'; exit 0; fi; fi"
+    )
 
 
 @operation()
@@ -531,6 +553,8 @@ def serving(unit: LaneUnit):
     # secret) where pyinfra shows errors.
     start = f"systemctl reset-failed {name}; systemctl {{}} {name}"
     show_log = f"{{ journalctl -u {name} -n 40 --no-pager >&2; exit 1; }}"
+    if unit.fetch_unit:
+        start = f"{fetch_wait(name, unit.fetch_unit)}; {start}"
     running = current.get("ActiveState") == "active"
     changed = bool(unit_changes or env_changes or new_key)
     yield from util.unit_started(

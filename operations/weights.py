@@ -19,6 +19,7 @@ from pyinfra.api import FactBase, operation
 from operations import util
 from operations.asked import Question, answer, question
 from operations.preflight import ModelWeights, boxes_in_run, fetch_command, hf_cache_dir
+from spark.box_paths import fetch_unit
 
 FETCH_SOURCE = Path(__file__).parents[1] / "files" / "spark_fetch.py"
 FETCH_SCRIPT = "/usr/local/lib/spark/spark_fetch.py"
@@ -174,12 +175,6 @@ def questions(model: str, models_dir: str, serves: bool) -> list[Question]:
 # --- a model fetched in the background -----------------------------------------------------------
 
 
-def fetch_unit(model: str) -> str:
-    """The unit that fetches ``model`` (``org/name``: characters a unit name takes, the slash as
-    huggingface_hub's cache writes it, ``--``)."""
-    return f"spark-fetch-{model.replace('/', '--')}.service"
-
-
 def status_path(model: str) -> str:
     """Where the fetcher keeps its status (spark_fetch.py --status), which the deploy reads."""
     return f"{FETCH_STATUS_DIR}/{model.replace('/', '--')}.json"
@@ -266,15 +261,19 @@ def fetched(
     + endpoint: the hub (huggingface_hub's HF_ENDPOINT; https://huggingface.co)
     + token_path: the box's token file (root 0600), read by the fetcher; None: none
     """
+    unit = fetch_unit(model)
+    found = util.on_box(FETCH_SCRIPT, f"{UNIT_DIR}/{unit}")
+    fetch = answer(FetchState, model=model, models_dir=models_dir)
     if answer(ModelWeights, model=model, models_dir=models_dir, files=files):
+        if found.get(f"{UNIT_DIR}/{unit}") is not None and fetch["active"] != "activating":
+            # Landed: no fetch at the next boot (it would ask the hub again).
+            yield f"systemctl disable {unit}; rm -f {UNIT_DIR}/{unit}; systemctl daemon-reload"
+            return
         host.noop(f"{model} is on this box")
         return
-    unit = fetch_unit(model)
-    fetch = answer(FetchState, model=model, models_dir=models_dir)
     if fetch["active"] in ("activating", "deactivating"):
         host.noop(f"{progress(model, fetch)}: fetching ({unit}; journalctl -u {unit})")
         return
-    found = util.on_box(FETCH_SCRIPT, f"{UNIT_DIR}/{unit}")
     yield from util.put(str(FETCH_SOURCE), FETCH_SCRIPT, "755", found)
     arguments = fetch_arguments(model, files, models_dir, endpoint, token_path)
     unit_changes = util.template(
@@ -291,14 +290,19 @@ def fetched(
     yield f"install -d -m 755 {FETCH_STATUS_DIR}"
     if unit_changes:
         yield "systemctl daemon-reload"
-    # --no-block: the deploy goes on; the unit's journal and the next deploy show its progress.
-    yield f"systemctl reset-failed {unit} 2>/dev/null; systemctl start --no-block {unit}"
+    # Enabled: a box rebooted half way goes on fetching at boot. --no-block: the deploy goes on;
+    # the unit's journal and the next deploy show its progress.
+    yield (
+        f"systemctl enable {unit} && systemctl reset-failed {unit} 2>/dev/null;"
+        f" systemctl start --no-block {unit}"
+    )
     host.noop(f"{progress(model, fetch)}: fetch started ({unit}; journalctl -u {unit})")
 
 
 def fetch_questions(model: str, models_dir: str, files: tuple[str, ...]) -> list[Question]:
     """What ``fetched`` reads (operations/asked.py)."""
     return [
+        question(util.RootFiles, paths=(FETCH_SCRIPT, f"{UNIT_DIR}/{fetch_unit(model)}")),
         question(ModelWeights, model=model, models_dir=models_dir, files=files),
         question(FetchState, model=model, models_dir=models_dir),
     ]

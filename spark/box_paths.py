@@ -14,3 +14,9 @@ NCCL_VERDICT = f"{NCCL_RESULT_DIR}/verdict.json"
 def key_path(lane: str) -> str:
     """Where a lane's API key lives on its box (root 0600)."""
     return f"{SECRETS_DIR}/{lane}.key"
+
+
+def fetch_unit(model: str) -> str:
+    """The unit that fetches a Hugging Face model (``org/name``) into MODELS_DIR: characters a
+    unit name takes, the slash written ``--`` as huggingface_hub's cache writes it."""
+    return f"spark-fetch-{model.replace('/', '--')}.service"

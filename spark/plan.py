@@ -13,7 +13,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict
 
 from spark import kernel as kernel_rules
-from spark.box_paths import HF_CACHE_IN_CONTAINER, HF_TOKEN, MODELS_DIR, NCCL_VERDICT
+from spark.box_paths import HF_CACHE_IN_CONTAINER, HF_TOKEN, MODELS_DIR, NCCL_VERDICT, fetch_unit
 from spark.inventory import (
     Driver,
     FabricLink,
@@ -85,6 +85,7 @@ class ModelOnBox(Record):
     files: tuple[str, ...]
     token_path: str | None
     fetch: bool
+    endpoint: str  # the hub (hf_endpoint)
 
 
 class ServedLane(Record):
@@ -99,6 +100,7 @@ class ServedLane(Record):
     ray_token: bool
     rank: MpRank | None  # a cluster lane on vLLM's own multi-node mode: this box's rank
     peers: tuple[str, ...]  # the addresses this box's rank meets (mp)
+    fetch_unit: str | None  # its model's fetch, which it starts after (fetch_weights)
 
     @property
     def title(self) -> str:
@@ -369,11 +371,9 @@ def hf_image(me: HostConfig) -> str:
 
 
 def images(me: HostConfig) -> tuple[str, ...]:
-    """The serving images the box's own lanes need, and the hub's where a GGUF is fetched."""
-    needed = [lane.image for lane in me.lanes]
-    if me.fetch_weights and any(lane.engine == "llama.cpp" for lane in me.lanes):
-        needed.append(hf_image(me))
-    return tuple(dict.fromkeys(needed))
+    """The serving images the box's own lanes need (their fetches run on the host's python3,
+    files/spark_fetch.py: no image of their own)."""
+    return tuple(dict.fromkeys(lane.image for lane in me.lanes))
 
 
 def weights(me: HostConfig, lane: Lane) -> ModelOnBox:
@@ -383,7 +383,14 @@ def weights(me: HostConfig, lane: Lane) -> ModelOnBox:
         files=lane.weight_files,
         token_path=HF_TOKEN if me.hf_token_file else None,
         fetch=me.fetch_weights,
+        endpoint=me.hf_endpoint,
     )
+
+
+def fetched_in_background(me: HostConfig, lane: Lane) -> bool:
+    """One of the box's own lanes whose model, missing, a unit fetches while the deploy goes on
+    (fetch_weights; a directory of the owner's is never fetched)."""
+    return me.fetch_weights and not lane.is_cluster and not lane.model.startswith("/")
 
 
 def served(
@@ -406,6 +413,7 @@ def served(
         ray_token=on_ray and me.ray.auth,
         rank=rank,
         peers=tuple(str(box.fabric[0].address.ip) for box in others) if rank else (),
+        fetch_unit=fetch_unit(lane.model) if fetched_in_background(me, lane) else None,
     )
 
 

@@ -19,6 +19,10 @@ at ee0a4510, 1.29.0.dev0):
 - An unknown revision or file: 404 with the hub's `X-Error-Code` (RevisionNotFound,
   EntryNotFound; utils/_http.py hf_raise_for_status reads it).
 
+The lab runs one per lab while it is up (lab.py up/down: `python -m tests.simlab.hub --bind
+ADDRESS --port PORT`); a test reads its counters at `GET /_simlab/stats` and sets its rate with
+`PUT /_simlab/rate` (bytes a second, the body), routes the real hub does not have.
+
 Every repository id `org/name` exists, holding the files of the serving image's `hf` stand-in
 (serving/hf_standin.py: config.json and weights, or a *-GGUF repository's GGUF files), the same
 bytes and hashes. The whole hub sends at most `rate` bytes a second (one internet link, shared by
@@ -27,6 +31,7 @@ every download), so a fetch takes measurable seconds and can be cut half way.
 
 from __future__ import annotations
 
+import argparse
 import json
 import re
 import threading
@@ -134,12 +139,31 @@ def _handler(hub: Hub) -> type[BaseHTTPRequestHandler]:
             if token.startswith("Bearer "):
                 hub.tokens[token.removeprefix("Bearer ")] += 1
             path = self.path.split("?")[0]
-            if api := API.fullmatch(path):
+            if path == "/_simlab/stats":
+                stats = {"downloads": hub.downloads, "sent": hub.sent, "resumed": hub.resumed,
+                         "heads": hub.heads, "rate": hub.rate}  # fmt: skip
+                self._reply(HTTPStatus.OK, json.dumps(stats).encode(), send)
+            elif api := API.fullmatch(path):
                 self._json(api["repo"], api["rev"], send)
             elif resolve := RESOLVE.fullmatch(path):
                 self._file(resolve["repo"], resolve["rev"], resolve["file"], send)
             else:
                 self._error(HTTPStatus.NOT_FOUND, "RepoNotFound", f"{path}: no such route")
+
+        def do_PUT(self) -> None:
+            if self.path != "/_simlab/rate":
+                self._error(HTTPStatus.NOT_FOUND, "RepoNotFound", f"{self.path}: no such route")
+                return
+            hub.rate = int(self.rfile.read(int(self.headers.get("Content-Length", "0"))))
+            self._reply(HTTPStatus.OK, b"{}", True)
+
+        def _reply(self, status: HTTPStatus, body: bytes, send: bool) -> None:
+            self.send_response(status)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            if send:
+                self.wfile.write(body)
 
         def _known(self, repo_id: str, rev: str) -> bool:
             if rev in ("main", hf_standin.revision(repo_id)):
@@ -150,13 +174,7 @@ def _handler(hub: Hub) -> type[BaseHTTPRequestHandler]:
         def _json(self, repo_id: str, rev: str, send: bool) -> None:
             if not self._known(repo_id, rev):
                 return
-            body = json.dumps(listing(repo_id)).encode()
-            self.send_response(HTTPStatus.OK)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            if send:
-                self.wfile.write(body)
+            self._reply(HTTPStatus.OK, json.dumps(listing(repo_id)).encode(), send)
 
         def _file(self, repo_id: str, rev: str, name: str, send: bool) -> None:
             if not self._known(repo_id, rev):
@@ -215,3 +233,19 @@ def _handler(hub: Hub) -> type[BaseHTTPRequestHandler]:
                 self.wfile.write(body)
 
     return Handler
+
+
+def main(argv: list[str] | None = None) -> None:
+    """The lab's hub, until killed (lab.py starts and stops it)."""
+    parser = argparse.ArgumentParser(prog="python -m tests.simlab.hub")
+    parser.add_argument("--bind", required=True)
+    parser.add_argument("--port", type=int, required=True)
+    parser.add_argument("--rate", type=int, default=DEFAULT_RATE)
+    args = parser.parse_args(argv)
+    hub = Hub(args.bind, args.port, args.rate)
+    print(f"hub at {hub.url}", flush=True)
+    hub.start()._thread.join()
+
+
+if __name__ == "__main__":
+    main()

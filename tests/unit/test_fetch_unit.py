@@ -5,10 +5,11 @@ cache in a temporary folder; its status line is files/spark_fetch.py's own forma
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 from pathlib import Path
 
-from operations import preflight, weights
+from operations import lanes, preflight, weights
 from tests.unit.harness import FakeHost, file_facts, process, refusal, run_op
 
 MODEL = "org/name"
@@ -51,13 +52,21 @@ def test_the_fact_reads_the_unit_the_status_and_the_blobs(tmp_path: Path) -> Non
 
 
 def test_a_model_on_the_box_is_left_alone() -> None:
-    host = box(present=True, active="inactive")
+    host = box(present=True, active="inactive", files={f"/etc/systemd/system/{UNIT}": None})
     assert fetched(host) == []
     assert host.noops == [f"{MODEL} is on this box"]
 
 
+def test_a_landed_fetch_has_its_unit_removed() -> None:
+    """Else every boot would ask the hub again."""
+    host = box(present=True, active="active", files={f"/etc/systemd/system/{UNIT}": "[Unit]"})
+    assert fetched(host) == [
+        f"systemctl disable {UNIT}; rm -f /etc/systemd/system/{UNIT}; systemctl daemon-reload"
+    ]
+
+
 def test_a_running_fetch_is_reported_and_nothing_changed() -> None:
-    host = box(present=False, active="activating")
+    host = box(present=False, active="activating", files={f"/etc/systemd/system/{UNIT}": "x"})
     assert fetched(host) == []
     assert host.noops == [
         f"{MODEL}: 10.0 of 40.0 GB (25%), 52 MB/s: fetching ({UNIT}; journalctl -u {UNIT})"
@@ -73,7 +82,8 @@ def test_a_missing_model_gets_its_unit_started_without_waiting() -> None:
     commands = fetched(host, token="/etc/spark/secrets/hf-token")
     assert commands[-2:] == [
         "systemctl daemon-reload",
-        f"systemctl reset-failed {UNIT} 2>/dev/null; systemctl start --no-block {UNIT}",
+        f"systemctl enable {UNIT} && systemctl reset-failed {UNIT} 2>/dev/null;"
+        f" systemctl start --no-block {UNIT}",
     ]
     assert host.uploads[weights.FETCH_SCRIPT] == weights.FETCH_SOURCE.read_text()
     unit = host.uploads[f"/etc/systemd/system/{UNIT}"]
@@ -135,3 +145,38 @@ def test_too_little_room_names_both_numbers_and_the_unused_models() -> None:
         f" models no lane of this box uses, biggest first: org/old (80.0 GB:"
         f" {MODELS}/hub/models--org--old), other/small (1.0 GB: {MODELS}/hub/models--other--small)"
     )
+
+
+def run_wait(tmp_path: Path, states: list[str]) -> tuple[int, str, list[str]]:
+    """lanes.fetch_wait in sh, against stand-ins for systemctl (the fetch's ActiveState read
+    from `states`, one per `show`, the last repeated; `start` logged) and sleep."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (tmp_path / "states").write_text("\n".join(states) + "\n")
+    (bin_dir / "systemctl").write_text(
+        "#!/bin/sh\n"
+        f'if [ "$1" = show ]; then s=$(head -n 1 {tmp_path}/states); echo "$s";'
+        f" [ $(wc -l < {tmp_path}/states) -gt 1 ] && sed -i 1d {tmp_path}/states; exit 0; fi\n"
+        f'echo "$*" >> {tmp_path}/log\n'
+    )
+    (bin_dir / "sleep").write_text("#!/bin/sh\n")
+    for stand_in in ("systemctl", "sleep"):
+        (bin_dir / stand_in).chmod(0o755)
+    command = lanes.fetch_wait("spark-lane-coder.service", UNIT) + "; echo started"
+    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}"}
+    done = subprocess.run(["sh", "-c", command], capture_output=True, text=True, env=env)
+    log = tmp_path / "log"
+    return done.returncode, done.stdout, log.read_text().splitlines() if log.exists() else []
+
+
+def test_a_lane_waits_a_while_for_its_fetch_then_the_deploy_goes_on(tmp_path: Path) -> None:
+    code, out, log = run_wait(tmp_path, ["activating"])
+    assert (code, out) == (0, f"spark-lane-coder.service: starts once {UNIT} lands\n")
+    assert log == ["start --no-block spark-lane-coder.service"]
+
+
+def test_a_fetch_landing_in_time_lets_the_lane_start_within_the_deploy(tmp_path: Path) -> None:
+    code, out, log = run_wait(tmp_path, ["activating", "activating", "active"])
+    assert (code, out, log) == (0, "started\n", ["start --no-block spark-lane-coder.service"])
+    (tmp_path / "none").mkdir()  # no fetch running: nothing queued, the start follows
+    assert run_wait(tmp_path / "none", ["inactive"]) == (0, "started\n", [])
