@@ -17,6 +17,7 @@ from pyinfra.facts.files import Sha1File
 from operations import ray, util
 from operations.asked import Question, answer, question
 from operations.preflight import hf_cache_dir
+from operations.weights import FetchState
 from spark import llamacpp
 from spark.box_paths import HF_CACHE_IN_CONTAINER, HF_TOKEN, MODELS_DIR, SECRETS_DIR, key_path
 from spark.lane import ENV_NAME, SLUG, Lane, MpRank
@@ -465,7 +466,7 @@ def _port_owner_problem(state: dict, lane: Lane) -> str | None:
 # How long a lane's start waits for its model's fetch before the deploy goes on: a fetch that
 # lands by then (a small model) has its lane started within the deploy; a longer one goes on in
 # the background, the lane's start queued after it (After=).
-FETCH_WAIT_S = 20
+FETCH_WAIT_S = 10
 
 
 def fetch_wait(name: str, fetch: str) -> str:
@@ -557,6 +558,12 @@ def serving(unit: LaneUnit):
         start = f"{fetch_wait(name, unit.fetch_unit)}; {start}"
     running = current.get("ActiveState") == "active"
     changed = bool(unit_changes or env_changes or new_key)
+    enabled = current.get("UnitFileState") == "enabled"
+    if unit.fetch_unit and enabled and not running and not changed:
+        fetch = answer(FetchState, model=lane.model, models_dir=unit.models_dir)
+        if fetch["active"] == "activating":  # its start is queued after it (After=)
+            host.noop(f"lane {lane.name}: starts once {unit.fetch_unit} lands")
+            return
     yield from util.unit_started(
         name,
         unit_changed=bool(unit_changes),
@@ -665,4 +672,9 @@ def serving_questions(unit: LaneUnit) -> list[Question]:
         question(util.RootFiles, paths=lane_files(lane.name)),
         question(LaneUnits),
         *([] if unit.headless else [question(LaneAnswer, lane=lane.name, port=lane.backend_port)]),
+        *(
+            [question(FetchState, model=lane.model, models_dir=unit.models_dir)]
+            if unit.fetch_unit
+            else []
+        ),
     ]

@@ -272,7 +272,8 @@ def fetched(
         host.noop(f"{model} is on this box")
         return
     if fetch["active"] in ("activating", "deactivating"):
-        host.noop(f"{progress(model, fetch)}: fetching ({unit}; journalctl -u {unit})")
+        # Shown without -v (a noop's words are not): the deploy's report of the fetch.
+        host.log(f"{progress(model, fetch)}: fetching ({unit}; journalctl -u {unit})")
         return
     yield from util.put(str(FETCH_SOURCE), FETCH_SCRIPT, "755", found)
     arguments = fetch_arguments(model, files, models_dir, endpoint, token_path)
@@ -296,7 +297,7 @@ def fetched(
         f"systemctl enable {unit} && systemctl reset-failed {unit} 2>/dev/null;"
         f" systemctl start --no-block {unit}"
     )
-    host.noop(f"{progress(model, fetch)}: fetch started ({unit}; journalctl -u {unit})")
+    host.log(f"{progress(model, fetch)}: fetch started ({unit}; journalctl -u {unit})")
 
 
 def fetch_questions(model: str, models_dir: str, files: tuple[str, ...]) -> list[Question]:

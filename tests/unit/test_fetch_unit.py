@@ -7,7 +7,9 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from operations import lanes, preflight, weights
 from tests.unit.harness import FakeHost, file_facts, process, refusal, run_op
@@ -21,8 +23,19 @@ STATUS = json.dumps({"model": MODEL, "total": 40 * 10**9, "done": 10 * 10**9, "r
                      "state": "fetching", "time": 1795000000})  # fmt: skip
 
 
-def box(present: bool, active: str, files: dict[str, str | None] | None = None) -> FakeHost:
-    return FakeHost(
+class LoggingHost(FakeHost):
+    """A FakeHost that keeps what the operation logs (host.log: shown without -v)."""
+
+    def __init__(self, outputs: dict[Any, str | None]):
+        super().__init__(outputs)
+        self.logs: list[str] = []
+
+    def log(self, message: str, log_func: Callable[[str], Any] | None = None) -> None:
+        self.logs.append(message)
+
+
+def box(present: bool, active: str, files: dict[str, str | None] | None = None) -> LoggingHost:
+    return LoggingHost(
         {
             preflight.ModelWeights: "present" if present else "",
             weights.FetchState: f"{active}\n{STATUS}\nbytes {10 * 10**9}",
@@ -31,7 +44,7 @@ def box(present: bool, active: str, files: dict[str, str | None] | None = None) 
     )
 
 
-def fetched(host: FakeHost, token: str | None = None) -> list[str]:
+def fetched(host: LoggingHost, token: str | None = None) -> list[str]:
     return run_op(weights.fetched, MODEL, (), MODELS, HUB, token, host=host)
 
 
@@ -68,7 +81,7 @@ def test_a_landed_fetch_has_its_unit_removed() -> None:
 def test_a_running_fetch_is_reported_and_nothing_changed() -> None:
     host = box(present=False, active="activating", files={f"/etc/systemd/system/{UNIT}": "x"})
     assert fetched(host) == []
-    assert host.noops == [
+    assert host.logs == [
         f"{MODEL}: 10.0 of 40.0 GB (25%), 52 MB/s: fetching ({UNIT}; journalctl -u {UNIT})"
     ]
 
@@ -86,6 +99,9 @@ def test_a_missing_model_gets_its_unit_started_without_waiting() -> None:
         f" systemctl start --no-block {UNIT}",
     ]
     assert host.uploads[weights.FETCH_SCRIPT] == weights.FETCH_SOURCE.read_text()
+    assert host.logs == [
+        f"{MODEL}: 10.0 of 40.0 GB (25%), 52 MB/s: fetch started ({UNIT}; journalctl -u {UNIT})"
+    ]
     unit = host.uploads[f"/etc/systemd/system/{UNIT}"]
     assert (
         "ExecStart=/usr/bin/python3 /usr/local/lib/spark/spark_fetch.py org/name --cache"
