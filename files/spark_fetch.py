@@ -22,7 +22,9 @@ rest with `Range: bytes=N-`, as file_download.py's http_get did.
   ?blobs=true, hf_api.py model_info); each file from ENDPOINT/<id>/resolve/<commit>/<file>
   (constants.py HUGGINGFACE_CO_URL_TEMPLATE), or with --source from another box of the fleet
   serving its cache's blobs (SOURCE/<blob>): the fabric's copy, checked against the hub's
-  hashes all the same. A file that does not match its hash is deleted and the fetch fails.
+  hashes all the same, each file asked again every WAIT_SECONDS while that box has not got it
+  (it fetches it from the hub meanwhile). A file that does not match its hash is deleted and
+  the fetch fails.
 - The token, if any, is read from --token-file and sent as `Authorization: Bearer` to the hub
   only (never to a CDN it redirects to, nor to another box).
 - Progress: a line every PROGRESS_SECONDS to stdout (the unit's journal), and --status, a JSON
@@ -41,6 +43,7 @@ import json
 import os
 import sys
 import time
+import urllib.error
 import urllib.parse
 import urllib.request
 from email.message import Message
@@ -48,12 +51,17 @@ from typing import IO, Any
 
 CHUNK = 1 << 20
 PROGRESS_SECONDS = 5.0
+WAIT_SECONDS = 1.0  # between asks of a box that has not got a file yet
 # huggingface_hub's default endpoint (constants.py: _HF_DEFAULT_ENDPOINT).
 HUB = "https://huggingface.co"
 
 
 class Failed(Exception):
     """The fetch stops, saying why."""
+
+
+class NotYet(Exception):
+    """The box copied from has not got the file yet (it is fetching it from the hub)."""
 
 
 class HubOnlyAuth(urllib.request.HTTPRedirectHandler):
@@ -171,6 +179,10 @@ def fetch_file(url: str, token: str | None, path: str, spec: dict, progress: Pro
         start = 0
     try:
         answer = OPENER.open(request(url, token, start), timeout=60)
+    except urllib.error.HTTPError as error:
+        if error.code == 404:
+            raise NotYet(url) from error
+        raise Failed(f"{url}: {error}") from error
     except OSError as error:
         raise Failed(f"{url}: {error}") from error
     with answer, open(partial, "ab") as out:
@@ -193,6 +205,20 @@ def fetch_file(url: str, token: str | None, path: str, spec: dict, progress: Pro
             f" bytes and {spec['blob']}: deleted, fetched again on the next start"
         )
     os.replace(partial, path)
+
+
+def copy_file(url: str, path: str, spec: dict, progress: Progress) -> None:
+    """The blob from another box, once it has it: asked again every WAIT_SECONDS until then."""
+    waited = 0.0
+    while True:
+        try:
+            fetch_file(url, None, path, spec, progress)
+            return
+        except NotYet:
+            if waited % PROGRESS_SECONDS == 0:  # the journal says what it waits for
+                print(f"waiting for {url}: not there yet", flush=True)
+            time.sleep(WAIT_SECONDS)
+            waited += WAIT_SECONDS
 
 
 def on_disk(blobs: str, files: dict[str, dict]) -> int:
@@ -236,10 +262,10 @@ def main(argv: list[str]) -> int:
             path = os.path.join(blobs, spec["blob"])
             if not os.path.exists(path):
                 if args.source:  # a fleet copy: the box's blobs, no token
-                    url, key = f"{args.source.rstrip('/')}/{spec['blob']}", None
+                    copy_file(f"{args.source.rstrip('/')}/{spec['blob']}", path, spec, progress)
                 else:
-                    url, key = f"{endpoint}/{args.model}/resolve/{commit}/{name}", token
-                fetch_file(url, key, path, spec, progress)
+                    url = f"{endpoint}/{args.model}/resolve/{commit}/{name}"
+                    fetch_file(url, token, path, spec, progress)
             link = os.path.join(repo, "snapshots", commit, name)
             os.makedirs(os.path.dirname(link), exist_ok=True)
             target = os.path.relpath(path, os.path.dirname(link))

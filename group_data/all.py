@@ -211,6 +211,12 @@ fetch_weights = False
 # _HF_DEFAULT_ENDPOINT; HF_ENDPOINT overrides it there), or a mirror of it.
 hf_endpoint = "https://huggingface.co"
 
+# With fetch_weights, a model that several boxes' own lanes serve comes from the hub once, to the
+# first of them in the inventory; the others copy it from that box over the fabric (a shape where
+# one address reaches every box), every file checked against the hub's hash. False: every box
+# fetches from the hub itself.
+fleet_copy_weights = True
+
 # The lanes' front (operations/front.py): nginx owns each lane's port and asks the lane's key on
 # every path; vLLM itself listens on 127.0.0.1 (its --api-key leaves /invocations, /tokenize and
 # /metrics open: vLLM's security guide). Client networks it admits ([] admits any; each lane still

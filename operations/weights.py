@@ -248,6 +248,7 @@ def fetched(
     models_dir: str,
     endpoint: str,
     token_path: str | None,
+    source: str | None = None,
 ):
     """
     Fetch ``model`` into this box's cache in the background: the unit spark-fetch-<org>--<name>
@@ -260,15 +261,13 @@ def fetched(
     + models_dir: the Hugging Face cache on the box the lanes mount
     + endpoint: the hub (huggingface_hub's HF_ENDPOINT; https://huggingface.co)
     + token_path: the box's token file (root 0600), read by the fetcher; None: none
+    + source: another box's blobs of it over the fabric (``blobs_served``), the files copied from
+      there as it gets them, checked against the hub's hashes; None: from the hub
     """
     unit = fetch_unit(model)
     found = util.on_box(FETCH_SCRIPT, f"{UNIT_DIR}/{unit}")
     fetch = answer(FetchState, model=model, models_dir=models_dir)
     if answer(ModelWeights, model=model, models_dir=models_dir, files=files):
-        if found.get(f"{UNIT_DIR}/{unit}") is not None and fetch["active"] != "activating":
-            # Landed: no fetch at the next boot (it would ask the hub again).
-            yield f"systemctl disable {unit}; rm -f {UNIT_DIR}/{unit}; systemctl daemon-reload"
-            return
         host.noop(f"{model} is on this box")
         return
     if fetch["active"] in ("activating", "deactivating"):
@@ -276,14 +275,15 @@ def fetched(
         host.log(f"{progress(model, fetch)}: fetching ({unit}; journalctl -u {unit})")
         return
     yield from util.put(str(FETCH_SOURCE), FETCH_SCRIPT, "755", found)
-    arguments = fetch_arguments(model, files, models_dir, endpoint, token_path)
+    arguments = fetch_arguments(model, files, models_dir, endpoint, token_path, source)
     unit_changes = util.template(
         "spark-fetch.service.j2",
         f"{UNIT_DIR}/{unit}",
         found=found,
         model=model,
         models_dir=models_dir,
-        source=None,
+        source=source,
+        unit=unit,
         script=FETCH_SCRIPT,
         arguments=arguments,
     )
@@ -380,3 +380,60 @@ def room_for(model: str, needs: int, models_dir: str, in_use: list[str]):
             else "no model in the cache is unused: free space elsewhere on that disk"
         )
     )
+
+
+SERVE_UNIT = "spark-weights-serve.service"
+
+
+@operation()
+def blobs_served(address: str, port: int, models_dir: str):
+    """
+    Serve this box's Hugging Face cache read-only on its fabric ``address``, to the boxes that
+    copy a model from it (fleet_copy_weights): the unit spark-weights-serve, python3's
+    http.server as an unprivileged dynamic user, restarted always, enabled.
+
+    + address: this box's first fabric address (the others reach it there alone)
+    + port: WEIGHTS_PORT
+    + models_dir: the Hugging Face cache the lanes mount (its hub/ directory is served)
+    """
+    path = f"{UNIT_DIR}/{SERVE_UNIT}"
+    found = util.on_box(path)
+    changes = util.template(
+        "spark-weights-serve.service.j2",
+        path,
+        found=found,
+        address=address,
+        port=port,
+        directory=f"{models_dir}/hub",
+    )
+    yield from changes
+    state = answer(ServeState)
+    yield from util.unit_started(
+        SERVE_UNIT,
+        unit_changed=bool(changes),
+        enabled=state.get("UnitFileState"),
+        running=state.get("ActiveState") == "active",
+        changed=bool(changes),
+    )
+
+
+class ServeState(FactBase):
+    """spark-weights-serve's ActiveState and UnitFileState (`systemctl show`).
+
+    .. code:: python
+
+        {"ActiveState": "active", "UnitFileState": "enabled"}
+    """
+
+    default = dict
+
+    def command(self) -> str:
+        return f"systemctl show -p ActiveState,UnitFileState {SERVE_UNIT} 2>/dev/null; true"
+
+    def process(self, output: list[str]) -> dict[str, str]:
+        return dict(line.split("=", 1) for line in output if "=" in line)
+
+
+def serve_questions() -> list[Question]:
+    """What ``blobs_served`` reads (operations/asked.py)."""
+    return [question(util.RootFiles, paths=(f"{UNIT_DIR}/{SERVE_UNIT}",)), question(ServeState)]

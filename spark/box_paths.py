@@ -9,6 +9,10 @@ HF_CACHE_IN_CONTAINER = "/root/.cache/huggingface"
 # The NCCL test's kept verdict (files/nccl_check.py report), which the metrics collector reads.
 NCCL_RESULT_DIR = "/var/lib/spark/nccl-test"
 NCCL_VERDICT = f"{NCCL_RESULT_DIR}/verdict.json"
+# Where a box serves its cache's blobs to the boxes copying a model from it (fleet_copy_weights):
+# in the kernel's ephemeral range, which the cluster's firewall admits from the fabric only
+# (operations/firewall.py), bound to the box's fabric address.
+WEIGHTS_PORT = 60991
 
 
 def key_path(lane: str) -> str:

@@ -221,6 +221,10 @@ class HostSettings(BaseModel):
     hf_endpoint: HttpUrl = Field(
         description="the Hugging Face hub the boxes fetch from, e.g. https://huggingface.co"
     )
+    fleet_copy_weights: bool = Field(
+        description="True or False (a model several boxes serve comes from the hub to one of"
+        " them, the others copying it over the fabric)"
+    )
     front_allow_networks: list[IPv4Network] = Field(
         description='client networks the lanes\' front admits, e.g. ["192.168.1.0/24"];'
         " [] admits any (each lane still asks its key)"
@@ -636,6 +640,7 @@ class HostConfig(Frozen):
     hf_token_file: str | None  # on this machine
     fetch_weights: bool
     hf_endpoint: str  # huggingface_hub's HF_ENDPOINT, without a trailing slash
+    fleet_copy_weights: bool
     front_allow_networks: tuple[str, ...]
     front_tls: tuple[str, str] | None  # certificate and key files on this machine
     metrics: bool
@@ -701,6 +706,7 @@ class HostConfig(Frozen):
             hf_token_file=data.hf_token_file and str(Path(data.hf_token_file).expanduser()),
             fetch_weights=data.fetch_weights,
             hf_endpoint=str(data.hf_endpoint).rstrip("/"),
+            fleet_copy_weights=data.fleet_copy_weights,
             front_allow_networks=tuple(str(network) for network in data.front_allow_networks),
             front_tls=(
                 (

@@ -7,7 +7,7 @@ from pyinfra.api import deploy
 
 from operations import asked, front, lanes, memguard, metrics, preflight, weights
 from operations.asked import Question
-from spark.box_paths import MODELS_DIR
+from spark.box_paths import MODELS_DIR, WEIGHTS_PORT
 from spark.plan import BoxPlan, ModelOnBox, OwnLane, ServedLane
 
 
@@ -32,6 +32,7 @@ def fetch(lane: OwnLane) -> None:
         models_dir=MODELS_DIR,
         endpoint=model.endpoint,
         token_path=model.token_path,
+        source=model.source,
     )
 
 
@@ -74,6 +75,7 @@ def lanes_and_front(box: BoxPlan) -> None:
                     *lanes.serving_questions(lane_unit(lane.served)),
                 ]
             ),
+            *(weights.serve_questions() if box.weights_share else []),
             *front.questions(fronted),
             *(metrics.questions(watch.port, watch.exporter_port) if (watch := box.metrics) else []),
         ]
@@ -89,6 +91,13 @@ def lanes_and_front(box: BoxPlan) -> None:
     lanes.lanes_removed(name="Lanes no longer configured: removed", keep=list(box.lane_units))
     for image in box.images:
         lanes.image_present(name=f"Serving image {image}", image=image)
+    if box.weights_share:  # before the fetches of the boxes that copy from it
+        weights.blobs_served(
+            name="Weights served to the boxes copying them over the fabric",
+            address=box.weights_share,
+            port=WEIGHTS_PORT,
+            models_dir=MODELS_DIR,
+        )
     # Every fetch at once, before the first lane's start waits for its own.
     for lane in box.lanes:
         if lane.served.fetch_unit:

@@ -27,6 +27,7 @@ LANES = {
     "fast": "inference-optimization/Qwen3.6-35B-A3B-NVFP4",
 }
 WEIGHTS = f"{LANES['coder']}/model.safetensors"
+SLUG = LANES["coder"].replace("/", "--")
 # What a deploy says of a running fetch (operations/weights.py progress).
 PROGRESS = re.compile(r"(\S+): [\d.]+ of [\d.]+ GB \(\d+%\), \d+ MB/s: fetching")
 # Slow enough that both boxes' four weights files (1 GiB) take a minute: the deploy returns first.
@@ -43,12 +44,16 @@ def hub(path: str, data: bytes | None = None) -> dict:
         return json.load(answer)
 
 
-def models_removed(deployed: Deployed, *lanes: str) -> None:
-    """The lanes stopped and their models gone from every box, as on a box never fetched."""
+def models_removed_from(host: simlab.Host, *lanes: str) -> None:
+    """The lanes stopped and their models gone, as on a box never fetched."""
     units = " ".join(f"spark-lane-{lane}.service" for lane in lanes)
     caches = " ".join(f"{MODELS}/hub/models--{LANES[lane].replace('/', '--')}" for lane in lanes)
+    run_on(host, f"sudo systemctl stop {units}; sudo rm -rf {caches}")
+
+
+def models_removed(deployed: Deployed, *lanes: str) -> None:
     for host in deployed.lab.hosts:
-        run_on(host, f"sudo systemctl stop {units}; sudo rm -rf {caches}")
+        models_removed_from(host, *lanes)
 
 
 def active(host: simlab.Host, lane: str) -> bool:
@@ -91,9 +96,34 @@ def test_a_deploy_returns_while_the_models_fetch_and_the_lanes_start_once_landed
     assert set(progress) <= set(LANES.values()) and progress, output_of(again)
     assert changes(again) == 0, output_of(again)
     wait_active(deployed_lab, list(LANES), 240)
-    # Each box fetched each model once: no file fetched twice.
-    assert hub("stats")["downloads"][WEIGHTS] - before == len(deployed_lab.lab.hosts)
+    # From the hub once, to spark-1; spark-2 copied it from spark-1 over the fabric.
+    assert hub("stats")["downloads"][WEIGHTS] - before == 1
     assert changes(pyinfra(INVENTORY, "deploy.py")) == 0
+
+
+def test_the_fleet_copy_rate_against_the_fabrics_raw_rate(deployed_lab: Deployed) -> None:
+    """Measured, not judged (issue 29's target: 50% or more): printed for the README."""
+    first, second = deployed_lab.lab.hosts
+    models_removed_from(second, "coder")
+    before = hub("stats")["downloads"].get(WEIGHTS, 0)
+    pyinfra(INVENTORY, "deploy.py")
+    wait_active(deployed_lab, ["coder"], 120)
+    assert hub("stats")["downloads"][WEIGHTS] == before  # all of it over the fabric
+    status = json.loads(run_on(second, f"cat /var/lib/spark/fetch/{SLUG}.json"))
+    assert status["state"] == "done"
+    address = run_on(first, "ip -4 -o address show enp1s0f1np1").split()[3].split("/")[0]
+    blob = hf_standin.repo_file(LANES["coder"], "model.safetensors").blob
+    url = f"http://{address}:60991/models--{SLUG}/blobs/{blob}"
+    size, seconds = run_on(
+        second, f"curl -fsS -o /dev/null -w '%{{size_download}} %{{time_total}}' {url}"
+    ).split()
+    assert int(size) == hf_standin.WEIGHTS_BYTES
+    raw = int(size) / float(seconds)
+    print(
+        f"\nfleet copy {status['rate'] / 1e6:.0f} MB/s (spark_fetch.py's own rate, its file"
+        f" hashed as it comes), raw fabric {raw / 1e6:.0f} MB/s (curl of the same blob):"
+        f" {100 * status['rate'] / raw:.0f}%"
+    )
 
 
 def test_a_fetch_cut_by_a_reboot_goes_on_from_where_it_was(
@@ -113,9 +143,9 @@ def test_a_fetch_cut_by_a_reboot_goes_on_from_where_it_was(
     kept = int(run_on(host, f"stat -c %s {partial} 2>/dev/null || echo 0").strip() or 0)
     assert kept >= 2**26  # the partial file outlived the reboot
     hub("rate", str(simlab.HUB_RATE).encode())
-    wait_active(deployed_lab, ["coder"], 240)  # both boxes: the other's fetch went on alone
+    wait_active(deployed_lab, ["coder"], 240)  # both boxes: spark-2's copy waited for spark-1
     stats = hub("stats")
     assert any(offset >= 2**26 for offset in stats["resumed"][WEIGHTS]), stats
-    # Both boxes' copies came over the wire once each, plus what the cut left in flight.
-    assert stats["sent"][WEIGHTS] - sent_before < 2.25 * hf_standin.WEIGHTS_BYTES, stats
+    # From the hub once (spark-2 copies from spark-1), plus what the cut left in flight.
+    assert stats["sent"][WEIGHTS] - sent_before < 1.25 * hf_standin.WEIGHTS_BYTES, stats
     assert changes(pyinfra(INVENTORY, "deploy.py")) == 0

@@ -70,12 +70,11 @@ def test_a_model_on_the_box_is_left_alone() -> None:
     assert host.noops == [f"{MODEL} is on this box"]
 
 
-def test_a_landed_fetch_has_its_unit_removed() -> None:
-    """Else every boot would ask the hub again."""
+def test_a_landed_fetch_leaves_its_unit_as_it_is() -> None:
+    """Its unit disabled itself once landed (ExecStartPost): nothing to do, nothing changed."""
     host = box(present=True, active="active", files={f"/etc/systemd/system/{UNIT}": "[Unit]"})
-    assert fetched(host) == [
-        f"systemctl disable {UNIT}; rm -f /etc/systemd/system/{UNIT}; systemctl daemon-reload"
-    ]
+    assert fetched(host) == []
+    assert host.noops == [f"{MODEL} is on this box"]
 
 
 def test_a_running_fetch_is_reported_and_nothing_changed() -> None:
@@ -110,7 +109,7 @@ def test_a_missing_model_gets_its_unit_started_without_waiting() -> None:
     ) in unit
     # oneshot: active once landed, for the lanes ordered after it; no 90 s start timeout.
     for line in ("Type=oneshot", "RemainAfterExit=yes", "TimeoutStartSec=infinity",
-                 "Restart=on-failure"):  # fmt: skip
+                 "Restart=on-failure", f"ExecStartPost=/bin/systemctl disable {UNIT}"):  # fmt: skip
         assert f"\n{line}\n" in unit
     assert "hf_" not in unit.replace("hf-token", "")  # the token's path only
 
@@ -196,3 +195,30 @@ def test_a_fetch_landing_in_time_lets_the_lane_start_within_the_deploy(tmp_path:
     assert (code, out, log) == (0, "started\n", ["start --no-block spark-lane-coder.service"])
     (tmp_path / "none").mkdir()  # no fetch running: nothing queued, the start follows
     assert run_wait(tmp_path / "none", ["inactive"]) == (0, "started\n", [])
+
+
+SERVE = "/etc/systemd/system/spark-weights-serve.service"
+
+
+def test_the_blobs_are_served_on_the_fabric_address_read_only() -> None:
+    host = FakeHost({weights.ServeState: None, **file_facts({SERVE: None})})
+    commands = run_op(weights.blobs_served, "192.168.100.10", 60991, MODELS, host=host)
+    assert commands[-3:] == [
+        "systemctl daemon-reload",
+        "systemctl enable spark-weights-serve.service",
+        "systemctl restart spark-weights-serve.service",
+    ]
+    unit = host.uploads[SERVE]
+    assert (
+        "\nExecStart=/usr/bin/python3 -m http.server 60991 --bind 192.168.100.10"
+        f" --directory {MODELS}/hub\n"
+    ) in unit
+    assert "\nDynamicUser=yes\n" in unit  # no root, nothing writable
+    # As written and running: nothing (systemctl show's lines, as the lab's lanes show them).
+    running = FakeHost(
+        {
+            weights.ServeState: "ActiveState=active\nUnitFileState=enabled",
+            **file_facts({SERVE: unit}),
+        }
+    )
+    assert run_op(weights.blobs_served, "192.168.100.10", 60991, MODELS, host=running) == []

@@ -286,6 +286,30 @@ def test_fetch_weights_gives_each_own_lane_its_fetch_unit_and_the_hub() -> None:
     assert {lane.weights.endpoint for lane in off.lanes} == {"http://hub.lab:8790"}
 
 
+def test_a_model_both_boxes_serve_comes_from_the_hub_to_the_first_and_over_the_fabric_after() -> (
+    None
+):
+    # A pair: group_data's two lanes on both boxes; the first box in the inventory (the head)
+    # fetches from the hub and serves its blobs on its first twin (NVIDIA's plan: .10).
+    hosts = merged(TWO_SPARKS)
+    for data in hosts.values():
+        data["fetch_weights"] = True
+    head, worker = box(hosts, "spark-1"), box(hosts, "spark-2")
+    assert head.weights_share == "192.168.100.10"
+    assert [lane.weights.source for lane in head.lanes] == [None, None]
+    assert worker.weights_share is None
+    assert [lane.weights.source for lane in worker.lanes] == [
+        "http://192.168.100.10:60991/models--bullpoint--Qwen3-Coder-Next-AWQ-4bit/blobs",
+        "http://192.168.100.10:60991/models--inference-optimization--Qwen3.6-35B-A3B-NVFP4/blobs",
+    ]
+    # fleet_copy_weights off: each box from the hub.
+    for data in hosts.values():
+        data["fleet_copy_weights"] = False
+    off = box(hosts, "spark-2")
+    assert off.weights_share is None and box(hosts, "spark-1").weights_share is None
+    assert [lane.weights.source for lane in off.lanes] == [None, None]
+
+
 # The plan as data.
 
 

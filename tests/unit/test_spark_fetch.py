@@ -137,6 +137,28 @@ def test_a_fleet_copy_takes_the_files_from_a_box_and_the_hashes_from_the_hub(
         server.server_close()
 
 
+def test_a_fleet_copy_waits_for_the_files_the_box_has_not_got_yet(hub: Hub, tmp_path: Path) -> None:
+    first, second = tmp_path / "first", tmp_path / "second"
+    blobs = repo_dir(first) / "blobs"
+    blobs.mkdir(parents=True)
+    server = serve_blobs(blobs)  # nothing there yet: every ask answers 404
+    try:
+        copying = fetch(
+            hub, second, "--source", f"http://127.0.0.1:{server.server_address[1]}", wait=False
+        )
+        time.sleep(2)
+        assert copying.poll() is None  # waiting, not failed
+        assert fetch(hub, first).returncode == 0  # the first box gets it from the hub
+        out, err = copying.communicate(timeout=60)
+        assert copying.returncode == 0, err
+        assert "not there yet" in out
+        assert hub.downloads[f"{REPO}/model.safetensors"] == 1
+        assert (repo_dir(second) / "blobs" / ZEROS_SHA256).stat().st_size == WEIGHTS
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
 def test_only_the_files_named(hub: Hub, tmp_path: Path) -> None:
     result = fetch(hub, tmp_path, "config.json")
     assert result.returncode == 0, result.stderr
