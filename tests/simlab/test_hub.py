@@ -6,10 +6,14 @@ from __future__ import annotations
 
 import hashlib
 import json
+import subprocess
+import sys
 import time
+import urllib.request
+from pathlib import Path
 
 from tests.simlab.hub import Hub
-from tests.simlab.loopback import request
+from tests.simlab.loopback import HTTP, free_port, request
 from tests.simlab.serving import hf_standin
 
 REPO = "org/name"
@@ -95,3 +99,31 @@ def test_the_files_are_the_hf_standins() -> None:
     siblings = json.loads(body)["siblings"]
     assert [sibling["rfilename"] for sibling in siblings] == hf_standin.gguf_files("org/Model-GGUF")
     assert siblings[0]["lfs"]["sha256"] == hf_standin.repo_file("org/Model-GGUF", gguf).blob
+
+
+def test_the_labs_hub_process_tells_its_counters_and_takes_a_rate() -> None:
+    """As lab.py runs it: a process of its own; a test reads and sets it over HTTP."""
+    port = free_port()
+    process = subprocess.Popen(
+        [sys.executable, "-m", "tests.simlab.hub", "--bind", "127.0.0.1", "--port", str(port)],
+        stdout=subprocess.PIPE, text=True, cwd=Path(__file__).parents[2],
+    )  # fmt: skip
+    try:
+        assert process.stdout and process.stdout.readline() == f"hub at http://127.0.0.1:{port}\n"
+        url = f"http://127.0.0.1:{port}"
+        assert request(f"{url}/{REPO}/resolve/main/config.json")[0] == 200
+        put = urllib.request.Request(f"{url}/_simlab/rate", data=b"1234", method="PUT")
+        with HTTP.open(put, timeout=5) as answer:
+            assert answer.status == 200
+        status, body, _ = request(f"{url}/_simlab/stats")
+        assert status == 200
+        assert json.loads(body) == {
+            "downloads": {f"{REPO}/config.json": 1},
+            "sent": {f"{REPO}/config.json": len(CONFIG)},
+            "resumed": {},
+            "heads": {},
+            "rate": 1234,
+        }
+    finally:
+        process.terminate()
+        process.wait(timeout=10)
