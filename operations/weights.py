@@ -291,11 +291,12 @@ def fetched(
     yield f"install -d -m 755 {FETCH_STATUS_DIR}"
     if unit_changes:
         yield "systemctl daemon-reload"
-    # Enabled: a box rebooted half way goes on fetching at boot. --no-block: the deploy goes on;
-    # the unit's journal and the next deploy show its progress.
+    # Enabled: a box rebooted half way goes on fetching at boot. restart: a oneshot that landed
+    # before stays active (RemainAfterExit) and a start would not run it again. --no-block: the
+    # deploy goes on; the unit's journal and the next deploy show its progress.
     yield (
         f"systemctl enable {unit} && systemctl reset-failed {unit} 2>/dev/null;"
-        f" systemctl start --no-block {unit}"
+        f" systemctl restart --no-block {unit}"
     )
     host.log(f"{progress(model, fetch)}: fetch started ({unit}; journalctl -u {unit})")
 

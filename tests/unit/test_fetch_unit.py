@@ -95,7 +95,7 @@ def test_a_missing_model_gets_its_unit_started_without_waiting() -> None:
     assert commands[-2:] == [
         "systemctl daemon-reload",
         f"systemctl enable {UNIT} && systemctl reset-failed {UNIT} 2>/dev/null;"
-        f" systemctl start --no-block {UNIT}",
+        f" systemctl restart --no-block {UNIT}",
     ]
     assert host.uploads[weights.FETCH_SCRIPT] == weights.FETCH_SOURCE.read_text()
     assert host.logs == [
