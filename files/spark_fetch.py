@@ -266,6 +266,10 @@ def main(argv: list[str]) -> int:
                 else:
                     url = f"{endpoint}/{args.model}/resolve/{commit}/{name}"
                     fetch_file(url, token, path, spec, progress)
+        # The snapshot once every file is in place: a model half fetched never looks present
+        # (the deploy and a lane look for the snapshot's config.json).
+        for name, spec in sorted(files.items()):
+            path = os.path.join(blobs, spec["blob"])
             link = os.path.join(repo, "snapshots", commit, name)
             os.makedirs(os.path.dirname(link), exist_ok=True)
             target = os.path.relpath(path, os.path.dirname(link))

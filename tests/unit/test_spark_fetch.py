@@ -178,3 +178,18 @@ def test_the_token_goes_to_the_hub_only(hub: Hub, tmp_path: Path) -> None:
     assert result.returncode == 0, result.stderr
     assert hub.tokens == {"hf_secret": 2}  # the listing and the file
     assert "hf_secret" not in result.stdout + result.stderr
+
+
+def test_a_model_half_fetched_has_no_snapshot_yet(tmp_path: Path) -> None:
+    """The deploy and the lanes look for the snapshot's config.json: none until all landed."""
+    partial = repo_dir(tmp_path) / "blobs" / f"{ZEROS_SHA256}.incomplete"
+    with Hub(rate=64 * 2**20) as hub:
+        running = fetch(hub, tmp_path, wait=False)
+        deadline = time.monotonic() + 30
+        while not (partial.exists() and partial.stat().st_size > 0):
+            assert time.monotonic() < deadline and running.poll() is None
+            time.sleep(0.05)
+        assert not list(repo_dir(tmp_path).glob("snapshots/*/config.json"))
+        assert not (repo_dir(tmp_path) / "refs/main").exists()
+        running.kill()
+        running.wait()
