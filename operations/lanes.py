@@ -463,6 +463,23 @@ def _port_owner_problem(state: dict, lane: Lane) -> str | None:
     return None
 
 
+class QueuedStart(FactBase):
+    """Whether a start of ``unit`` waits in systemd's queue (`systemctl list-jobs`: a lane's
+    start queued after its model's fetch).
+
+    .. code:: python
+
+        True
+    """
+
+    def command(self, unit: str) -> str:
+        return f"systemctl list-jobs --no-legend --plain {shlex.quote(unit)} 2>/dev/null; true"
+
+    def process(self, output: list[str]) -> bool:
+        # "490 spark-lane-coder.service start waiting" (job, unit, type, state)
+        return any(line.split()[2:3] == ["start"] for line in output)
+
+
 # How long a lane's start waits for its model's fetch before the deploy goes on: a fetch that
 # lands by then (a small model) has its lane started within the deploy; a longer one goes on in
 # the background, the lane's start queued after it (After=).
@@ -561,8 +578,12 @@ def serving(unit: LaneUnit):
     enabled = current.get("UnitFileState") == "enabled"
     if unit.fetch_unit and enabled and not running and not changed:
         fetch = answer(FetchState, model=lane.model, models_dir=unit.models_dir)
-        if fetch["active"] == "activating":  # its start is queued after it (After=)
-            host.noop(f"lane {lane.name}: starts once {unit.fetch_unit} lands")
+        if fetch["active"] == "activating":  # its start waits in the queue after it (After=)
+            if answer(QueuedStart, unit=name):
+                host.noop(f"lane {lane.name}: starts once {unit.fetch_unit} lands")
+            else:
+                yield f"systemctl start --no-block {name}"
+                host.log(f"lane {lane.name}: starts once {unit.fetch_unit} lands")
             return
     yield from util.unit_started(
         name,
@@ -673,7 +694,10 @@ def serving_questions(unit: LaneUnit) -> list[Question]:
         question(LaneUnits),
         *([] if unit.headless else [question(LaneAnswer, lane=lane.name, port=lane.backend_port)]),
         *(
-            [question(FetchState, model=lane.model, models_dir=unit.models_dir)]
+            [
+                question(FetchState, model=lane.model, models_dir=unit.models_dir),
+                question(QueuedStart, unit=unit_name(lane.name)),
+            ]
             if unit.fetch_unit
             else []
         ),

@@ -85,6 +85,14 @@ def test_a_deploy_returns_while_the_models_fetch_and_the_lanes_start_once_landed
     result = pyinfra(INVENTORY, "deploy.py")
     took = time.monotonic() - started
     output = output_of(result)
+    print(f"\ndeploy while fetching: {took:.1f} s; hub: {hub('stats')}")
+    print(
+        "\n".join(
+            line
+            for line in output.splitlines()
+            if "fetch" in line or "Lane" in line or "lands" in line or "] " in line
+        )
+    )
     assert took < 60, output
     # Each box and model: its fetch started, with what it has of the hub's total.
     for model in LANES.values():
