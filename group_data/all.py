@@ -212,8 +212,21 @@ hf_token_file = None
 # A lane's model missing on a box (checked before the lane starts; a lane itself never
 # downloads, HF_HUB_OFFLINE=1): False stops that box with the `hf download` command to run
 # there (a ~120 GB model can take hours per box: not a wait to hide in a deploy); True: the
-# deploy runs it first, inside the serving image, with the token above as a mounted file.
+# deploy starts a fetch of it in the background (the unit spark-fetch-<org>--<name>: resumable,
+# every file checked against the hub's hash, the token above read from its root-only file) and
+# goes on; the lane starts once its model lands, and a deploy meanwhile shows the progress
+# (README, "The weights").
 fetch_weights = False
+
+# The hub the fetches read: huggingface_hub's default endpoint (constants.py,
+# _HF_DEFAULT_ENDPOINT; HF_ENDPOINT overrides it there), or a mirror of it.
+hf_endpoint = "https://huggingface.co"
+
+# With fetch_weights, a model that several boxes' own lanes serve comes from the hub once, to the
+# first of them in the inventory; the others copy it from that box over the fabric (a shape where
+# one address reaches every box), every file checked against the hub's hash. False: every box
+# fetches from the hub itself.
+fleet_copy_weights = True
 
 # The lanes' front (operations/front.py): nginx owns each lane's port and asks the lane's key on
 # every path; vLLM itself listens on 127.0.0.1 (its --api-key leaves /invocations, /tokenize and

@@ -59,9 +59,11 @@ spark = [
             # guard stop lanes here; the tests raise the threshold to see it act.
             "memory_guard_min_available_gib": 1,
             "hf_token_file": str(_hf_token) if _hf_token.exists() else None,
-            # The lab's `hf download` writes a model's snapshot in a moment: the deploy fetches
-            # what a lane needs, where on real boxes it can take hours (group_data says why).
+            # The lab's hub stand-in (tests/simlab/hub.py, which lab.py runs while the lab is
+            # up) sends a model in moments: each box fetches what its lanes need, which start
+            # once it lands, within the deploy; on real boxes it takes hours (group_data says why).
             "fetch_weights": True,
+            "hf_endpoint": _lab["hub"],
             # The NCCL test on the lab: its veths carry the stand-in's TCP at a few GB/s at
             # best, on a small machine other labs share, so the mark is the lab's (0.05 GB/s:
             # the bytes moved, not a Spark's 21.875), and 4 MiB keeps the run to seconds; the

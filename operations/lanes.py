@@ -17,6 +17,7 @@ from pyinfra.facts.files import Sha1File
 from operations import ray, util
 from operations.asked import Question, answer, question
 from operations.preflight import hf_cache_dir
+from operations.weights import FetchState
 from spark import llamacpp
 from spark.box_paths import HF_CACHE_IN_CONTAINER, HF_TOKEN, MODELS_DIR, SECRETS_DIR, key_path
 from spark.lane import ENV_NAME, SLUG, Lane, MpRank
@@ -299,6 +300,8 @@ class LaneUnit:
     + rank: this box's rank of a cluster lane on executor mp (a unit on every box)
     + peers: the fabric addresses of the boxes whose ranks this box's rank meets on the head's
       master port (the head: every other box's; another box: the head's), on executor mp
+    + fetch_unit: the unit fetching its model (operations/weights.py ``fetched``), which it
+      starts after; None: its model is on the box or the box stops without it
     """
 
     lane: Lane
@@ -311,6 +314,7 @@ class LaneUnit:
     ray_token: bool = False
     rank: MpRank | None = None
     peers: tuple[str, ...] = ()
+    fetch_unit: str | None = None
 
     @property
     def name(self) -> str:
@@ -402,6 +406,7 @@ class LaneUnit:
             "port": self.lane.port,
             "backend_port": self.lane.backend_port,
             "after": unit_name(self.after) if self.after else None,
+            "fetch_unit": self.fetch_unit,
             "container": PREFIX + self.name,
             "exec_start": " ".join(systemd_word(arg) for arg in run),
             "ray_nodes": self.lane.tensor_parallel_size if self.on_ray else None,
@@ -456,6 +461,41 @@ def _port_owner_problem(state: dict, lane: Lane) -> str | None:
                 f" service or give the lane another {key} in group_data `lanes`"
             )
     return None
+
+
+class QueuedStart(FactBase):
+    """Whether a start of ``unit`` waits in systemd's queue (`systemctl list-jobs`: a lane's
+    start queued after its model's fetch).
+
+    .. code:: python
+
+        True
+    """
+
+    def command(self, unit: str) -> str:
+        return f"systemctl list-jobs --no-legend --plain {shlex.quote(unit)} 2>/dev/null; true"
+
+    def process(self, output: list[str]) -> bool:
+        # "490 spark-lane-coder.service start waiting" (job, unit, type, state)
+        return any(line.split()[2:3] == ["start"] for line in output)
+
+
+# How long a lane's start waits for its model's fetch before the deploy goes on: a fetch that
+# lands by then (a small model) has its lane started within the deploy; a longer one goes on in
+# the background, the lane's start queued after it (After=).
+FETCH_WAIT_S = 10
+
+
+def fetch_wait(name: str, fetch: str) -> str:
+    """Shell that queues the lane's start after its model's fetch and exits 0 saying so while
+    the fetch still runs after FETCH_WAIT_S; then the lane's own start follows (it waits for
+    that queued job: `systemctl start` of a unit with a start job pending waits for it)."""
+    running = f'[ "$(systemctl show -p ActiveState --value {fetch})" = activating ]'
+    return (
+        f"if {running}; then systemctl start --no-block {name}; n=0;"
+        f" while {running} && [ $n -lt {FETCH_WAIT_S} ]; do sleep 1; n=$((n + 1)); done;"
+        f" if {running}; then echo '{name}: starts once {fetch} lands'; exit 0; fi; fi"
+    )
 
 
 @operation()
@@ -531,8 +571,20 @@ def serving(unit: LaneUnit):
     # secret) where pyinfra shows errors.
     start = f"systemctl reset-failed {name}; systemctl {{}} {name}"
     show_log = f"{{ journalctl -u {name} -n 40 --no-pager >&2; exit 1; }}"
+    if unit.fetch_unit:
+        start = f"{fetch_wait(name, unit.fetch_unit)}; {start}"
     running = current.get("ActiveState") == "active"
     changed = bool(unit_changes or env_changes or new_key)
+    enabled = current.get("UnitFileState") == "enabled"
+    if unit.fetch_unit and enabled and not running and not changed:
+        fetch = answer(FetchState, model=lane.model, models_dir=unit.models_dir)
+        if fetch["active"] == "activating":  # its start waits in the queue after it (After=)
+            if answer(QueuedStart, unit=name):
+                host.noop(f"lane {lane.name}: starts once {unit.fetch_unit} lands")
+            else:
+                yield f"systemctl start --no-block {name}"
+                host.log(f"lane {lane.name}: starts once {unit.fetch_unit} lands")
+            return
     yield from util.unit_started(
         name,
         unit_changed=bool(unit_changes),
@@ -627,4 +679,12 @@ def serving_questions(unit: LaneUnit) -> list[Question]:
         question(util.RootFiles, paths=lane_files(lane.name)),
         question(LaneUnits),
         *([] if unit.headless else [question(LaneAnswer, lane=lane.name, port=lane.backend_port)]),
+        *(
+            [
+                question(FetchState, model=lane.model, models_dir=unit.models_dir),
+                question(QueuedStart, unit=unit_name(lane.name)),
+            ]
+            if unit.fetch_unit
+            else []
+        ),
     ]

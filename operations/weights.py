@@ -1,5 +1,6 @@
-"""A cluster lane's weights fetched once: the head serves its copy of the model over the fabric
-while the boxes that lack it copy it, each file checked against its hash.
+"""A model's weights on a box: fetched in the background by a unit the deploy starts and does not
+wait for (``fetched``), and a cluster lane's copied once: the head serves its copy of the model
+over the fabric while the boxes that lack it copy it, each file checked against its hash.
 
 A cluster lane loads its share of the weights on every box from that box's disk (issue 14). A
 model of hundreds of GB fetched from the internet by every box costs hours each; over the fabric
@@ -8,7 +9,9 @@ it is a copy (issue 13: 175 Gb/s and more between two Sparks).
 
 from __future__ import annotations
 
+import json
 import shlex
+from pathlib import Path
 
 from pyinfra import host
 from pyinfra.api import FactBase, operation
@@ -16,6 +19,12 @@ from pyinfra.api import FactBase, operation
 from operations import util
 from operations.asked import Question, answer, question
 from operations.preflight import ModelWeights, boxes_in_run, fetch_command, hf_cache_dir
+from spark.box_paths import fetch_unit
+
+FETCH_SOURCE = Path(__file__).parents[1] / "files" / "spark_fetch.py"
+FETCH_SCRIPT = "/usr/local/lib/spark/spark_fetch.py"
+FETCH_STATUS_DIR = "/var/lib/spark/fetch"  # each fetch's status file (spark_fetch.py --status)
+UNIT_DIR = "/etc/systemd/system"
 
 SHARE_UNIT = "spark-weights-share"
 SHARE_DIR = "/run/spark/weights-share"  # the manifest, and `repo`: a link to the model's cache
@@ -161,3 +170,271 @@ def questions(model: str, models_dir: str, serves: bool) -> list[Question]:
         question(ModelWeights, model=model, models_dir=models_dir),
         *([question(Shared)] if serves else []),
     ]
+
+
+# --- a model fetched in the background -----------------------------------------------------------
+
+
+def status_path(model: str) -> str:
+    """Where the fetcher keeps its status (spark_fetch.py --status), which the deploy reads."""
+    return f"{FETCH_STATUS_DIR}/{model.replace('/', '--')}.json"
+
+
+def fetch_arguments(
+    model: str,
+    files: tuple[str, ...],
+    models_dir: str,
+    endpoint: str,
+    token_path: str | None,
+    source: str | None = None,
+) -> str:
+    """spark_fetch.py's command line for the unit (the token's path, never the token)."""
+    words = [model, *files, "--cache", models_dir, "--endpoint", endpoint]
+    words += ["--status", status_path(model)]
+    if token_path:
+        words += ["--token-file", token_path]
+    if source:
+        words += ["--source", source]
+    return " ".join(shlex.quote(word) for word in words)
+
+
+class FetchState(FactBase):
+    """A model's fetch on this box: its unit's state, the hub's total (the fetcher's status
+    file) and the bytes in the cache's blobs now, whole or begun (their sizes, read here).
+
+    .. code:: python
+
+        {"active": "activating", "total": 42949672960, "done": 10737418240, "rate": 52000000,
+         "state": "fetching"}
+    """
+
+    def command(self, model: str, models_dir: str) -> str:
+        blobs = shlex.quote(f"{hf_cache_dir(models_dir, model)}/blobs")
+        return (
+            f"systemctl show -p ActiveState --value {shlex.quote(fetch_unit(model))}"
+            " 2>/dev/null || echo inactive;"
+            f" cat {shlex.quote(status_path(model))} 2>/dev/null; echo;"
+            f" find {blobs} -maxdepth 1 -type f -printf '%s\\n' 2>/dev/null"
+            " | awk '{s += $1} END {print \"bytes\", s + 0}'"
+        )
+
+    def process(self, output: list[str]) -> dict[str, object]:
+        found: dict[str, object] = {"active": output[0].strip() if output else "inactive"}
+        for line in output[1:]:
+            if line.startswith("{"):
+                status = json.loads(line)
+                found |= {key: status.get(key) for key in ("total", "rate", "state")}
+            elif line.startswith("bytes "):
+                found["done"] = int(line.split()[1])
+        return found
+
+
+def progress(model: str, fetch: dict[str, object]) -> str:
+    """``model``: bytes done of the hub's total and the rate, as a deploy reports them."""
+    done, rate = int(str(fetch.get("done") or 0)), int(str(fetch.get("rate") or 0))
+    total = int(str(fetch.get("total") or 0))
+    if not total:
+        return f"{model}: {done / 1e9:.1f} GB so far (the hub's total not read yet)"
+    return (
+        f"{model}: {done / 1e9:.1f} of {total / 1e9:.1f} GB ({100 * done / total:.0f}%),"
+        f" {rate / 1e6:.0f} MB/s"
+    )
+
+
+@operation()
+def fetched(
+    model: str,
+    files: tuple[str, ...],
+    models_dir: str,
+    endpoint: str,
+    token_path: str | None,
+    source: str | None = None,
+):
+    """
+    Fetch ``model`` into this box's cache in the background: the unit spark-fetch-<org>--<name>
+    (files/spark_fetch.py: resumable, every file checked against the hub's hash, progress in
+    its journal), started without waiting; a lane ordered after it starts once it lands. While
+    it runs, a deploy reports its progress and changes nothing about it.
+
+    + model: a Hugging Face id (``org/name``)
+    + files: only these files of it (a llama.cpp lane's GGUF parts); (): every file
+    + models_dir: the Hugging Face cache on the box the lanes mount
+    + endpoint: the hub (huggingface_hub's HF_ENDPOINT; https://huggingface.co)
+    + token_path: the box's token file (root 0600), read by the fetcher; None: none
+    + source: another box's blobs of it over the fabric (``blobs_served``), the files copied from
+      there as it gets them, checked against the hub's hashes; None: from the hub
+    """
+    unit = fetch_unit(model)
+    found = util.on_box(FETCH_SCRIPT, f"{UNIT_DIR}/{unit}")
+    fetch = answer(FetchState, model=model, models_dir=models_dir)
+    if answer(ModelWeights, model=model, models_dir=models_dir, files=files):
+        host.noop(f"{model} is on this box")
+        return
+    if fetch["active"] in ("activating", "deactivating"):
+        # Shown without -v (a noop's words are not): the deploy's report of the fetch.
+        host.log(f"{progress(model, fetch)}: fetching ({unit}; journalctl -u {unit})")
+        return
+    yield from util.put(str(FETCH_SOURCE), FETCH_SCRIPT, "755", found)
+    arguments = fetch_arguments(model, files, models_dir, endpoint, token_path, source)
+    unit_changes = util.template(
+        "spark-fetch.service.j2",
+        f"{UNIT_DIR}/{unit}",
+        found=found,
+        model=model,
+        models_dir=models_dir,
+        source=source,
+        unit=unit,
+        script=FETCH_SCRIPT,
+        arguments=arguments,
+    )
+    yield from unit_changes
+    yield f"install -d -m 755 {FETCH_STATUS_DIR}"
+    if unit_changes:
+        yield "systemctl daemon-reload"
+    # Enabled: a box rebooted half way goes on fetching at boot. restart: a oneshot that landed
+    # before stays active (RemainAfterExit) and a start would not run it again. --no-block: the
+    # deploy goes on; the unit's journal and the next deploy show its progress.
+    yield (
+        f"systemctl enable {unit} && systemctl reset-failed {unit} 2>/dev/null;"
+        f" systemctl restart --no-block {unit}"
+    )
+    host.log(f"{progress(model, fetch)}: fetch started ({unit}; journalctl -u {unit})")
+
+
+def fetch_questions(model: str, models_dir: str, files: tuple[str, ...]) -> list[Question]:
+    """What ``fetched`` reads (operations/asked.py)."""
+    return [
+        question(util.RootFiles, paths=(FETCH_SCRIPT, f"{UNIT_DIR}/{fetch_unit(model)}")),
+        question(ModelWeights, model=model, models_dir=models_dir, files=files),
+        question(FetchState, model=model, models_dir=models_dir),
+    ]
+
+
+# --- room for a model, checked before it is fetched ----------------------------------------------
+
+
+class CacheRoom(FactBase):
+    """The bytes free where the cache is (``df``, of the cache or the directory that will hold
+    it), and the bytes each model in it takes (``du``, its repository's blobs).
+
+    .. code:: python
+
+        {"free": 107374182400, "models": {"org/name": 42949672960}}
+    """
+
+    def command(self, models_dir: str) -> str:
+        hub = shlex.quote(f"{models_dir}/hub")
+        return (
+            f'd={hub}; while [ ! -d "$d" ]; do d=$(dirname "$d"); done;'
+            ' echo "free $(df -B1 --output=avail "$d" | tail -n 1)";'
+            f' for r in {hub}/models--*; do [ -d "$r" ] &&'
+            ' echo "model ${r##*/models--} $(du -sb "$r" | cut -f1)"; done; true'
+        )
+
+    def process(self, output: list[str]) -> dict[str, object]:
+        free, models = 0, {}
+        for line in output:
+            words = line.split()
+            if words[:1] == ["free"] and len(words) == 2:
+                free = int(words[1])
+            elif words[:1] == ["model"] and len(words) == 3:
+                models[words[1].replace("--", "/", 1)] = int(words[2])
+        return {"free": free, "models": models}
+
+
+def gb(size: int) -> str:
+    return f"{size / 1e9:.1f} GB"
+
+
+@operation()
+def room_for(model: str, needs: int, models_dir: str, in_use: list[str]):
+    """
+    Stop this box before ``model`` is fetched where its disk lacks the room: what the model
+    still needs (``needs`` less what of it is already in the cache) against the bytes free,
+    naming both and the biggest models in the cache no lane of the box uses, which it could
+    remove. This changes nothing.
+
+    + model: a Hugging Face id
+    + needs: its size in bytes (the hub's listing, or the catalog's weights)
+    + models_dir: the Hugging Face cache on the box the lanes mount
+    + in_use: the models the box's lanes serve (never offered for removal)
+    """
+    room = answer(CacheRoom, models_dir=models_dir)
+    cached: dict[str, int] = room["models"]
+    still = max(needs - cached.get(model, 0), 0)
+    free: int = room["free"]
+    if still <= free:
+        host.noop(f"{model}: {gb(still)} still to fetch, {gb(free)} free")
+        return
+    unused = sorted(
+        ((size, name) for name, size in cached.items() if name not in in_use), reverse=True
+    )
+    removable = ", ".join(
+        f"{name} ({gb(size)}: {hf_cache_dir(models_dir, name)})" for size, name in unused[:3]
+    )
+    yield from util.refused(
+        f"{host.name}: no room for {model}: it needs {gb(still)} more, {models_dir} has"
+        f" {gb(free)} free; "
+        + (
+            f"models no lane of this box uses, biggest first: {removable}"
+            if removable
+            else "no model in the cache is unused: free space elsewhere on that disk"
+        )
+    )
+
+
+SERVE_UNIT = "spark-weights-serve.service"
+
+
+@operation()
+def blobs_served(address: str, port: int, models_dir: str):
+    """
+    Serve this box's Hugging Face cache read-only on its fabric ``address``, to the boxes that
+    copy a model from it (fleet_copy_weights): the unit spark-weights-serve, python3's
+    http.server as an unprivileged dynamic user, restarted always, enabled.
+
+    + address: this box's first fabric address (the others reach it there alone)
+    + port: WEIGHTS_PORT
+    + models_dir: the Hugging Face cache the lanes mount (its hub/ directory is served)
+    """
+    path = f"{UNIT_DIR}/{SERVE_UNIT}"
+    found = util.on_box(path)
+    changes = util.template(
+        "spark-weights-serve.service.j2",
+        path,
+        found=found,
+        address=address,
+        port=port,
+        directory=f"{models_dir}/hub",
+    )
+    yield from changes
+    state = answer(ServeState)
+    yield from util.unit_started(
+        SERVE_UNIT,
+        unit_changed=bool(changes),
+        enabled=state.get("UnitFileState"),
+        running=state.get("ActiveState") == "active",
+        changed=bool(changes),
+    )
+
+
+class ServeState(FactBase):
+    """spark-weights-serve's ActiveState and UnitFileState (`systemctl show`).
+
+    .. code:: python
+
+        {"ActiveState": "active", "UnitFileState": "enabled"}
+    """
+
+    default = dict
+
+    def command(self) -> str:
+        return f"systemctl show -p ActiveState,UnitFileState {SERVE_UNIT} 2>/dev/null; true"
+
+    def process(self, output: list[str]) -> dict[str, str]:
+        return dict(line.split("=", 1) for line in output if "=" in line)
+
+
+def serve_questions() -> list[Question]:
+    """What ``blobs_served`` reads (operations/asked.py)."""
+    return [question(util.RootFiles, paths=(f"{UNIT_DIR}/{SERVE_UNIT}",)), question(ServeState)]

@@ -22,6 +22,7 @@ from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
+    HttpUrl,
     ValidationError,
     ValidationInfo,
     field_validator,
@@ -223,7 +224,15 @@ class HostSettings(BaseModel):
         description="None, or a file on this machine holding a Hugging Face token"
     )
     fetch_weights: bool = Field(
-        description="True or False (fetch a lane's missing model during the deploy)"
+        description="True or False (fetch a lane's missing model in the background, the lane"
+        " starting once it lands)"
+    )
+    hf_endpoint: HttpUrl = Field(
+        description="the Hugging Face hub the boxes fetch from, e.g. https://huggingface.co"
+    )
+    fleet_copy_weights: bool = Field(
+        description="True or False (a model several boxes serve comes from the hub to one of"
+        " them, the others copying it over the fabric)"
     )
     front_allow_networks: list[IPv4Network] = Field(
         description='client networks the lanes\' front admits, e.g. ["192.168.1.0/24"];'
@@ -640,6 +649,8 @@ class HostConfig(Frozen):
     lane_start_timeout_min: int
     hf_token_file: str | None  # on this machine
     fetch_weights: bool
+    hf_endpoint: str  # huggingface_hub's HF_ENDPOINT, without a trailing slash
+    fleet_copy_weights: bool
     front_allow_networks: tuple[str, ...]
     front_tls: tuple[str, str] | None  # certificate and key files on this machine
     metrics: bool
@@ -705,6 +716,8 @@ class HostConfig(Frozen):
             lane_start_timeout_min=data.lane_start_timeout_min,
             hf_token_file=data.hf_token_file and str(Path(data.hf_token_file).expanduser()),
             fetch_weights=data.fetch_weights,
+            hf_endpoint=str(data.hf_endpoint).rstrip("/"),
+            fleet_copy_weights=data.fleet_copy_weights,
             front_allow_networks=tuple(str(network) for network in data.front_allow_networks),
             front_tls=(
                 (

@@ -13,7 +13,14 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict
 
 from spark import kernel as kernel_rules
-from spark.box_paths import HF_CACHE_IN_CONTAINER, HF_TOKEN, MODELS_DIR, NCCL_VERDICT
+from spark.box_paths import (
+    HF_CACHE_IN_CONTAINER,
+    HF_TOKEN,
+    MODELS_DIR,
+    NCCL_VERDICT,
+    WEIGHTS_PORT,
+    fetch_unit,
+)
 from spark.inventory import (
     Driver,
     FabricLink,
@@ -86,6 +93,8 @@ class ModelOnBox(Record):
     files: tuple[str, ...]
     token_path: str | None
     fetch: bool
+    endpoint: str  # the hub (hf_endpoint)
+    source: str | None  # another box's blobs of it over the fabric (fleet_copy_weights)
 
 
 class ServedLane(Record):
@@ -100,6 +109,7 @@ class ServedLane(Record):
     ray_token: bool
     rank: MpRank | None  # a cluster lane on vLLM's own multi-node mode: this box's rank
     peers: tuple[str, ...]  # the addresses this box's rank meets (mp)
+    fetch_unit: str | None  # its model's fetch, which it starts after (fetch_weights)
 
     @property
     def title(self) -> str:
@@ -304,6 +314,7 @@ class BoxPlan(Record):
     lane_units: tuple[str, ...]  # every lane unit the box keeps (others are removed)
     images: tuple[str, ...]
     lanes: tuple[OwnLane, ...]
+    weights_share: str | None  # its fabric address, where the boxes copying a model reach it
     front: Front
     # Cluster
     cluster: Cluster | None
@@ -384,21 +395,60 @@ def hf_image(me: HostConfig) -> str:
 
 
 def images(me: HostConfig) -> tuple[str, ...]:
-    """The serving images the box's own lanes need, and the hub's where a GGUF is fetched."""
-    needed = [lane.image for lane in me.lanes]
-    if me.fetch_weights and any(lane.engine == "llama.cpp" for lane in me.lanes):
-        needed.append(hf_image(me))
-    return tuple(dict.fromkeys(needed))
+    """The serving images the box's own lanes need (their fetches run on the host's python3,
+    files/spark_fetch.py: no image of their own)."""
+    return tuple(dict.fromkeys(lane.image for lane in me.lanes))
 
 
-def weights(me: HostConfig, lane: Lane) -> ModelOnBox:
+def seeder(me: HostConfig, spark: SparkConfig, model: str) -> HostConfig | None:
+    """The box that fetches ``model`` from the hub for the others (fleet_copy_weights): the
+    first in the inventory whose own lanes serve it, where another serves it too and one fabric
+    address reaches every box; None where each box fetches its own."""
+    serving = [
+        box
+        for box in spark.hosts
+        if any(lane.model == model and fetched_in_background(box, lane) for lane in box.lanes)
+    ]
+    reachable = me.shape.one_address_for_all and all(box.fabric for box in serving)
+    if not me.fleet_copy_weights or len(serving) < 2 or not reachable:
+        return None
+    return serving[0]
+
+
+def blobs_url(box: HostConfig, model: str) -> str:
+    """Where ``box`` serves its cache's blobs of ``model`` over the fabric (its first twin)."""
+    return (
+        f"http://{box.fabric[0].address.ip}:{WEIGHTS_PORT}/models--{model.replace('/', '--')}/blobs"
+    )
+
+
+def weights_share(me: HostConfig, spark: SparkConfig) -> str | None:
+    """This box's first fabric address, where it serves its cache to the boxes that copy a model
+    from it (it seeds one); None where it seeds none."""
+    seeds = any(
+        (first := seeder(me, spark, lane.model)) is not None and first.name == me.name
+        for lane in me.lanes
+    )
+    return str(me.fabric[0].address.ip) if seeds else None
+
+
+def weights(me: HostConfig, lane: Lane, spark: SparkConfig | None = None) -> ModelOnBox:
+    first = seeder(me, spark, lane.model) if spark and fetched_in_background(me, lane) else None
     return ModelOnBox(
         model=lane.model,
         image=hf_image(me) if lane.engine == "llama.cpp" else lane.image,
         files=lane.weight_files,
         token_path=HF_TOKEN if me.hf_token_file else None,
         fetch=me.fetch_weights,
+        endpoint=me.hf_endpoint,
+        source=blobs_url(first, lane.model) if first and first.name != me.name else None,
     )
+
+
+def fetched_in_background(me: HostConfig, lane: Lane) -> bool:
+    """One of the box's own lanes whose model, missing, a unit fetches while the deploy goes on
+    (fetch_weights; a directory of the owner's is never fetched)."""
+    return me.fetch_weights and not lane.is_cluster and not lane.model.startswith("/")
 
 
 def served(
@@ -421,6 +471,7 @@ def served(
         ray_token=on_ray and me.ray.auth,
         rank=rank,
         peers=tuple(str(box.fabric[0].address.ip) for box in others) if rank else (),
+        fetch_unit=fetch_unit(lane.model) if fetched_in_background(me, lane) else None,
     )
 
 
@@ -431,7 +482,9 @@ def own_lanes(me: HostConfig, spark: SparkConfig) -> tuple[OwnLane, ...]:
     for lane in me.lanes:
         if lane.is_cluster:
             continue
-        result.append(OwnLane(weights=weights(me, lane), served=served(me, spark, lane, after)))
+        result.append(
+            OwnLane(weights=weights(me, lane, spark), served=served(me, spark, lane, after))
+        )
         after = lane.name
     return tuple(result)
 
@@ -653,6 +706,7 @@ def box_plan(me: HostConfig, spark: SparkConfig) -> BoxPlan:
         lane_units=tuple(lane.name for lane in units),
         images=images(me),
         lanes=lanes,
+        weights_share=weights_share(me, spark),
         front=front(me),
         cluster=cluster(me, spark, lanes[-1].served.lane.name if lanes else None),
         metrics=metrics(me, spark),

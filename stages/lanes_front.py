@@ -5,14 +5,35 @@ it needs another box."""
 
 from pyinfra.api import deploy
 
-from operations import asked, front, images, lanes, memguard, metrics, preflight
+from operations import asked, front, images, lanes, memguard, metrics, preflight, weights
 from operations.asked import Question
-from spark.box_paths import MODELS_DIR
-from spark.plan import BoxPlan, Metrics, ModelOnBox, ServedLane
+from spark.box_paths import MODELS_DIR, WEIGHTS_PORT
+from spark.plan import BoxPlan, Metrics, ModelOnBox, OwnLane, ServedLane
 
 
 def model_questions(weights: ModelOnBox) -> list[Question]:
     return preflight.model_questions(weights.model, MODELS_DIR, weights.files)
+
+
+def own_model_questions(lane: OwnLane) -> list[Question]:
+    """What the lane's model check reads: its fetch's where a unit fetches it (fetch_weights)."""
+    if lane.served.fetch_unit:
+        return weights.fetch_questions(lane.weights.model, MODELS_DIR, lane.weights.files)
+    return model_questions(lane.weights)
+
+
+def fetch(lane: OwnLane) -> None:
+    """A missing model fetched in the background; the deploy goes on (its lane waits for it)."""
+    model = lane.weights
+    weights.fetched(
+        name=f"Lane {lane.served.lane.name}: {model.model} fetched in the background",
+        model=model.model,
+        files=model.files,
+        models_dir=MODELS_DIR,
+        endpoint=model.endpoint,
+        token_path=model.token_path,
+        source=model.source,
+    )
 
 
 def model_on_box(weights: ModelOnBox, what: str) -> None:
@@ -55,10 +76,11 @@ def lanes_and_front(box: BoxPlan) -> None:
                 question
                 for lane in box.lanes
                 for question in [
-                    *model_questions(lane.weights),
+                    *own_model_questions(lane),
                     *lanes.serving_questions(lane_unit(lane.served)),
                 ]
             ),
+            *(weights.serve_questions() if box.weights_share else []),
             *front.questions(fronted),
             *(
                 metrics.questions(watch.port, watch.exporter_port, metrics_lanes(watch))
@@ -78,8 +100,20 @@ def lanes_and_front(box: BoxPlan) -> None:
     lanes.lanes_removed(name="Lanes no longer configured: removed", keep=list(box.lane_units))
     for image in box.images:
         images.image_present(name=f"Serving image {image}", image=image)
+    if box.weights_share:  # before the fetches of the boxes that copy from it
+        weights.blobs_served(
+            name="Weights served to the boxes copying them over the fabric",
+            address=box.weights_share,
+            port=WEIGHTS_PORT,
+            models_dir=MODELS_DIR,
+        )
+    # Every fetch at once, before the first lane's start waits for its own.
     for lane in box.lanes:
-        model_on_box(lane.weights, f"Lane {lane.served.lane.name}")
+        if lane.served.fetch_unit:
+            fetch(lane)
+    for lane in box.lanes:
+        if not lane.served.fetch_unit:
+            model_on_box(lane.weights, f"Lane {lane.served.lane.name}")
         serve(lane.served)
     front.lanes_front(
         name=f"Front: nginx asks the key on every path of {len(box.front.lanes)} lane(s)",

@@ -18,14 +18,20 @@ import shutil
 import signal
 import socket
 import subprocess
+import sys
 import time
 import uuid
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from tests.simlab import registry
-from tests.simlab.paths import LAB_ID, PREFIX, STATE, log
-from tests.simlab.rootfs import ADMIN_USER, ensure_host_tools, spark_base, stand_in_repositories
+from tests.simlab.paths import LAB_ID, PREFIX, REPO, STATE, log
+from tests.simlab.rootfs import (
+    ADMIN_USER,
+    ensure_host_tools,
+    spark_base,
+    stand_in_repositories,
+)
 
 MGMT_BRIDGE = PREFIX
 MGMT_PREFIX = f"10.77.{LAB_ID}"  # this machine's side is .1; hosts are .11, .12, ...
@@ -44,6 +50,11 @@ CABLINGS = {
     "switch": ((1,), 2, 8),
 }
 SWITCH_NS = f"{PREFIX}-switch"
+# The lab's Hugging Face hub stand-in (hub.py), on this machine's side of the management bridge:
+# the hosts' hf_endpoint (inventories/sim.py). Its rate, while no test sets another: fast enough
+# that a deploy's fetches land within a lane's wait for them (operations/lanes.py FETCH_WAIT_S).
+HUB_PORT = 8790
+HUB_RATE = 1 << 30
 REPOS_MOUNT = "/srv/simlab-repos"
 HARDWARE_FILE = "/usr/local/lib/simlab/hardware.json"
 # A host boots in under a second on an idle machine (systemd-analyze critical-chain: multi-user
@@ -108,7 +119,7 @@ class Lab:
         STATE.mkdir(parents=True, exist_ok=True)
         hosts = [asdict(host) | {"mgmt_ip": host.mgmt_ip} for host in self.hosts]
         (STATE / "lab.json").write_text(
-            json.dumps({"hosts": hosts, "cabling": self.cabling}, indent=2)
+            json.dumps({"hosts": hosts, "cabling": self.cabling, "hub": hub_url()}, indent=2)
         )
         write_ssh_files(self)
 
@@ -255,6 +266,34 @@ def ensure_mgmt_bridge() -> None:
     run("ip", "link", "add", MGMT_BRIDGE, "type", "bridge")
     run("ip", "addr", "add", f"{MGMT_PREFIX}.1/24", "dev", MGMT_BRIDGE)
     run("ip", "link", "set", MGMT_BRIDGE, "up")
+
+
+def hub_url() -> str:
+    return f"http://{MGMT_PREFIX}.1:{HUB_PORT}"
+
+
+def start_hub() -> None:
+    """The lab's hub, listening on the management bridge once this returns."""
+    log_file = (STATE / "hub.log").open("w")
+    hub = subprocess.Popen(
+        [sys.executable, "-m", "tests.simlab.hub", "--bind", f"{MGMT_PREFIX}.1",
+         "--port", str(HUB_PORT), "--rate", str(HUB_RATE)],
+        cwd=REPO, stdout=log_file, stderr=subprocess.STDOUT, start_new_session=True,
+    )  # fmt: skip
+    (STATE / "hub.pid").write_text(str(hub.pid))
+    deadline = time.monotonic() + 30
+    while "hub at" not in (STATE / "hub.log").read_text():
+        if hub.poll() is not None or time.monotonic() > deadline:
+            raise RuntimeError(f"the lab's hub did not start: {(STATE / 'hub.log').read_text()}")
+        time.sleep(0.1)
+
+
+def stop_hub() -> None:
+    pid_file = STATE / "hub.pid"
+    if pid_file.exists():
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(int(pid_file.read_text()), signal.SIGTERM)
+        pid_file.unlink()
 
 
 def wire_host(host: Host) -> None:
@@ -574,6 +613,7 @@ def up(
     ensure_client_key()
     ensure_mgmt_bridge()
     registry.start(REGISTRY_ADDRESS)
+    start_hub()
     for host in lab.hosts:
         prepare_disk(host, lab, base)
         wire_host(host)
@@ -629,6 +669,7 @@ def reboot(name: str) -> Host:
 def down() -> None:
     """Remove every process, mount, namespace and link the lab made (also after a crash)."""
     lab = Lab.load()
+    stop_hub()
     for host in lab.hosts:
         stop(host)
     registry.remove()

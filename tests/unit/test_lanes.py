@@ -41,7 +41,7 @@ from pyinfra.api.exceptions import OperationError
 from pyinfra.facts.files import File, Sha1File
 from pyinfra.facts.systemd import SystemdEnabled, SystemdStatus
 
-from operations import lanes, memguard, util
+from operations import lanes, memguard, util, weights
 from spark import box_paths
 from spark.catalog import ModelSpec
 from spark.inventory import ConfigError, load_from_dicts
@@ -337,6 +337,55 @@ def test_a_stopped_lane_is_started_not_rewritten() -> None:
     host.outputs |= lane_facts(failed)
     commands = run_op(lanes.serving, host=host, unit=lane_unit(fast))
     assert commands == [RESTART.replace("coder", "fast").replace("restart ", "start ")]
+
+
+FETCH = "spark-fetch-org--model.service"
+
+
+def stopped_lane_fetching(active: str, queued: str = "") -> tuple[list[str], FakeHost]:
+    """Lane coder, enabled and stopped (the serving capture's state edited by hand), its model's
+    fetch ``active`` (weights.FetchState's first line), ``queued`` what `systemctl list-jobs`
+    says of the lane (its line format: job, unit, type, state, as the lab's systemd 255 prints
+    it)."""
+    files = rendered(fetch_unit=FETCH)
+    stopped = captured("lab-lanehost-serving.txt").replace(
+        "unit Id=spark-lane-coder.service\nunit ActiveState=active",
+        "unit Id=spark-lane-coder.service\nunit ActiveState=inactive",
+    )
+    host = lane_host("lab-lanehost-serving.txt", files)
+    host.outputs |= lane_facts(stopped) | {
+        weights.FetchState: f"{active}\nbytes 0",
+        lanes.QueuedStart: queued,
+    }
+    return run_op(lanes.serving, host=host, unit=lane_unit(fetch_unit=FETCH)), host
+
+
+def test_a_lane_whose_model_is_fetching_is_ordered_after_it_and_left_queued() -> None:
+    assert f"\nAfter={FETCH}\n" in rendered(fetch_unit=FETCH)[UNIT]
+    assert "spark-fetch" not in rendered()[UNIT]
+    queued = "490 spark-lane-coder.service start waiting"
+    commands, host = stopped_lane_fetching("activating", queued)
+    assert commands == []
+    assert host.noops[-1] == f"lane coder: starts once {FETCH} lands"
+    # Stopped by hand meanwhile, nothing queued: queued again, without waiting.
+    commands, _ = stopped_lane_fetching("activating")
+    assert commands == ["systemctl start --no-block spark-lane-coder.service"]
+
+
+def test_queued_start_reads_systemctl_list_jobs() -> None:
+    # The line format of `systemctl list-jobs --no-legend --plain` (systemd 255, the lab's).
+    assert process(lanes.QueuedStart, "490 spark-lane-coder.service start waiting") is True
+    assert process(lanes.QueuedStart, "491 spark-lane-coder.service stop running") is False
+    assert process(lanes.QueuedStart, "") is False
+    assert lanes.QueuedStart().command("spark-lane-coder.service") == (
+        "systemctl list-jobs --no-legend --plain spark-lane-coder.service 2>/dev/null; true"
+    )
+
+
+def test_a_lane_whose_fetch_is_over_is_started_after_a_wait_for_it() -> None:
+    commands, _ = stopped_lane_fetching("active")
+    start = RESTART.replace("restart ", "start ")
+    assert commands == [f"{lanes.fetch_wait('spark-lane-coder.service', FETCH)}; {start}"]
 
 
 def test_a_port_held_by_another_service_is_refused_by_name() -> None:

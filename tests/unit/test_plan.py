@@ -260,16 +260,55 @@ def test_a_cluster_lane_on_mp_has_a_rank_unit_on_every_box() -> None:
     assert [lane for lane, _ in worker.memory_guard.lanes] == ["big"]
 
 
-def test_a_llama_cpp_lane_is_fetched_in_a_vllm_image_which_the_box_then_needs() -> None:
-    coder = merged({"spark-1": {}})["spark-1"]["lanes"][0]
-    hosts = merged({"spark-1": {"lanes": [coder, SEED_002], "fetch_weights": True}})
-    lone = box(hosts, "spark-1")
+def test_a_llama_cpp_lane_is_fetched_on_the_host_and_its_command_names_a_vllm_image() -> None:
+    llama = {"spark-1": {"lanes": [SEED_002], "fetch_weights": True}}
+    lone = box(merged(llama), "spark-1")
 
-    gguf = lone.lanes[1]
-    # A llama.cpp image carries no `hf`: the GGUF comes through the vLLM lane's image.
-    assert gguf.weights.image == NGC
+    gguf = lone.lanes[0]
+    # Fetched by the box's own fetch unit (files/spark_fetch.py on the host): no other image.
+    assert gguf.served.fetch_unit == "spark-fetch-unsloth--Qwen3-Coder-Next-GGUF.service"
     assert gguf.weights.files == ("Qwen3-Coder-Next-UD-Q4_K_XL.gguf",)
-    assert lone.images == (NGC, "ghcr.io/ardge-labs/llama-cpp-dgx-spark:server")
+    assert lone.images == ("ghcr.io/ardge-labs/llama-cpp-dgx-spark:server",)
+    # The command shown with fetch_weights off runs `hf`, which a llama.cpp image lacks: Ray's
+    # image (group_data's NGC one).
+    assert gguf.weights.image == NGC
+
+
+def test_fetch_weights_gives_each_own_lane_its_fetch_unit_and_the_hub() -> None:
+    # group_data's two lanes (seed 003's models) and its hub, huggingface_hub's default endpoint.
+    on = box(merged({"spark-1": {"fetch_weights": True}}), "spark-1")
+    assert [lane.served.fetch_unit for lane in on.lanes] == [
+        "spark-fetch-bullpoint--Qwen3-Coder-Next-AWQ-4bit.service",
+        "spark-fetch-inference-optimization--Qwen3.6-35B-A3B-NVFP4.service",
+    ]
+    assert {lane.weights.endpoint for lane in on.lanes} == {"https://huggingface.co"}
+    off = box(merged({"spark-1": {"hf_endpoint": "http://hub.lab:8790/"}}), "spark-1")
+    assert [lane.served.fetch_unit for lane in off.lanes] == [None, None]
+    assert {lane.weights.endpoint for lane in off.lanes} == {"http://hub.lab:8790"}
+
+
+def test_a_model_both_boxes_serve_comes_from_the_hub_to_the_first_and_over_the_fabric_after() -> (
+    None
+):
+    # A pair: group_data's two lanes on both boxes; the first box in the inventory (the head)
+    # fetches from the hub and serves its blobs on its first twin (NVIDIA's plan: .10).
+    hosts = merged(TWO_SPARKS)
+    for data in hosts.values():
+        data["fetch_weights"] = True
+    head, worker = box(hosts, "spark-1"), box(hosts, "spark-2")
+    assert head.weights_share == "192.168.100.10"
+    assert [lane.weights.source for lane in head.lanes] == [None, None]
+    assert worker.weights_share is None
+    assert [lane.weights.source for lane in worker.lanes] == [
+        "http://192.168.100.10:60991/models--bullpoint--Qwen3-Coder-Next-AWQ-4bit/blobs",
+        "http://192.168.100.10:60991/models--inference-optimization--Qwen3.6-35B-A3B-NVFP4/blobs",
+    ]
+    # fleet_copy_weights off: each box from the hub.
+    for data in hosts.values():
+        data["fleet_copy_weights"] = False
+    off = box(hosts, "spark-2")
+    assert off.weights_share is None and box(hosts, "spark-1").weights_share is None
+    assert [lane.weights.source for lane in off.lanes] == [None, None]
 
 
 # The plan as data.

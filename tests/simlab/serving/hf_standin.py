@@ -28,12 +28,13 @@ text file.
 from __future__ import annotations
 
 import fnmatch
+import functools
 import hashlib
 import json
 import os
 import struct
 import sys
-from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 USAGE = "usage: hf download REPO_ID [FILENAMES]... [--include PATTERN]... [--exclude PATTERN]..."
@@ -66,19 +67,36 @@ def repository_files(repo_id: str) -> list[str]:
     return ["config.json", "model.safetensors"]
 
 
-def _zeros_after(head: bytes, size: int) -> Callable[[Path], None]:
-    """A writer of `head` then zeros up to `size` bytes, the zeros left as a hole."""
+@dataclass(frozen=True)
+class RepoFile:
+    """A file of a stand-in repository: ``head``, then zeros up to ``size`` bytes."""
 
-    def write(path: Path) -> None:
+    head: bytes
+    size: int
+    lfs: bool  # kept in Git LFS (weights, GGUF): its blob is named by its SHA-256
+
+    @property
+    def blob(self) -> str:
+        """Its blob's name in the cache (huggingface_hub's etag): the SHA-256 of a file kept
+        in Git LFS, the Git blob id (SHA-1 of "blob <size>\\0" + content) of any other."""
+        return _digest(self.head, self.size, self.lfs)
+
+    def read(self, start: int, end: int) -> bytes:
+        """Bytes ``start`` to ``end`` (exclusive) of the file."""
+        end = min(end, self.size)
+        inside = self.head[start:end]
+        return inside + bytes(max(0, end - max(start, len(self.head))))
+
+    def write(self, path: Path) -> None:
+        """The file at ``path``, its zeros left as a hole (no disk used)."""
         with path.open("wb") as out:
-            out.write(head)
-            out.truncate(size)
-
-    return write
+            out.write(self.head)
+            out.truncate(self.size)
 
 
-def _sha256_of_zeros_after(head: bytes, size: int) -> str:
-    digest = hashlib.sha256(head)
+@functools.cache
+def _digest(head: bytes, size: int, lfs: bool) -> str:
+    digest = hashlib.sha256(head) if lfs else hashlib.sha1(b"blob %d\0" % size + head)
     left = size - len(head)
     while left:
         digest.update(bytes(min(CHUNK, left)))
@@ -86,21 +104,23 @@ def _sha256_of_zeros_after(head: bytes, size: int) -> str:
     return digest.hexdigest()
 
 
-def _file(repo_id: str, name: str) -> tuple[str, Callable[[Path], None]]:
-    """The blob name (its hash) of the repository's file `name`, and its writer."""
+def repo_file(repo_id: str, name: str) -> RepoFile:
+    """The repository's file ``name``: a GGUF file, weights, its config, or a small text."""
     if name.endswith(".gguf"):
-        return _sha256_of_zeros_after(GGUF_HEADER, GGUF_BYTES), _zeros_after(
-            GGUF_HEADER, GGUF_BYTES
-        )
+        return RepoFile(GGUF_HEADER, GGUF_BYTES, lfs=True)
     if name.endswith(".safetensors"):
-        return _sha256_of_zeros_after(b"", WEIGHTS_BYTES), _zeros_after(b"", WEIGHTS_BYTES)
+        return RepoFile(b"", WEIGHTS_BYTES, lfs=True)
     if name == "config.json":
         config = {"_name_or_path": repo_id, "simlab": "fetched by the hf stand-in"}
         text = (json.dumps(config) + "\n").encode()
     else:
         text = f"{name} of {repo_id}, written by the hf stand-in\n".encode()
-    git_id = hashlib.sha1(b"blob %d\0" % len(text) + text).hexdigest()
-    return git_id, lambda path: path.write_bytes(text)
+    return RepoFile(text, len(text), lfs=False)
+
+
+def revision(repo_id: str) -> str:
+    """The repository's commit id: stable per repository."""
+    return hashlib.sha1(repo_id.encode()).hexdigest()
 
 
 def _pattern(pattern: str) -> str:
@@ -136,24 +156,23 @@ def download(
     token_path = os.environ.get("HF_TOKEN_PATH")
     has_token = bool(token_path) and Path(token_path).is_file()
     print(f"token: {'read from HF_TOKEN_PATH' if has_token else 'none'}", flush=True)
-    revision = hashlib.sha1(repo_id.encode()).hexdigest()  # a commit id, stable per repository
+    commit = revision(repo_id)
     repo = cache_dir() / f"models--{org}--{name}"
-    snapshot = repo / "snapshots" / revision
+    snapshot = repo / "snapshots" / commit
     snapshot.mkdir(parents=True, exist_ok=True)
     (repo / "refs").mkdir(exist_ok=True)
-    (repo / "refs" / "main").write_text(revision)
+    (repo / "refs" / "main").write_text(commit)
     for file in selected(repo_id, files, include, exclude):
-        blob, write = _file(repo_id, file)
-        _blob(repo, snapshot / file, blob, write)
+        _blob(repo, snapshot / file, repo_file(repo_id, file))
     return snapshot / files[0] if len(files) == 1 else snapshot
 
 
-def _blob(repo: Path, link: Path, name: str, write: Callable[[Path], None]) -> None:
-    """The blob `name` (written by `write` when absent) and the snapshot's link to it."""
-    blob = repo / "blobs" / name
+def _blob(repo: Path, link: Path, file: RepoFile) -> None:
+    """The file's blob (written when absent) and the snapshot's link to it."""
+    blob = repo / "blobs" / file.blob
     blob.parent.mkdir(exist_ok=True)
     if not blob.exists():
-        write(blob)
+        file.write(blob)
     link.parent.mkdir(parents=True, exist_ok=True)
     if link.is_symlink() or link.exists():
         link.unlink()

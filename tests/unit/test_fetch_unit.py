@@ -1,0 +1,224 @@
+"""operations/weights.py's background fetch: the unit it writes and starts without waiting, and
+what a deploy says while it runs. FetchState's command runs here in a real shell against a
+cache in a temporary folder; its status line is files/spark_fetch.py's own format."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from operations import lanes, preflight, weights
+from tests.unit.harness import FakeHost, file_facts, process, refusal, run_op
+
+MODEL = "org/name"
+UNIT = "spark-fetch-org--name.service"
+MODELS = "/var/lib/spark/models"
+HUB = "https://huggingface.co"
+# A status line as spark_fetch.py writes it (Progress.add): 10 GB of 40, 52 MB/s.
+STATUS = json.dumps({"model": MODEL, "total": 40 * 10**9, "done": 10 * 10**9, "rate": 52 * 10**6,
+                     "state": "fetching", "time": 1795000000})  # fmt: skip
+
+
+class LoggingHost(FakeHost):
+    """A FakeHost that keeps what the operation logs (host.log: shown without -v)."""
+
+    def __init__(self, outputs: dict[Any, str | None]):
+        super().__init__(outputs)
+        self.logs: list[str] = []
+
+    def log(self, message: str, log_func: Callable[[str], Any] | None = None) -> None:
+        self.logs.append(message)
+
+
+def box(present: bool, active: str, files: dict[str, str | None] | None = None) -> LoggingHost:
+    return LoggingHost(
+        {
+            preflight.ModelWeights: "present" if present else "",
+            weights.FetchState: f"{active}\n{STATUS}\nbytes {10 * 10**9}",
+            **file_facts(files or {}),
+        }
+    )
+
+
+def fetched(host: LoggingHost, token: str | None = None) -> list[str]:
+    return run_op(weights.fetched, MODEL, (), MODELS, HUB, token, host=host)
+
+
+def test_the_fact_reads_the_unit_the_status_and_the_blobs(tmp_path: Path) -> None:
+    blobs = tmp_path / "hub/models--org--name/blobs"
+    blobs.mkdir(parents=True)
+    (blobs / ("a" * 64)).write_bytes(b"x" * 1000)
+    (blobs / ("b" * 64 + ".incomplete")).write_bytes(b"y" * 234)
+    command = weights.FetchState().command(model=MODEL, models_dir=str(tmp_path))
+    output = subprocess.run(["sh", "-c", command], capture_output=True, text=True, check=True)
+    found = process(weights.FetchState, output.stdout)
+    # No such unit here, no status file: inactive, the bytes summed from the blobs' sizes.
+    assert found == {"active": "inactive", "done": 1234}
+    assert process(weights.FetchState, f"activating\n{STATUS}\nbytes 7") == {
+        "active": "activating", "total": 40 * 10**9, "rate": 52 * 10**6, "state": "fetching",
+        "done": 7,
+    }  # fmt: skip
+
+
+def test_a_model_on_the_box_is_left_alone() -> None:
+    host = box(present=True, active="inactive", files={f"/etc/systemd/system/{UNIT}": None})
+    assert fetched(host) == []
+    assert host.noops == [f"{MODEL} is on this box"]
+
+
+def test_a_landed_fetch_leaves_its_unit_as_it_is() -> None:
+    """Its unit disabled itself once landed (ExecStartPost): nothing to do, nothing changed."""
+    host = box(present=True, active="active", files={f"/etc/systemd/system/{UNIT}": "[Unit]"})
+    assert fetched(host) == []
+    assert host.noops == [f"{MODEL} is on this box"]
+
+
+def test_a_running_fetch_is_reported_and_nothing_changed() -> None:
+    host = box(present=False, active="activating", files={f"/etc/systemd/system/{UNIT}": "x"})
+    assert fetched(host) == []
+    assert host.logs == [
+        f"{MODEL}: 10.0 of 40.0 GB (25%), 52 MB/s: fetching ({UNIT}; journalctl -u {UNIT})"
+    ]
+
+
+def test_a_missing_model_gets_its_unit_started_without_waiting() -> None:
+    host = box(
+        present=False,
+        active="inactive",
+        files={weights.FETCH_SCRIPT: None, f"/etc/systemd/system/{UNIT}": None},
+    )
+    commands = fetched(host, token="/etc/spark/secrets/hf-token")
+    assert commands[-2:] == [
+        "systemctl daemon-reload",
+        f"systemctl enable {UNIT} && systemctl reset-failed {UNIT} 2>/dev/null;"
+        f" systemctl restart --no-block {UNIT}",
+    ]
+    assert host.uploads[weights.FETCH_SCRIPT] == weights.FETCH_SOURCE.read_text()
+    assert host.logs == [
+        f"{MODEL}: 10.0 of 40.0 GB (25%), 52 MB/s: fetch started ({UNIT}; journalctl -u {UNIT})"
+    ]
+    unit = host.uploads[f"/etc/systemd/system/{UNIT}"]
+    assert (
+        "ExecStart=/usr/bin/python3 /usr/local/lib/spark/spark_fetch.py org/name --cache"
+        f" {MODELS} --endpoint {HUB} --status /var/lib/spark/fetch/org--name.json"
+        " --token-file /etc/spark/secrets/hf-token\n"
+    ) in unit
+    # oneshot: active once landed, for the lanes ordered after it; no 90 s start timeout.
+    for line in ("Type=oneshot", "RemainAfterExit=yes", "TimeoutStartSec=infinity",
+                 "Restart=on-failure", f"ExecStartPost=/bin/systemctl disable {UNIT}"):  # fmt: skip
+        assert f"\n{line}\n" in unit
+    assert "hf_" not in unit.replace("hf-token", "")  # the token's path only
+
+
+def test_the_unit_name_and_arguments_quote_what_they_carry() -> None:
+    assert weights.fetch_unit("Qwen/Qwen3.6-35B") == "spark-fetch-Qwen--Qwen3.6-35B.service"
+    assert weights.fetch_arguments(MODEL, ("a b.gguf",), MODELS, HUB, None, "http://x:1") == (
+        f"org/name 'a b.gguf' --cache {MODELS} --endpoint {HUB}"
+        " --status /var/lib/spark/fetch/org--name.json --source http://x:1"
+    )
+
+
+def test_room_reads_the_free_bytes_and_each_models_size(tmp_path: Path) -> None:
+    repo = tmp_path / "hub/models--org--big/blobs"
+    repo.mkdir(parents=True)
+    (repo / "blob").write_bytes(b"z" * 5000)
+    command = weights.CacheRoom().command(models_dir=str(tmp_path))
+    output = subprocess.run(["sh", "-c", command], capture_output=True, text=True, check=True)
+    found = process(weights.CacheRoom, output.stdout)
+    assert found["free"] > 0
+    assert 5000 <= found["models"]["org/big"] < 5000 + 3 * 4096  # the file and directories
+    # A cache not made yet: the free bytes of the directory that will hold it.
+    command = weights.CacheRoom().command(models_dir=str(tmp_path / "not/yet"))
+    output = subprocess.run(["sh", "-c", command], capture_output=True, text=True, check=True)
+    assert process(weights.CacheRoom, output.stdout)["models"] == {}
+
+
+ROOM = "free 50000000000\nmodel org--old 80000000000\nmodel org--used 30000000000\n" \
+    "model org--name 20000000000\nmodel other--small 1000000000"  # fmt: skip
+
+
+def room_for(needs: int) -> tuple[list[str], FakeHost]:
+    host = FakeHost({weights.CacheRoom: ROOM}, name="spark-2")
+    return run_op(weights.room_for, MODEL, needs, MODELS, ["org/used", MODEL], host=host), host
+
+
+def test_room_enough_counting_what_is_already_fetched() -> None:
+    # 70 GB, of which 20 GB are in the cache already: 50 GB still, 50 GB free.
+    commands, host = room_for(70 * 10**9)
+    assert commands == []
+    assert host.noops == [f"{MODEL}: 50.0 GB still to fetch, 50.0 GB free"]
+
+
+def test_too_little_room_names_both_numbers_and_the_unused_models() -> None:
+    commands, _ = room_for(90 * 10**9)
+    assert refusal(commands) == (
+        f"spark-2: no room for {MODEL}: it needs 70.0 GB more, {MODELS} has 50.0 GB free;"
+        f" models no lane of this box uses, biggest first: org/old (80.0 GB:"
+        f" {MODELS}/hub/models--org--old), other/small (1.0 GB: {MODELS}/hub/models--other--small)"
+    )
+
+
+def run_wait(tmp_path: Path, states: list[str]) -> tuple[int, str, list[str]]:
+    """lanes.fetch_wait in sh, against stand-ins for systemctl (the fetch's ActiveState read
+    from `states`, one per `show`, the last repeated; `start` logged) and sleep."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (tmp_path / "states").write_text("\n".join(states) + "\n")
+    (bin_dir / "systemctl").write_text(
+        "#!/bin/sh\n"
+        f'if [ "$1" = show ]; then s=$(head -n 1 {tmp_path}/states); echo "$s";'
+        f" [ $(wc -l < {tmp_path}/states) -gt 1 ] && sed -i 1d {tmp_path}/states; exit 0; fi\n"
+        f'echo "$*" >> {tmp_path}/log\n'
+    )
+    (bin_dir / "sleep").write_text("#!/bin/sh\n")
+    for stand_in in ("systemctl", "sleep"):
+        (bin_dir / stand_in).chmod(0o755)
+    command = lanes.fetch_wait("spark-lane-coder.service", UNIT) + "; echo started"
+    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}"}
+    done = subprocess.run(["sh", "-c", command], capture_output=True, text=True, env=env)
+    log = tmp_path / "log"
+    return done.returncode, done.stdout, log.read_text().splitlines() if log.exists() else []
+
+
+def test_a_lane_waits_a_while_for_its_fetch_then_the_deploy_goes_on(tmp_path: Path) -> None:
+    code, out, log = run_wait(tmp_path, ["activating"])
+    assert (code, out) == (0, f"spark-lane-coder.service: starts once {UNIT} lands\n")
+    assert log == ["start --no-block spark-lane-coder.service"]
+
+
+def test_a_fetch_landing_in_time_lets_the_lane_start_within_the_deploy(tmp_path: Path) -> None:
+    code, out, log = run_wait(tmp_path, ["activating", "activating", "active"])
+    assert (code, out, log) == (0, "started\n", ["start --no-block spark-lane-coder.service"])
+    (tmp_path / "none").mkdir()  # no fetch running: nothing queued, the start follows
+    assert run_wait(tmp_path / "none", ["inactive"]) == (0, "started\n", [])
+
+
+SERVE = "/etc/systemd/system/spark-weights-serve.service"
+
+
+def test_the_blobs_are_served_on_the_fabric_address_read_only() -> None:
+    host = FakeHost({weights.ServeState: None, **file_facts({SERVE: None})})
+    commands = run_op(weights.blobs_served, "192.168.100.10", 60991, MODELS, host=host)
+    assert commands[-3:] == [
+        "systemctl daemon-reload",
+        "systemctl enable spark-weights-serve.service",
+        "systemctl restart spark-weights-serve.service",
+    ]
+    unit = host.uploads[SERVE]
+    assert (
+        "\nExecStart=/usr/bin/python3 -m http.server 60991 --bind 192.168.100.10"
+        f" --directory {MODELS}/hub\n"
+    ) in unit
+    assert "\nDynamicUser=yes\n" in unit  # no root, nothing writable
+    # As written and running: nothing (systemctl show's lines, as the lab's lanes show them).
+    running = FakeHost(
+        {
+            weights.ServeState: "ActiveState=active\nUnitFileState=enabled",
+            **file_facts({SERVE: unit}),
+        }
+    )
+    assert run_op(weights.blobs_served, "192.168.100.10", 60991, MODELS, host=running) == []

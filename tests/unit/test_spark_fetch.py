@@ -1,0 +1,195 @@
+"""files/spark_fetch.py, the box's fetcher, against the lab's hub stand-in on loopback (no lab):
+the cache layout huggingface_hub leaves, a cut fetch resumed, a corrupt file found by its hash,
+a fleet copy from another box's blobs checked against the hub's hashes, the token sent to the
+hub alone. Expected hashes are worked out here from the stand-in's content (256 MiB of zeros
+for the weights, serving/hf_standin.py)."""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import http.server
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.simlab.hub import Hub
+
+FETCH = Path(__file__).parents[2] / "files" / "spark_fetch.py"
+REPO = "org/name"
+COMMIT = hashlib.sha1(REPO.encode()).hexdigest()
+WEIGHTS = 256 * 2**20
+ZEROS_SHA256 = hashlib.sha256(bytes(WEIGHTS)).hexdigest()
+FAST = 2**30  # bytes a second: no wait beyond the machine's own
+
+
+def fetch(
+    hub: Hub, cache: Path, *args: str, wait: bool = True
+) -> subprocess.CompletedProcess[str] | subprocess.Popen[str]:
+    command = [sys.executable, str(FETCH), REPO, *args, "--cache", str(cache),
+               "--endpoint", hub.url, "--status", str(cache / "status.json")]  # fmt: skip
+    if not wait:
+        return subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    return subprocess.run(command, capture_output=True, text=True, timeout=120, check=False)
+
+
+def repo_dir(cache: Path) -> Path:
+    return cache / "hub" / "models--org--name"
+
+
+@pytest.fixture
+def hub() -> Iterator[Hub]:
+    with Hub(rate=FAST) as running:
+        yield running
+
+
+def test_a_model_lands_as_hf_download_leaves_it(hub: Hub, tmp_path: Path) -> None:
+    result = fetch(hub, tmp_path)
+    assert result.returncode == 0, result.stderr
+    repo = repo_dir(tmp_path)
+    assert (repo / "refs/main").read_text() == COMMIT
+    weights = repo / "snapshots" / COMMIT / "model.safetensors"
+    assert os.readlink(weights) == f"../../blobs/{ZEROS_SHA256}"
+    assert weights.stat().st_size == WEIGHTS
+    assert (repo / "snapshots" / COMMIT / "config.json").read_text().startswith("{")
+    assert hub.downloads == {f"{REPO}/config.json": 1, f"{REPO}/model.safetensors": 1}
+    status = json.loads((tmp_path / "status.json").read_text())
+    assert status["state"] == "done"
+    assert status["done"] == status["total"] > WEIGHTS
+    assert f"{REPO}: {status['total']} of {status['total']} bytes (100%)" in result.stdout
+    # Again: nothing fetched.
+    assert fetch(hub, tmp_path).returncode == 0
+    assert sum(hub.downloads.values()) == 2
+
+
+def test_a_cut_fetch_resumes_where_it_stopped(tmp_path: Path) -> None:
+    partial = repo_dir(tmp_path) / "blobs" / f"{ZEROS_SHA256}.incomplete"
+    with Hub(rate=64 * 2**20) as hub:  # 4 s for the weights
+        running = fetch(hub, tmp_path, wait=False)
+        deadline = time.monotonic() + 30
+        while not (partial.exists() and partial.stat().st_size > WEIGHTS // 4):
+            assert time.monotonic() < deadline and running.poll() is None
+            time.sleep(0.05)
+        running.kill()
+        running.wait()
+        kept = partial.stat().st_size
+        hub.rate = FAST
+        result = fetch(hub, tmp_path)
+        assert result.returncode == 0, result.stderr
+        key = f"{REPO}/model.safetensors"
+        assert hub.downloads[key] == 2
+        assert hub.resumed[key] == [kept]
+        # What came over the wire: the file once, and what the cut left in flight.
+        assert sum(hub.sent.values()) < WEIGHTS * 1.25
+    blob = repo_dir(tmp_path) / "blobs" / ZEROS_SHA256
+    assert blob.stat().st_size == WEIGHTS and not partial.exists()
+
+
+def test_a_corrupt_file_is_found_by_its_hash_and_fetched_again(hub: Hub, tmp_path: Path) -> None:
+    blobs = repo_dir(tmp_path) / "blobs"
+    blobs.mkdir(parents=True)
+    (blobs / f"{ZEROS_SHA256}.incomplete").write_bytes(b"\xff" * 2**20)  # not zeros
+    result = fetch(hub, tmp_path)
+    assert result.returncode == 1
+    assert f"the hub says {WEIGHTS} bytes and {ZEROS_SHA256}: deleted" in result.stderr
+    assert not list(blobs.glob("*.incomplete"))
+    assert json.loads((tmp_path / "status.json").read_text())["state"].startswith("failed: ")
+    result = fetch(hub, tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert (blobs / ZEROS_SHA256).stat().st_size == WEIGHTS
+
+
+def serve_blobs(directory: Path) -> http.server.ThreadingHTTPServer:
+    """Another box's blobs over HTTP, as operations/weights.py's share serves them."""
+    handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(directory))
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return server
+
+
+def test_a_fleet_copy_takes_the_files_from_a_box_and_the_hashes_from_the_hub(
+    hub: Hub, tmp_path: Path
+) -> None:
+    first, second = tmp_path / "first", tmp_path / "second"
+    assert fetch(hub, first).returncode == 0
+    server = serve_blobs(repo_dir(first) / "blobs")
+    source = f"http://127.0.0.1:{server.server_address[1]}"
+    try:
+        result = fetch(hub, second, "--source", source)
+        assert result.returncode == 0, result.stderr
+        assert hub.downloads == {f"{REPO}/config.json": 1, f"{REPO}/model.safetensors": 1}
+        assert (repo_dir(second) / "blobs" / ZEROS_SHA256).stat().st_size == WEIGHTS
+        # A box whose copy differs from the hub's hash: refused, nothing kept.
+        third = tmp_path / "third"
+        (repo_dir(first) / "blobs" / ZEROS_SHA256).write_bytes(b"\x01" * 10)
+        result = fetch(hub, third, "--source", source)
+        assert result.returncode == 1
+        assert not (repo_dir(third) / "blobs" / ZEROS_SHA256).exists()
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def test_a_fleet_copy_waits_for_the_files_the_box_has_not_got_yet(hub: Hub, tmp_path: Path) -> None:
+    first, second = tmp_path / "first", tmp_path / "second"
+    blobs = repo_dir(first) / "blobs"
+    blobs.mkdir(parents=True)
+    server = serve_blobs(blobs)  # nothing there yet: every ask answers 404
+    try:
+        copying = fetch(
+            hub, second, "--source", f"http://127.0.0.1:{server.server_address[1]}", wait=False
+        )
+        time.sleep(2)
+        assert copying.poll() is None  # waiting, not failed
+        assert fetch(hub, first).returncode == 0  # the first box gets it from the hub
+        out, err = copying.communicate(timeout=60)
+        assert copying.returncode == 0, err
+        assert "not there yet" in out
+        assert hub.downloads[f"{REPO}/model.safetensors"] == 1
+        assert (repo_dir(second) / "blobs" / ZEROS_SHA256).stat().st_size == WEIGHTS
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def test_only_the_files_named(hub: Hub, tmp_path: Path) -> None:
+    result = fetch(hub, tmp_path, "config.json")
+    assert result.returncode == 0, result.stderr
+    assert hub.downloads == {f"{REPO}/config.json": 1}
+    result = fetch(hub, tmp_path, "missing.gguf")
+    assert (result.returncode, "not in the repository: missing.gguf") == (
+        1,
+        result.stderr.strip().split(": ", 2)[-1],
+    )
+
+
+def test_the_token_goes_to_the_hub_only(hub: Hub, tmp_path: Path) -> None:
+    token = tmp_path / "token"
+    token.write_text("hf_secret\n")
+    token.chmod(0o600)
+    result = fetch(hub, tmp_path / "cache", "config.json", "--token-file", str(token))
+    assert result.returncode == 0, result.stderr
+    assert hub.tokens == {"hf_secret": 2}  # the listing and the file
+    assert "hf_secret" not in result.stdout + result.stderr
+
+
+def test_a_model_half_fetched_has_no_snapshot_yet(tmp_path: Path) -> None:
+    """The deploy and the lanes look for the snapshot's config.json: none until all landed."""
+    partial = repo_dir(tmp_path) / "blobs" / f"{ZEROS_SHA256}.incomplete"
+    with Hub(rate=64 * 2**20) as hub:
+        running = fetch(hub, tmp_path, wait=False)
+        deadline = time.monotonic() + 30
+        while not (partial.exists() and partial.stat().st_size > 0):
+            assert time.monotonic() < deadline and running.poll() is None
+            time.sleep(0.05)
+        assert not list(repo_dir(tmp_path).glob("snapshots/*/config.json"))
+        assert not (repo_dir(tmp_path) / "refs/main").exists()
+        running.kill()
+        running.wait()
