@@ -101,8 +101,9 @@ def main(argv: list[str] | None = None) -> int:
     up.add_argument(
         "--switch-ports",
         choices=[",".join(map(str, ports)) for ports in lab.SWITCH_PORTS],
+        metavar="1|0|1,0",
         help="the ports of each host in the switch (switch only; default 1), as the inventory's"
-        " fabric_switch_ports: 1, 0 or 1,0",
+        " fabric_switch_ports",
     )
     commands.add_parser("down", help="stop every host and remove all the lab made")
     commands.add_parser("demo", help="boot a lab (unless one is up), deploy to it, show the result")
