@@ -12,12 +12,12 @@ reimaged; the deploy derives port 0's twins on 192.168.100.0/24 and 192.168.101.
 sockets go over port 0's first twin, the NCCL test passes over both port 0 devices, compliance
 passes and a second run changes nothing.
 
-Times on the 2-core machine, beside other labs (load average 5-6), in one run of the module
-alone: on both ports, the converging deploy 73 s (port 1 alone, earlier: 23-55 s with the NCCL
-test) and the deploy that changes nothing 3 s; the pair on port 0: reimaging it 7 s, its
-converging deploy 42 s, the deploy that changes nothing 2 s, its part of the module 71 s (its
-fixture 50 s, compliance and the second deploy 17 s); the module 3 min 9 s (two lab boots, Ray's
-four nodes joining, two compliance runs).
+Times on the 2-core machine, beside other labs (load average 5-6.5), in two runs of the module
+alone: on both ports, the converging deploy 73 and 80 s (port 1 alone, earlier: 23-55 s with
+the NCCL test) and the deploy that changes nothing 3 and 8 s; the pair on port 0: reimaging it
+7 s, its converging deploy 42 and 46 s, the deploy that changes nothing 2 s, its part of the
+module 71 and 74 s (its fixture 50 and 54 s, compliance and the second deploy 16-17 s); the
+module 3 min 9 s and 3 min 32 s (two lab boots, Ray's four nodes joining, two compliance runs).
 
 It boots four bare boxes through a switch on both ports and leaves them up (conftest.cabled),
 spark-3 and spark-4 off at its end.
