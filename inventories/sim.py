@@ -45,6 +45,8 @@ spark = [
                 "enP2p1s0f1np1": f"192.168.101.{9 + host['index']}/24",
             },
             "fabric_topology": _topology,
+            # The ports the lab cabled to its switch (a switch only; tests/simlab/lab.py).
+            "fabric_switch_ports": _lab.get("switch_ports", [1]),
             # The address this machine reaches the box at is its enP7s7's: a ring's rendezvous
             # and sockets go there (README, Fabric shapes).
             "management_address": host["mgmt_ip"],

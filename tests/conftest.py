@@ -152,18 +152,25 @@ def reimage_all(lab: simlab.Lab) -> simlab.Lab:
     return lab
 
 
-def cabled(lab: simlab.Lab, cabling: str, count: int | None = None) -> simlab.Lab:
+def cabled(
+    lab: simlab.Lab,
+    cabling: str,
+    count: int | None = None,
+    switch_ports: tuple[int, ...] | None = None,
+) -> simlab.Lab:
     """The session's boxes booted bare again (or `count` bare boxes), cabled as `cabling`
-    (simlab.CABLINGS). They stay up after the module: the
+    (simlab.CABLINGS; a switch on `switch_ports`). They stay up after the module: the
     next reimage_all() boots the session's boxes again (modules marked `recabled` run last)."""
     global _as_deployed, _recabled
     _as_deployed, _recabled = False, True
-    return _booted_bare(count or len(lab.hosts), cabling)
+    return _booted_bare(count or len(lab.hosts), cabling, switch_ports)
 
 
-def _booted_bare(count: int, cabling: str) -> simlab.Lab:
+def _booted_bare(
+    count: int, cabling: str, switch_ports: tuple[int, ...] | None = None
+) -> simlab.Lab:
     """`count` bare boxes cabled as `cabling`, in place of the lab that was up."""
-    return simlab.up(count, cabling=cabling)
+    return simlab.up(count, cabling=cabling, switch_ports=switch_ports)
 
 
 def run_on(host: simlab.Host, command: str, check: bool = True) -> str:

@@ -74,6 +74,11 @@ DEMO_SHOW = (
 )
 
 
+def switch_ports(option: str | None) -> tuple[int, ...] | None:
+    """--switch-ports as lab.up takes it: "1,0" -> (1, 0); not given, None."""
+    return None if option is None else tuple(int(port) for port in option.split(","))
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m tests.simlab", description=__doc__)
     commands = parser.add_subparsers(dest="command", required=True)
@@ -90,8 +95,15 @@ def main(argv: list[str] | None = None) -> int:
         "--cabling",
         choices=list(lab.CABLINGS),
         help="pair: one cable on port 1 (the default for 2 hosts); pair-dual: both ports; ring3:"
-        " port 0 of each of 3 hosts to port 1 of the next; switch: port 1 of 2-8 hosts to a"
-        " switch (the default for more than 2)",
+        " port 0 of each of 3 hosts to port 1 of the next; switch: the --switch-ports of 2-8"
+        " hosts to a switch (the default for more than 2)",
+    )
+    up.add_argument(
+        "--switch-ports",
+        choices=[",".join(map(str, ports)) for ports in lab.SWITCH_PORTS],
+        metavar="1|0|1,0",
+        help="the ports of each host in the switch (switch only; default 1), as the inventory's"
+        " fabric_switch_ports",
     )
     commands.add_parser("down", help="stop every host and remove all the lab made")
     commands.add_parser("demo", help="boot a lab (unless one is up), deploy to it, show the result")
@@ -115,7 +127,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "up":
         overrides = dict(item.split("=", 1) for item in args.gid_index)
         booted = lab.up(
-            args.hosts, {name: int(n) for name, n in overrides.items()}, cabling=args.cabling
+            args.hosts,
+            {name: int(n) for name, n in overrides.items()},
+            cabling=args.cabling,
+            switch_ports=switch_ports(args.switch_ports),
         )
         print(
             f"{len(booted.hosts)} hosts up. Deploy: .venv/bin/pyinfra inventories/sim.py deploy.py"

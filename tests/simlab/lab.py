@@ -5,7 +5,8 @@ overlay, in a network namespace of its own. This machine reaches the hosts over 
 bridge (their `enP7s7`); the hosts reach each other over the fabric: two veth links named as a
 Spark's QSFP-DD twins, cabled as one of the fabric shapes (CABLINGS): directly between two
 hosts on one port or both, port 0 of each host to port 1 of the next in a ring of three, or
-through a simulated switch (two bridges in a namespace of their own).
+through a simulated switch on port 1, port 0 or both (a bridge per twin of each cabled port, in a
+namespace of its own).
 """
 
 from __future__ import annotations
@@ -42,13 +43,17 @@ PORT_TWINS = {1: FABRIC_TWINS, 0: PORT0_TWINS}
 # How the lab cables its hosts, named as the fabric_topology it is (README, Fabric shapes): the
 # QSFP ports each host has a cable in, and how many hosts it takes. "pair": one cable on port 1;
 # "pair-dual": both ports (a DAC per twin of each); "ring3": port 0 of each host to port 1 of the
-# next (NVIDIA's connect-three-sparks); "switch": every host's port 1 into a switch.
-CABLINGS = {
+# next (NVIDIA's connect-three-sparks); "switch": the same ports of every host into a switch,
+# the ports the lab is told (None here: Lab.switch_ports).
+CABLINGS: dict[str, tuple[tuple[int, ...] | None, int, int]] = {
     "pair": ((1,), 2, 2),
     "pair-dual": ((1, 0), 2, 2),
     "ring3": ((1, 0), 3, 3),
-    "switch": ((1,), 2, 8),
+    "switch": (None, 2, 8),
 }
+# The ports a switch cabling takes, in the planner's order (the first port's first twin carries
+# the sockets): what group_data's fabric_switch_ports accepts (spark/inventory.py).
+SWITCH_PORTS = ((1,), (0,), (1, 0))
 SWITCH_NS = f"{PREFIX}-switch"
 # The lab's Hugging Face hub stand-in (hub.py), on this machine's side of the management bridge:
 # the hosts' hf_endpoint (inventories/sim.py). Its rate, while no test sets another: fast enough
@@ -97,11 +102,19 @@ class Host:
 class Lab:
     hosts: list[Host] = field(default_factory=list)
     cabling: str = "pair"
+    switch_ports: tuple[int, ...] = (1,)  # the ports cabled to the switch ("switch" only)
+
+    @property
+    def ports(self) -> tuple[int, ...]:
+        """The QSFP ports each host has a cable in."""
+        ports, _fewest, _most = CABLINGS[self.cabling]
+        return self.switch_ports if ports is None else ports
 
     def twins(self, host: Host) -> list[tuple[str, str]]:
         """(interface, RDMA device) of every twin cabled on the host."""
-        ports, _fewest, _most = CABLINGS[self.cabling]
-        return [twin for port in ports if port not in host.unplugged for twin in PORT_TWINS[port]]
+        return [
+            twin for port in self.ports if port not in host.unplugged for twin in PORT_TWINS[port]
+        ]
 
     @classmethod
     def load(cls) -> Lab:
@@ -113,13 +126,22 @@ class Lab:
         return cls(
             [Host(**{k: v for k, v in host.items() if k in fields}) for host in data["hosts"]],
             data.get("cabling", "pair"),
+            tuple(data.get("switch_ports", (1,))),
         )
 
     def save(self) -> None:
         STATE.mkdir(parents=True, exist_ok=True)
         hosts = [asdict(host) | {"mgmt_ip": host.mgmt_ip} for host in self.hosts]
         (STATE / "lab.json").write_text(
-            json.dumps({"hosts": hosts, "cabling": self.cabling, "hub": hub_url()}, indent=2)
+            json.dumps(
+                {
+                    "hosts": hosts,
+                    "cabling": self.cabling,
+                    "switch_ports": self.switch_ports,
+                    "hub": hub_url(),
+                },
+                indent=2,
+            )
         )
         write_ssh_files(self)
 
@@ -329,10 +351,21 @@ def _cable(a: Host, a_twin: str, b: Host, b_twin: str) -> None:
     in_ns(b.netns, "ip", "link", "set", "sltmp", "name", b_twin)
 
 
+def switch_segments(lab: Lab) -> list[tuple[str, str]]:
+    """(bridge, twin) of each L2 segment of the switch: one per twin of each cabled port, as
+    the planner gives each its own subnet (spark/topology.py links: a switch's port p is one
+    "cable", each of its twins one /24)."""
+    return [
+        (f"fabric{port}{n}", twin)
+        for port in lab.ports
+        for n, (twin, _hca) in enumerate(PORT_TWINS[port])
+    ]
+
+
 def wire_fabric(lab: Lab) -> None:
     """Cable the hosts as lab.cabling says: a DAC per twin end to end (a pair on one port or
-    both; a ring, port 0 of each host to port 1 of the next), or each twin into a switch
-    (bridge) port, one bridge per twin."""
+    both; a ring, port 0 of each host to port 1 of the next), or each twin of each cabled port
+    into a switch (bridge) port, one bridge per twin (switch_segments)."""
     hosts = lab.hosts
     if lab.cabling == "ring3":
         for host, after in zip(hosts, hosts[1:] + hosts[:1], strict=True):
@@ -344,12 +377,11 @@ def wire_fabric(lab: Lab) -> None:
             _cable(a, twin, b, twin)
     else:
         run("ip", "netns", "add", SWITCH_NS)
-        for n, (twin, _hca) in enumerate(FABRIC_TWINS):
-            bridge = f"fabric{n}"
+        for bridge, twin in switch_segments(lab):
             in_ns(SWITCH_NS, "ip", "link", "add", bridge, "mtu", "9000", "type", "bridge")
             in_ns(SWITCH_NS, "ip", "link", "set", bridge, "up")
             for host in hosts:
-                port = f"p{n}h{host.index}"
+                port = f"{bridge}h{host.index}"  # the switch's port of the host's twin
                 run("ip", "link", "add", "sltmp", "netns", host.netns, "type", "veth",
                     "peer", "name", port, "netns", SWITCH_NS)  # fmt: skip
                 in_ns(host.netns, "ip", "link", "set", "sltmp", "name", twin)
@@ -368,7 +400,7 @@ def unplug_port(lab: Lab, host: Host, port: int) -> list[Host]:
         host.unplugged.append(port)
     ends = [host]
     for other in lab.hosts:
-        for other_port in CABLINGS[lab.cabling][0]:
+        for other_port in lab.ports:
             gone = not any(_link_exists(twin, other.netns) for twin, _ in PORT_TWINS[other_port])
             if gone and other_port not in other.unplugged:
                 other.unplugged.append(other_port)
@@ -593,14 +625,23 @@ def up(
     count: int = 2,
     gid_index: dict[str, int] | None = None,
     cabling: str | None = None,
+    switch_ports: tuple[int, ...] | None = None,
 ) -> Lab:
     """Boot `count` bare hosts (tearing down any lab that is already up), cabled as `cabling`
-    says (CABLINGS; a pair for two hosts, a switch for more)."""
+    says (CABLINGS; a pair for two hosts, a switch for more), a switch on `switch_ports`
+    (SWITCH_PORTS; port 1 unless given)."""
     cabling = cabling or ("pair" if count == 2 else "switch")
-    _ports, fewest, most = CABLINGS.get(cabling, ((), 0, 0))
+    ports, fewest, most = CABLINGS.get(cabling, ((), 0, 0))
     if not fewest <= count <= most:
         shapes = ", ".join(f"{name} {low}-{high}" for name, (_, low, high) in CABLINGS.items())
         raise SystemExit(f"cabling {cabling!r} with {count} hosts: the cablings take {shapes}")
+    switch_ports = None if switch_ports is None else tuple(switch_ports)
+    if switch_ports is not None and (ports is not None or switch_ports not in SWITCH_PORTS):
+        takes = " or ".join(map(str, map(list, SWITCH_PORTS)))
+        raise SystemExit(
+            f"switch ports {list(switch_ports)} with cabling {cabling!r}: only a switch takes"
+            f" ports, {takes}"
+        )
     ensure_host_tools()
     down()
     stand_in_repositories()
@@ -609,6 +650,7 @@ def up(
     lab = Lab(
         [Host(f"spark-{i}", i, gid_index.get(f"spark-{i}", 3)) for i in range(1, count + 1)],
         cabling,
+        switch_ports or (1,),
     )
     ensure_client_key()
     ensure_mgmt_bridge()
