@@ -38,6 +38,9 @@ DRIVER_FAMILY = (
     "libnvidia-gl*",
 )
 BRANCH_IN_NAME = re.compile(r"-(\d{3})(?=-|$)")  # nvidia-driver-590-open, libnvidia-gl-590
+# A package whose name carries its build (Ubuntu's nvidia-firmware-580-580.95.05): a newer build
+# is another package, brought by the driver's dependencies, never the same name moved.
+BUILD_IN_NAME = re.compile(r"-\d+\.\d+[\d.]*$")
 PIN_PATH = "/etc/apt/preferences.d/nvidia-driver-branch.pref"
 SMI_QUERY = "nvidia-smi --query-gpu=name,driver_version,compute_cap --format=csv,noheader"
 # nvidia-smi's first line when the driver's libraries differ from the loaded kernel module (the
@@ -181,7 +184,11 @@ def branch_held(
         name == package or name.startswith(f"nvidia-driver-{branch}") for name in installed
     )
     # Each driver package at the version asked (they are built together: one version for all).
-    moved = sorted(name for name, state in installed.items() if state["version"] != version)
+    moved = sorted(
+        name
+        for name, state in installed.items()
+        if state["version"] != version and not BUILD_IN_NAME.search(name)
+    )
     if install:
         yield apt_install(f"{package}={version}" if version else package)
     elif version and moved:

@@ -194,6 +194,15 @@ def test_a_newer_build_asked_moves_every_driver_package_past_its_hold_then_holds
     assert len(commands) == 2
 
 
+def test_a_package_named_after_its_build_is_left_to_the_drivers_dependencies() -> None:
+    # Ubuntu names its firmware package after the build: nvidia-firmware-580-580.95.05.
+    firmware = "hi\tnvidia-firmware-580-580.142\t580.142-0ubuntu1\n"
+    installed = captured("lab-dpkg-query-driver-580-held.txt") + firmware
+    host = held_580({driver.DriverPackages: installed})
+    commands = run_op(driver.branch_held, 580, "nvidia-driver-580-open", NEWER, host=host)
+    assert commands[0].endswith(f"libnvidia-compute-580={NEWER} nvidia-driver-580-open={NEWER}")
+
+
 def test_the_build_asked_already_installed_and_held_yields_nothing() -> None:
     installed = captured("lab-dpkg-query-driver-580-held.txt").replace("580.142-0ubuntu1", NEWER)
     host = held_580({driver.DriverPackages: installed})
