@@ -46,7 +46,8 @@ SMI_QUERY = "nvidia-smi --query-gpu=name,driver_version,compute_cap --format=csv
 # nvidia-smi's first line when the driver's libraries differ from the loaded kernel module (the
 # packages upgraded since the boot), then "NVML library version: 570.124":
 # tinygrad/open-gpu-kernel-modules#47; a reboot loads the installed module,
-# oddmario/NVIDIA-Ubuntu-Driver-Guide#4.
+# oddmario/NVIDIA-Ubuntu-Driver-Guide#4; until then a new container's GPU fails the same way
+# ("nvml error: driver/library version mismatch", NVIDIA/nvidia-container-toolkit#394).
 MISMATCH = "Failed to initialize NVML: Driver/library version mismatch"
 NVML_LIBRARY = "NVML library version: "
 
@@ -189,16 +190,16 @@ def branch_held(
         for name, state in installed.items()
         if state["version"] != version and not BUILD_IN_NAME.search(name)
     )
+    move = bool(version and moved and not install)
     if install:
         yield apt_install(f"{package}={version}" if version else package)
-    elif version and moved:
+    if move:
         yield apt_install(
             "--allow-downgrades",
             "--allow-change-held-packages",
             *(f"{name}={version}" for name in moved),
         )
-        install = True
-    if install or not all(state["held"] for state in installed.values()):
+    if install or move or not all(state["held"] for state in installed.values()):
         # The packages the install brought are not known before it runs: ask dpkg afterwards.
         yield (
             f"{query(DRIVER_FAMILY)} 2>/dev/null"
@@ -235,7 +236,7 @@ def running(branch: int):
         host.log(
             f"the driver's packages (NVML {library or 'library'}) differ from the kernel module"
             " loaded at boot: reboot this box to load the installed driver. Until then nvidia-smi"
-            " fails and containers cannot use the GPU.",
+            " fails and new containers cannot use the GPU.",
             log_func=logger.warning,
         )
         return
