@@ -10,10 +10,7 @@ from collections.abc import Callable
 from fnmatch import fnmatch
 from typing import TYPE_CHECKING
 
-import pytest
-
 from operations.driver import DRIVER_FAMILY, branch_held
-from tests.compliance.conftest import BOXES
 
 if TYPE_CHECKING:
     from tests.compliance.conftest import Box
@@ -68,16 +65,10 @@ def _smi_version(box: Box) -> str:
 
 
 def test_every_box_runs_the_same_driver(
-    box: Box,
-    request: pytest.FixtureRequest,
-    found: Callable[[object], None],
-    note: Callable[[str], None],
+    box: Box, every_box: list[Box], found: Callable[[object], None]
 ) -> None:
     """driver the same on every box"""
-    boxes = request.config.stash[BOXES]
-    if len(boxes) < 2:
-        note("one box checked: no other to compare")
-    versions = {other.name: _smi_version(other) for other in boxes}
+    versions = {other.name: _smi_version(other) for other in every_box}
     mine = versions[box.name]
     # nvidia-smi reports the driver's upstream version: the Debian version's part before "-".
     asked = box.plan.driver.version
