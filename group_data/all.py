@@ -29,6 +29,14 @@ driver_branch = 580
 # DGX OS 7 (NVIDIA/deepops roles/nvidia-dgx/vars/ubuntu-24.04.yml).
 driver_package = "nvidia-driver-580-open"
 
+# None: the build of branch 580 apt installs first, then held (a held box never moves by
+# itself: an upgrade under a loaded module leaves nvidia-smi failing with "Driver/library
+# version mismatch" until a reboot, oddmario/NVIDIA-Ubuntu-Driver-Guide#4). A newer build of the
+# branch (a security fix): its Debian version as `apt-cache madison nvidia-driver-580-open`
+# lists it, e.g. "580.159.04-0ubuntu1"; the deploy moves every driver package there, holds them
+# again and says the box needs a reboot. Another branch is refused before any box is contacted.
+driver_version = None
+
 # Fabric interface -> its RDMA device, both QSFP ports: one QSFP DAC shows two ~200 Gb/s
 # twins; NCCL needs every twin in use in NCCL_IB_HCA or runs at ~3 GB/s (seed 001;
 # dgx-spark-playbooks#102). Port 0 next to the RJ-45 port, port 1 further away

@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 import shlex
 
-from pyinfra import host
+from pyinfra import host, logger
 from pyinfra.api import FactBase, operation
 from pyinfra.api.exceptions import OperationError
 
@@ -38,8 +38,18 @@ DRIVER_FAMILY = (
     "libnvidia-gl*",
 )
 BRANCH_IN_NAME = re.compile(r"-(\d{3})(?=-|$)")  # nvidia-driver-590-open, libnvidia-gl-590
+# A package whose name carries its build (Ubuntu's nvidia-firmware-580-580.95.05): a newer build
+# is another package, brought by the driver's dependencies, never the same name moved.
+BUILD_IN_NAME = re.compile(r"-\d+\.\d+[\d.]*$")
 PIN_PATH = "/etc/apt/preferences.d/nvidia-driver-branch.pref"
 SMI_QUERY = "nvidia-smi --query-gpu=name,driver_version,compute_cap --format=csv,noheader"
+# nvidia-smi's first line when the driver's libraries differ from the loaded kernel module (the
+# packages upgraded since the boot), then "NVML library version: 570.124":
+# tinygrad/open-gpu-kernel-modules#47; a reboot loads the installed module,
+# oddmario/NVIDIA-Ubuntu-Driver-Guide#4; until then a new container's GPU fails the same way
+# ("nvml error: driver/library version mismatch", NVIDIA/nvidia-container-toolkit#394).
+MISMATCH = "Failed to initialize NVML: Driver/library version mismatch"
+NVML_LIBRARY = "NVML library version: "
 
 
 class DriverPackages(PackageStates):
@@ -72,6 +82,26 @@ class NvidiaSmi(FactBase):
         return dict(zip(("name", "driver_version", "compute_cap"), fields, strict=True))
 
 
+class NvmlMismatch(FactBase):
+    """The NVML library version nvidia-smi names when the installed driver's libraries differ
+    from the loaded kernel module (the driver upgraded since the boot): "" if it names none;
+    None when there is no such mismatch.
+
+    .. code:: python
+
+        "580.159"
+    """
+
+    def command(self) -> str:
+        return f"{SMI_QUERY} 2>&1 || true"
+
+    def process(self, output: list[str]) -> str | None:
+        if MISMATCH not in (line.strip() for line in output):
+            return None
+        named = [line.strip()[len(NVML_LIBRARY) :] for line in output if NVML_LIBRARY in line]
+        return named[0] if named else ""
+
+
 def _on_branch(version: str, branch: int) -> bool:
     return version.startswith(f"{branch}.")
 
@@ -96,6 +126,7 @@ def _other_smi_version(smi: dict[str, str] | None, branch: int) -> str | None:
 def branch_held(
     branch: int,
     package: str,
+    version: str | None = None,
     pin_path: str = PIN_PATH,
 ):
     """
@@ -104,6 +135,8 @@ def branch_held(
     + branch: the driver branch, e.g. 580
     + package: the driver package to install when no driver of the branch is, e.g.
       nvidia-driver-580-open (DGX OS 7 ships the -open flavour; an installed one is kept)
+    + version: None (the build apt installs first, kept), or the Debian version of the branch
+      every installed driver package is moved to, up or down, past its hold, and held again
     + pin_path: the apt preferences file: DRIVER_FAMILY at version <branch>.* gets 990, at any
       other version -1, so `apt upgrade` and metapackages such as nvidia-driver-open (590)
       cannot move the box to another branch
@@ -119,6 +152,8 @@ def branch_held(
     """
     if _names_other_branch(package, branch):
         raise OperationError(f"{package} is not a package of driver branch {branch}")
+    if version is not None and not _on_branch(version, branch):
+        raise OperationError(f"{version} is not a version of driver branch {branch}")
     installed = answer(DriverPackages)
     others = {
         name: state["version"]
@@ -149,9 +184,22 @@ def branch_held(
     install = not any(
         name == package or name.startswith(f"nvidia-driver-{branch}") for name in installed
     )
+    # Each driver package at the version asked (they are built together: one version for all).
+    moved = sorted(
+        name
+        for name, state in installed.items()
+        if state["version"] != version and not BUILD_IN_NAME.search(name)
+    )
+    move = bool(version and moved and not install)
     if install:
-        yield apt_install(package)
-    if install or not all(state["held"] for state in installed.values()):
+        yield apt_install(f"{package}={version}" if version else package)
+    if move:
+        yield apt_install(
+            "--allow-downgrades",
+            "--allow-change-held-packages",
+            *(f"{name}={version}" for name in moved),
+        )
+    if install or move or not all(state["held"] for state in installed.values()):
         # The packages the install brought are not known before it runs: ask dpkg afterwards.
         yield (
             f"{query(DRIVER_FAMILY)} 2>/dev/null"
@@ -159,7 +207,8 @@ def branch_held(
             " | xargs -r apt-mark hold"
         )
     else:
-        host.noop(f"driver packages of branch {branch} are installed and held")
+        at = f" at {version}" if version else ""
+        host.noop(f"driver packages of branch {branch} are installed{at} and held")
 
 
 @operation()
@@ -169,8 +218,10 @@ def running(branch: int):
 
     + branch: the driver branch, e.g. 580
 
-    Refuses another branch. When nvidia-smi does not answer (before the driver is installed,
-    in a dry run) it yields a check that runs after the install: it passes when the driver
+    Refuses another branch. When the driver's packages moved since the boot (nvidia-smi:
+    Driver/library version mismatch) it changes nothing and says, at every run until then, that
+    the box needs a reboot. When nvidia-smi does not answer (before the driver is installed, in
+    a dry run) it yields a check that runs after the install: it passes when the driver
     answers then and fails otherwise, asking for the reboot a fresh install needs on real boxes.
     """
     smi = answer(NvidiaSmi)
@@ -179,6 +230,15 @@ def running(branch: int):
         return
     if smi:
         host.noop(f"{smi['name']} runs driver {smi['driver_version']}")
+        return
+    library = answer(NvmlMismatch)
+    if library is not None:
+        host.log(
+            f"the driver's packages (NVML {library or 'library'}) differ from the kernel module"
+            " loaded at boot: reboot this box to load the installed driver. Until then nvidia-smi"
+            " fails and new containers cannot use the GPU.",
+            log_func=logger.warning,
+        )
         return
     message = shlex.quote(
         f"driver {branch} does not answer nvidia-smi: reboot to load it (a fresh install needs"
@@ -195,5 +255,6 @@ def questions() -> list[Question]:
     return [
         question(DriverPackages),
         question(NvidiaSmi),
+        question(NvmlMismatch),
         question(util.RootFiles, paths=(PIN_PATH,)),
     ]

@@ -168,6 +168,12 @@ class HostSettings(BaseModel):
     driver_package: str = Field(
         description=f"nvidia-driver-{SUPPORTED_BRANCH}-open or nvidia-driver-{SUPPORTED_BRANCH}"
     )
+    driver_version: str | None = Field(
+        None,
+        description="None (the build of the branch apt installs first, kept), or a Debian"
+        f" version of branch {SUPPORTED_BRANCH} that `apt-cache madison"
+        f" nvidia-driver-{SUPPORTED_BRANCH}-open` lists, e.g. 580.159.04-0ubuntu1",
+    )
     toolkit_version: Annotated[
         str,
         matching(
@@ -340,6 +346,23 @@ class HostSettings(BaseModel):
                 f" use nvidia-driver-{SUPPORTED_BRANCH}-open or nvidia-driver-{SUPPORTED_BRANCH}"
             )
         return package
+
+    @field_validator("driver_version")
+    @classmethod
+    def _driver_version(cls, version: str | None) -> str | None:
+        if version is None:
+            return None
+        if not DEBIAN_VERSION.fullmatch(version):
+            raise ValueError(
+                f"{version!r} is not a Debian version; use one that `apt-cache madison"
+                f" nvidia-driver-{SUPPORTED_BRANCH}-open` lists, e.g. 580.159.04-0ubuntu1"
+            )
+        if not version.startswith(f"{SUPPORTED_BRANCH}."):
+            raise ValueError(
+                f"{version} is not a build of driver branch {SUPPORTED_BRANCH}; the deploy moves"
+                f" a box within the branch only: use a {SUPPORTED_BRANCH}.x version"
+            )
+        return version
 
     @field_validator("toolkit_repo_url", "toolkit_repo_key_url")
     @classmethod
@@ -595,6 +618,7 @@ class FabricLink(Frozen):
 class Driver(Frozen):
     branch: int
     package: str
+    version: str | None  # None: the build apt installs first, kept
 
 
 class Toolkit(Frozen):
@@ -688,7 +712,11 @@ class HostConfig(Frozen):
             kernel_kho_off=data.fabric_kernel_kho_off,
             take_over_netplan=data.fabric_take_over_netplan,
             kernel_hold=data.kernel_hold,
-            driver=Driver(branch=data.driver_branch, package=data.driver_package),
+            driver=Driver(
+                branch=data.driver_branch,
+                package=data.driver_package,
+                version=data.driver_version,
+            ),
             toolkit=Toolkit(
                 version=data.toolkit_version,
                 repo_url=data.toolkit_repo_url,

@@ -28,6 +28,7 @@ def host_layer(box: BoxPlan) -> None:
         name=f"Driver branch {box.driver.branch}: installed, held, apt pinned",
         branch=box.driver.branch,
         package=box.driver.package,
+        version=box.driver.version,
     )
     driver.running(
         name=f"nvidia-smi reports a {box.driver.branch} driver", branch=box.driver.branch

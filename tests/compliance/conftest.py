@@ -284,6 +284,16 @@ def note(request: pytest.FixtureRequest) -> Callable[[str], None]:
     return record
 
 
+@pytest.fixture
+def every_box(request: pytest.FixtureRequest, note: Callable[[str], None]) -> list[Box]:
+    """Every box checked (--limit narrows them), for a check that compares the boxes; noted
+    where one box alone is checked."""
+    boxes = request.config.stash[BOXES]
+    if len(boxes) < 2:
+        note("one box checked: no other to compare")
+    return boxes
+
+
 def pytest_report_header(config: pytest.Config) -> list[str]:
     boxes = config.stash.get(BOXES, [])
     if not boxes:

@@ -1,4 +1,6 @@
-"""The driver promise: branch 580 installed, held, running, and apt kept off other branches."""
+"""The driver promise: branch 580 installed, held, running, apt kept off other branches, and
+every box of the inventory (those checked: --limit narrows it) running the same driver, the one
+driver_version names where it names one (README: "A newer driver")."""
 
 from __future__ import annotations
 
@@ -19,6 +21,8 @@ PIN_PATH = inspect.signature(branch_held).parameters["pin_path"].default
 SIMULATIONS = ("install nvidia-driver-open", "install nvidia-driver-590-open", "dist-upgrade")
 # Simulated, with empty cache paths: apt keeps its package cache in memory and writes nothing.
 APT_SIMULATE = "apt-get -s -o Dir::Cache::pkgcache= -o Dir::Cache::srcpkgcache="
+SMI = "nvidia-smi --query-gpu=driver_version --format=csv,noheader"
+SMI_FAILED = "nvidia-smi failed:"  # its complaint (NVML's version mismatch) is on stdout
 INST = re.compile(r"^Inst (\S+) (?:\[\S+\] )?\((\S+)", re.M)  # "Inst name [old] (new suite..."
 
 
@@ -49,10 +53,36 @@ def test_driver_packages_held(box: Box, found: Callable[[object], None]) -> None
 def test_nvidia_smi_reports_the_branch(box: Box, found: Callable[[object], None]) -> None:
     """nvidia-smi driver branch"""
     branch = box.plan.driver.branch
-    smi = box.run("nvidia-smi --query-gpu=driver_version --format=csv,noheader")
+    smi = box.run(SMI)
     version = smi.stdout.strip() if smi.rc == 0 else f"nvidia-smi failed: {smi.stderr.strip()}"
     found(version)
     assert version.startswith(f"{branch}."), f"expected a {branch}.x driver, found {version}"
+
+
+def _smi_version(box: Box) -> str:
+    smi = box.run(SMI)
+    return smi.stdout.strip() if smi.rc == 0 else f"{SMI_FAILED} {smi.stdout.strip()}"
+
+
+def test_every_box_runs_the_same_driver(
+    box: Box, every_box: list[Box], found: Callable[[object], None]
+) -> None:
+    """driver the same on every box"""
+    versions = {other.name: _smi_version(other) for other in every_box}
+    mine = versions[box.name]
+    # nvidia-smi reports the driver's upstream version: the Debian version's part before "-".
+    asked = box.plan.driver.version
+    wanted = asked.split("-")[0] if asked else mine
+    others = {
+        name: version
+        for name, version in versions.items()
+        if version != wanted or version.startswith(SMI_FAILED)
+    }
+    found(", ".join(f"{name} {version}" for name, version in others.items()))
+    assert not others, (
+        f"expected every box on driver {wanted}, found {others}; deploy (driver_version moves"
+        " every box to one build) and reboot the boxes whose nvidia-smi fails"
+    )
 
 
 def test_apt_would_not_install_another_branch(box: Box, found: Callable[[object], None]) -> None:

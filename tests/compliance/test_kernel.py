@@ -9,10 +9,7 @@ import inspect
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-import pytest
-
 from operations import kernel
-from tests.compliance.conftest import BOXES
 
 if TYPE_CHECKING:
     from tests.compliance.conftest import Box
@@ -46,16 +43,10 @@ def test_kernel_held(box: Box, found: Callable[[object], None]) -> None:
 
 
 def test_every_box_runs_the_same_kernel(
-    box: Box,
-    request: pytest.FixtureRequest,
-    found: Callable[[object], None],
-    note: Callable[[str], None],
+    box: Box, every_box: list[Box], found: Callable[[object], None]
 ) -> None:
     """kernel the same on every box"""
-    boxes = request.config.stash[BOXES]
-    if len(boxes) < 2:
-        note("one box checked: no other to compare")
-    releases = {other.name: _running(other)["release"] for other in boxes}
+    releases = {other.name: _running(other)["release"] for other in every_box}
     mine = releases[box.name]
     others = {name: release for name, release in releases.items() if release != mine}
     found(", ".join(f"{name} {release}" for name, release in others.items()))  # not this one's

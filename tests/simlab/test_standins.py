@@ -75,6 +75,21 @@ def test_dgx_repository_has_both_branches_and_the_metapackage(repos: Path) -> No
     assert {name for name, _version in index} >= set(standins.DISTRIBUTION_PACKAGES)
 
 
+def test_updates_repository_has_the_newer_580_build_only_signed_as_the_archive(
+    repos: Path,
+) -> None:
+    newer = "580.159.03-0ubuntu1"  # after the archive's 580.142-0ubuntu1, same branch
+    assert packages_index(repos / standins.DGX_UPDATES) == {
+        ("libnvidia-compute-580", newer),
+        ("nvidia-driver-580-open", newer),
+    }
+    keyring = repos / DGX_DIR / "archive-keyring.gpg"  # the one every lab host trusts
+    assert (
+        run("gpgv", "--keyring", keyring, repos / standins.DGX_UPDATES / "InRelease").returncode
+        == 0
+    )
+
+
 def test_toolkit_repository_has_two_releases_of_each_package(repos: Path) -> None:
     names = ["nvidia-container-toolkit", "nvidia-container-toolkit-base",
              "libnvidia-container-tools", "libnvidia-container1"]  # fmt: skip
@@ -266,6 +281,49 @@ def smi(repos: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path
         / "usr/bin/nvidia-smi"
         for branch, (version, _cuda) in standins.DRIVER_BRANCHES.items()
     }
+
+
+def test_driver_postinst_records_the_module_an_upgrade_leaves_loaded(
+    repos: Path, tmp_path: Path
+) -> None:
+    deb = repos / standins.DGX_UPDATES / "nvidia-driver-580-open_580.159.03-0ubuntu1_all.deb"
+    subprocess.run(["dpkg-deb", "-e", str(deb), str(tmp_path / "control")], check=True)
+    # The script as shipped, its record moved here (it writes /run/simlab-nvidia-module).
+    record = tmp_path / "loaded"
+    script = (tmp_path / "control/postinst").read_text()
+    assert standins.LOADED_MODULE in script
+    postinst = tmp_path / "postinst"
+    postinst.write_text(script.replace(standins.LOADED_MODULE, str(record)))
+    # dpkg's calls (Debian policy 6.5): a fresh install, then an upgrade from 580.142.
+    assert run("sh", postinst, "configure", "").returncode == 0
+    assert not record.exists()  # nothing was loaded before: the installed module is
+    assert run("sh", postinst, "configure", "580.142-0ubuntu1").returncode == 0
+    assert record.read_text() == "580.142\n"
+    # A second move before the reboot keeps the module loaded at boot.
+    assert run("sh", postinst, "configure", "580.159.03-0ubuntu1").returncode == 0
+    assert record.read_text() == "580.142\n"
+
+
+def test_smi_after_an_upgrade_fails_as_nvml_does_until_the_reboot(
+    repos: Path, tmp_path: Path
+) -> None:
+    newer = extract(
+        repos, standins.DGX_UPDATES, "nvidia-driver-580-open", "580.159.03-0ubuntu1", tmp_path
+    )
+    smi = newer / "usr/bin/nvidia-smi"
+    record = tmp_path / "loaded"
+    loaded = {"SIMLAB_LOADED_MODULE": str(record), "PATH": os.environ["PATH"]}
+    query = ("--query-gpu=driver_version", "--format=csv,noheader")
+    record.write_text("580.142\n")
+    mismatch = run(smi, *query, env=loaded)
+    # tinygrad/open-gpu-kernel-modules#47's two lines, the library's major.minor version.
+    assert mismatch.stdout == (
+        "Failed to initialize NVML: Driver/library version mismatch\n"
+        "NVML library version: 580.159\n"
+    )
+    assert mismatch.returncode != 0
+    record.unlink()  # rebooted: /run emptied, the installed module loaded
+    assert run(smi, *query, env=loaded).stdout == "580.159.03\n"
 
 
 @pytest.mark.parametrize("driver", ["580.142", "590.48"])

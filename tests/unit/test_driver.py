@@ -13,6 +13,9 @@ Captures:
   (week-02-first-local-model/ollama-model-in-llamacpp.md, "=== Driver ===").
 - public-nvidia-smi-no-driver.txt: real. nvidia-smi with no driver loaded, as
   ci-for-research/self-hosted-runners issue 40 quotes it.
+- issue-nvidia-smi-version-mismatch.txt: real. nvidia-smi on a box whose driver libraries
+  (570.124.04) differ from its loaded kernel module, as tinygrad/open-gpu-kernel-modules issue
+  47 quotes it.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ from __future__ import annotations
 import fnmatch
 import re
 from pathlib import Path
+from typing import Any
 
 import pytest
 from pyinfra.api.exceptions import OperationError
@@ -27,6 +31,7 @@ from pyinfra.api.exceptions import OperationError
 from operations import driver
 from tests.unit import private_apt
 from tests.unit.harness import FakeHost, captured, file_facts, process, refusal, run_op
+from tests.unit.test_kernel import LoggingHost
 
 PIN = "/etc/apt/preferences.d/nvidia-driver-branch.pref"
 HOLD = "xargs -r apt-mark hold"
@@ -72,6 +77,31 @@ def test_nvidia_smi_reads_gb10() -> None:
 @pytest.mark.parametrize("output", ["", captured("public-nvidia-smi-no-driver.txt")])
 def test_nvidia_smi_absent_or_without_driver_is_none(output: str) -> None:
     assert process(driver.NvidiaSmi, output) is None
+
+
+def test_nvml_mismatch_names_the_library_version() -> None:
+    # The capture's second line: "NVML library version: 570.124".
+    output = captured("issue-nvidia-smi-version-mismatch.txt")
+    assert process(driver.NvmlMismatch, output) == "570.124"
+    assert process(driver.NvidiaSmi, output) is None  # no CSV to read
+
+
+@pytest.mark.parametrize(
+    "output",
+    ["", captured("public-nvidia-smi-no-driver.txt"), captured("public-nvidia-smi-gb10-query.txt")],
+)
+def test_no_nvml_mismatch_is_none(output: str) -> None:
+    assert process(driver.NvmlMismatch, output) is None
+
+
+def test_nvml_mismatch_without_the_library_line_is_empty() -> None:
+    first = captured("issue-nvidia-smi-version-mismatch.txt").splitlines()[0]
+    assert process(driver.NvmlMismatch, first) == ""
+
+
+def test_nvml_mismatch_command_keeps_nvidia_smis_complaint() -> None:
+    command = driver.NvmlMismatch().command()
+    assert command.startswith("nvidia-smi --query-gpu=") and command.endswith("2>&1 || true")
 
 
 def test_family_patterns_spare_the_container_toolkit() -> None:
@@ -135,6 +165,65 @@ def test_installed_but_partly_held_only_holds() -> None:
     assert len(commands) == 1 and HOLD in commands[0]
 
 
+NEWER = "580.159.03-0ubuntu1"  # a later 580 build than the lab capture's 580.142
+
+
+def held_580(facts: dict[Any, str] | None = None) -> FakeHost:
+    """The lab's box after a deploy: 580.142 installed and held, pinned, its driver loaded."""
+    return FakeHost(
+        {
+            driver.DriverPackages: captured("lab-dpkg-query-driver-580-held.txt"),
+            driver.NvidiaSmi: captured("public-nvidia-smi-gb10-query.txt"),
+            **file_facts({PIN: pin_text()}),
+            **(facts or {}),
+        }
+    )
+
+
+def test_a_newer_build_asked_moves_every_driver_package_past_its_hold_then_holds() -> None:
+    commands = run_op(driver.branch_held, 580, "nvidia-driver-580-open", NEWER, host=held_580())
+    # The capture's two packages, both at 580.142-0ubuntu1, each asked at the newer build.
+    assert commands[0] == (
+        "apt-get update -qq && DEBIAN_FRONTEND=noninteractive"
+        " apt-get -o DPkg::Lock::Timeout=600 install -y"
+        " -o Dpkg::Options::=--force-confdef -o Dpkg::Options::=--force-confold"
+        " --allow-downgrades --allow-change-held-packages"
+        f" libnvidia-compute-580={NEWER} nvidia-driver-580-open={NEWER}"
+    )
+    assert HOLD in commands[1] and "$3 ~ /^580\\./" in commands[1]
+    assert len(commands) == 2
+
+
+def test_a_package_named_after_its_build_is_left_to_the_drivers_dependencies() -> None:
+    # Ubuntu names its firmware package after the build: nvidia-firmware-580-580.95.05.
+    firmware = "hi\tnvidia-firmware-580-580.142\t580.142-0ubuntu1\n"
+    installed = captured("lab-dpkg-query-driver-580-held.txt") + firmware
+    host = held_580({driver.DriverPackages: installed})
+    commands = run_op(driver.branch_held, 580, "nvidia-driver-580-open", NEWER, host=host)
+    assert commands[0].endswith(f"libnvidia-compute-580={NEWER} nvidia-driver-580-open={NEWER}")
+
+
+def test_the_build_asked_already_installed_and_held_yields_nothing() -> None:
+    installed = captured("lab-dpkg-query-driver-580-held.txt").replace("580.142-0ubuntu1", NEWER)
+    host = held_580({driver.DriverPackages: installed})
+    assert run_op(driver.branch_held, 580, "nvidia-driver-580-open", NEWER, host=host) == []
+    assert f"driver packages of branch 580 are installed at {NEWER} and held" in host.noops
+
+
+def test_a_fresh_host_gets_the_build_asked() -> None:
+    host = FakeHost({driver.DriverPackages: "", driver.NvidiaSmi: "", **file_facts({PIN: None})})
+    commands = run_op(driver.branch_held, 580, "nvidia-driver-580-open", NEWER, host=host)
+    install = next(c for c in commands if "install -y" in c)
+    assert install.endswith(f"--force-confold nvidia-driver-580-open={NEWER}")
+
+
+def test_a_version_of_another_branch_is_refused() -> None:
+    with pytest.raises(OperationError, match=r"590\.48\.01-0ubuntu1 is not a version of driver"):
+        run_op(
+            driver.branch_held, 580, "nvidia-driver-580-open", "590.48.01-0ubuntu1", host=held_580()
+        )
+
+
 def test_an_installed_580_flavour_is_kept() -> None:
     # The closed-module flavour is installed: no -open package is forced on top of it.
     output = captured("lab-dpkg-query-driver-580-held.txt").replace(
@@ -194,10 +283,19 @@ def test_running_driver_of_the_branch_yields_nothing() -> None:
 
 
 def test_running_without_an_answer_yields_a_check_that_asks_for_a_reboot() -> None:
-    host = FakeHost({driver.NvidiaSmi: captured("public-nvidia-smi-no-driver.txt")})
+    no_driver = captured("public-nvidia-smi-no-driver.txt")
+    host = FakeHost({driver.NvidiaSmi: no_driver, driver.NvmlMismatch: no_driver})
     (check,) = run_op(driver.running, 580, host=host)
     assert "grep -q '^580\\.'" in check
     assert "reboot" in check and check.endswith(">&2; false; }")
+
+
+def test_running_after_an_upgrade_changes_nothing_and_asks_for_a_reboot() -> None:
+    mismatch = captured("issue-nvidia-smi-version-mismatch.txt")
+    host = LoggingHost({driver.NvidiaSmi: mismatch, driver.NvmlMismatch: mismatch})
+    assert run_op(driver.running, 580, host=host) == []
+    (warning,) = host.logged
+    assert "NVML 570.124" in warning and "reboot this box to load the installed driver" in warning
 
 
 def test_running_another_branch_is_refused() -> None:
@@ -277,6 +375,28 @@ def test_the_pin_refuses_590_and_allows_580_and_the_toolkit(repo: Path) -> None:
         "libnvidia-container1 (1.19.0-1",
     ):
         assert f"Inst {package}" in plan, plan
+
+
+def test_a_held_580_moves_to_the_build_asked_under_real_apt(repo: Path) -> None:
+    held = INSTALLED_580.replace("install ok installed", "hold ok installed")
+    box = apt(repo, "held", pin_text(), held)
+    asked = "580.150-0ubuntu1"  # the repository's other 580 build
+    installed = captured("lab-dpkg-query-driver-580-held.txt")  # the same two packages, held
+    host = FakeHost(
+        {driver.DriverPackages: installed, driver.NvidiaSmi: "", **file_facts({PIN: pin_text()})}
+    )
+    command = run_op(driver.branch_held, 580, "nvidia-driver-580-open", asked, host=host)[0]
+    options = command.split(" install -y ", 1)[1]
+    # The control: without leave to change held packages apt refuses (-y: as the deploy asks).
+    refused = box.run(
+        f"apt-get install -s -y nvidia-driver-580-open={asked} libnvidia-compute-580={asked}",
+        check=False,
+    )
+    assert "E: Held packages were changed and -y was used without" in refused, refused
+    plan = box.run(f"apt-get install -s {options}")
+    for name in ("nvidia-driver-580-open", "libnvidia-compute-580"):
+        assert f"Inst {name} [580.142-0ubuntu1] ({asked}" in plan, plan
+    assert "590" not in plan
 
 
 def test_the_pin_lets_an_installed_580_upgrade_within_its_branch_only(repo: Path) -> None:

@@ -1,9 +1,11 @@
 """Stand-ins for NVIDIA's apt packages, served to the lab's hosts from local signed repositories.
 
-The lab's hosts reach no registry, so two flat apt repositories take the place of NVIDIA's:
+The lab's hosts reach no registry, so flat apt repositories take the place of NVIDIA's:
 `dgx/` of the DGX OS archive (driver branches 580 and 590 and the metapackage that follows the
-newest branch) and `nvidia-container-toolkit/` of NVIDIA's container-toolkit repository (two
-releases, so that pinning one means something). The packages carry the real names, versions and
+newest branch), `dgx-updates/` of a later state of that archive (a newer build of branch 580,
+signed with the same key, in no host's sources until a test adds it) and
+`nvidia-container-toolkit/` of NVIDIA's container-toolkit repository (two releases, so that
+pinning one means something). The packages carry the real names, versions and
 relationships; their programs (files/) answer like the real ones where the deploy looks. Each
 repository is signed with its own throwaway key, made on the first build and kept beside it.
 """
@@ -24,9 +26,25 @@ from tests.simlab.rootfs import ensure_host_tools
 
 FILES = Path(__file__).parent / "files"
 DGX = "dgx"
+DGX_UPDATES = "dgx-updates"
 TOOLKIT = "nvidia-container-toolkit"
 # Driver branch -> (package version, CUDA version its nvidia-smi reports).
 DRIVER_BRANCHES = {"580": ("580.142-0ubuntu1", "13.0"), "590": ("590.48-0ubuntu1", "13.1")}
+# The newer 580 build dgx-updates/ serves: 580.159.03, the driver a real DGX Spark reports in
+# tests/unit/captured/public-nvidia-smi-gb10-query.txt, after 580.142 (both NVIDIA open kernel
+# module releases, packaged as nvidia-open-gpu-kernel-modules 580.142 and 580.159.x).
+DRIVER_UPDATES = {"580": ("580.159.03-0ubuntu1", "13.0")}
+# Where the stand-in nvidia-smi reads the version of the "loaded kernel module": absent after a
+# boot (the module loaded is the installed one); an upgrade writes the version it replaced
+# (the postinst below), as the running module stays until the box reboots (/run is a tmpfs).
+LOADED_MODULE = "/run/simlab-nvidia-module"
+DRIVER_POSTINST = f"""#!/bin/sh
+set -e
+# configure <version replaced>: an upgrade or downgrade leaves the module loaded before it.
+if [ "$1" = configure ] && [ -n "$2" ] && [ ! -e {LOADED_MODULE} ]; then
+    echo "${{2%%-*}}" > {LOADED_MODULE}
+fi
+"""
 TOOLKIT_VERSIONS = ["1.19.0-1", "1.18.0-1"]
 # Ubuntu packages the deploy installs and a box's archive serves (the firewall's nft, the lanes'
 # front): the real Debian packages of this machine's release, which the lab's hosts run.
@@ -50,12 +68,14 @@ class Package:
     programs: dict[str, str] = field(default_factory=dict)
     # @TOKEN@ -> value, filled into the programs.
     tokens: dict[str, str] = field(default_factory=dict)
+    # Maintainer script name (postinst...) -> its text.
+    scripts: dict[str, str] = field(default_factory=dict)
 
 
-def dgx_packages() -> list[Package]:
-    """The DGX OS archive's driver packages: one per branch, and the newest-branch metapackage."""
+def driver_packages(branches: dict[str, tuple[str, str]]) -> list[Package]:
+    """The driver packages of each branch at its version: the library and the driver."""
     packages = []
-    for branch, (version, cuda) in DRIVER_BRANCHES.items():
+    for branch, (version, cuda) in branches.items():
         packages.append(
             Package(f"libnvidia-compute-{branch}", version, "NVIDIA libcompute package", "libs")
         )
@@ -73,9 +93,20 @@ def dgx_packages() -> list[Package]:
                     "Replaces": "nvidia-driver-binary",
                 },
                 programs={"/usr/bin/nvidia-smi": "nvidia-smi"},
-                tokens={"@DRIVER_VERSION@": version.split("-")[0], "@CUDA_VERSION@": cuda},
+                tokens={
+                    "@DRIVER_VERSION@": version.split("-")[0],
+                    "@CUDA_VERSION@": cuda,
+                    "@LOADED_MODULE@": LOADED_MODULE,
+                },
+                scripts={"postinst": DRIVER_POSTINST},
             )
         )
+    return packages
+
+
+def dgx_packages() -> list[Package]:
+    """The DGX OS archive's driver packages: one per branch, and the newest-branch metapackage."""
+    packages = driver_packages(DRIVER_BRANCHES)
     newest = max(DRIVER_BRANCHES, key=int)
     packages.append(
         Package(
@@ -147,6 +178,7 @@ def build_repositories(dest: Path) -> None:
     dest.mkdir(parents=True, exist_ok=True)
     for repo, packages, origin in [
         (DGX, dgx_packages(), "DGX OS (simulated-lab stand-in)"),
+        (DGX_UPDATES, driver_packages(DRIVER_UPDATES), "DGX OS (simulated-lab stand-in)"),
         (TOOLKIT, toolkit_packages(), "NVIDIA container toolkit (simulated-lab stand-in)"),
     ]:
         repo_dir = dest / repo
@@ -158,11 +190,13 @@ def build_repositories(dest: Path) -> None:
             _build_deb(package, repo_dir)
         if repo == DGX:
             _download(DISTRIBUTION_PACKAGES, repo_dir)
-        with gnupg_home(dest / f".gnupg-{repo}") as home:
+        # The updates are the DGX OS archive's, signed with its key.
+        key_of = DGX if repo == DGX_UPDATES else repo
+        with gnupg_home(dest / f".gnupg-{key_of}") as home:
             fingerprint = _signing_key(home, f"{origin} signing key")
             _write_indexes(repo_dir, origin)
             _sign(home, fingerprint, repo_dir)
-            if repo == DGX:
+            if repo in (DGX, DGX_UPDATES):
                 # The base image's sources name it in signed-by: a binary keyring.
                 _export(home, fingerprint, repo_dir / "archive-keyring.gpg")
             else:
@@ -213,6 +247,9 @@ def _build_deb(package: Package, repo_dir: Path) -> None:
         }
         (stage / "DEBIAN").mkdir()
         (stage / "DEBIAN/control").write_text("".join(f"{k}: {v}\n" for k, v in control.items()))
+        for name, text in package.scripts.items():
+            (stage / "DEBIAN" / name).write_text(text)
+            (stage / "DEBIAN" / name).chmod(0o755)
         for path in [stage, *stage.rglob("*")]:
             if path.is_dir():
                 path.chmod(0o755)
