@@ -13,7 +13,7 @@ from pyinfra import host, inventory, state
 from stages import run_summary, settings
 from stages.teardown import options, teardown_box
 
-run_summary.register(state)  # after the run, one line per box: converged, or where it stopped
+run_summary.register(state, "torn down")  # after the run, one line per box
 # pyinfra asks before it acts only when it looks for changes first (without -y).
 teardown_box(
     settings.plan(inventory).box(host.name),

@@ -33,10 +33,10 @@ def serving(run: State, box: Host) -> bool:
     return failed is not None and failed[0].startswith(f"{CLUSTER} | ")
 
 
-def outcomes(run: State) -> dict[str, str]:
+def outcomes(run: State, done: str = CONVERGED) -> dict[str, str]:
     """Each box of the run (those the run connected to or tried to), in inventory order:
-    "converged", or "stopped at <operation>: <why>", "converged on its own" first where it
-    stopped in the cluster stage."""
+    ``done`` ("converged" for a deploy), or "stopped at <operation>: <why>", "converged on its
+    own" first where it stopped in the cluster stage."""
     failed = set(run.failed_hosts)
     rows = {}
     for box in run.inventory:
@@ -44,7 +44,7 @@ def outcomes(run: State) -> dict[str, str]:
             own = f"{ON_ITS_OWN}; " if serving(run, box) else ""
             rows[box.name] = f"{own}stopped at {stopped_at(run, box)}"
         elif box in run.activated_hosts:
-            rows[box.name] = CONVERGED
+            rows[box.name] = done
     return rows
 
 
@@ -58,7 +58,8 @@ class RunSummary(BaseStateCallback):
     """Once the operations ran (pyinfra's results printed, or every box failed): the table.
     A --dry run runs none: its refusals are logged as the deploy is prepared instead."""
 
-    def __init__(self) -> None:
+    def __init__(self, done: str = CONVERGED) -> None:
+        self.said = done
         self.done = False
 
     def host_disconnect(self, state: State, host: Host) -> None:
@@ -67,13 +68,14 @@ class RunSummary(BaseStateCallback):
         if self.done or state.current_stage not in (StateStage.Execute, StateStage.Disconnect):
             return
         self.done = True
-        rows = outcomes(state)
+        rows = outcomes(state, self.said)
         if rows:
             click.echo("--> Boxes:", err=True)
             click.echo(table(rows), err=True)
 
 
-def register(state: State) -> None:
-    """Print the table after the run (call from deploy.py; once per run is kept)."""
+def register(state: State, done: str = CONVERGED) -> None:
+    """Print the table after the run, ``done`` for a box that went through (call from deploy.py
+    or teardown.py; once per run is kept)."""
     if not any(isinstance(handler, RunSummary) for handler in state.callback_handlers):
-        state.add_callback_handler(RunSummary())
+        state.add_callback_handler(RunSummary(done))

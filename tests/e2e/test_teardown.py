@@ -66,6 +66,7 @@ def test_teardown_of_a_box_leaving_the_cluster_then_the_pair_again(
     # As the README shows it: pyinfra shows what would change and waits for Enter.
     torn = output_of(pyinfra(INVENTORY, "teardown.py", "--limit", spark_2.name, typed=True))
     assert "Press enter to execute" in torn
+    assert f"{spark_2.name}  torn down" in torn
     assert left_on(spark_2) == []
     # What the teardown leaves unless asked: the models, the driver's pin, the fabric profiles.
     kept = "ls -d /var/lib/spark/models /etc/apt/preferences.d/nvidia-driver-branch.pref"

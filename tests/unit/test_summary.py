@@ -105,3 +105,15 @@ def test_register_adds_one_handler_per_run() -> None:
         BaseStateCallback,
         summary.RunSummary,
     ]
+
+
+def test_a_teardown_says_torn_down_where_a_deploy_says_converged(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    run = SimpleNamespace(callback_handlers=[])
+    run.add_callback_handler = run.callback_handlers.append
+    summary.register(run, "torn down")  # teardown.py's words
+    run.callback_handlers[0].host_disconnect(four_boxes(), Box("spark-1"))
+    lines = capsys.readouterr().err.splitlines()
+    assert lines[1:3] == ["    spark-1  torn down", "    spark-2  torn down"]
+    assert lines[4] == f"    spark-4  stopped at {LANE}: {TAKEN.removeprefix('spark-4: ')}"
