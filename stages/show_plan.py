@@ -76,7 +76,9 @@ def box_text(box: BoxPlan) -> str:
     out += rows(
         "host layer",
         [
-            f"driver {box.driver.package} (branch {box.driver.branch}) held, apt pinned",
+            f"driver {box.driver.package}"
+            f" {box.driver.version or 'at the build apt installs first'}"
+            f" (branch {box.driver.branch}) held, apt pinned",
             f"kernel {'held at the running ABI, apt pinned' if box.kernel.hold else 'not held'}",
             f"NVIDIA container toolkit {box.toolkit.version}, docker's nvidia runtime",
         ],

@@ -343,6 +343,10 @@ def test_make_plan_prints_every_box_of_the_owners_inventory_without_reaching_one
         "  metrics     node exporter on 127.0.0.1:9101, nginx on 9100 asking the metrics key;"
         " collected every 30 s\n" in shown.stdout
     )
+    # group_data: driver_version None (the build apt installs first, kept: operations/driver.py)
+    assert "driver nvidia-driver-580-open at the build apt installs first (branch 580)" in (
+        shown.stdout
+    )
     as_json = show("--inventory", "inventories/lab.py", "--json", "--box", "spark-2.local")
     read = Plan.model_validate_json(as_json.stdout)
     assert [each.name for each in read.boxes] == ["spark-2.local"]
