@@ -13,8 +13,10 @@ machines are noisy), prints a table and writes it as JSON (bench-results.json):
 - pyinfra with an empty deploy (start, validate, connect, disconnect): the floor of any run;
 - the limit: the distinct fact commands of the no-change run, asked of each host in one SSH
   session as one script under one sudo, hosts in parallel;
+- `make status` (stages/status.py: every box's metrics endpoint, no SSH; issue 28 asks under 2 s
+  for 8 boxes), with each box's metrics key copied as the README says;
 - on a lab of --hosts bare hosts (0 skips it): one first converge, the same no-change runs,
-  empty deploy and limit.
+  empty deploy, limit and `make status`.
 
 Remote commands are counted on the hosts, not in the code: sshd logs every session (each
 command and file transfer) once this script sets LogLevel VERBOSE there; its journal is read
@@ -33,10 +35,12 @@ import shlex
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+from operations.metrics import KEY_PATH
 from tests.conftest import reimage_all
 from tests.e2e.test_host_layer import changes
 from tests.simlab import lab as simlab
@@ -190,6 +194,20 @@ def limit(lab: simlab.Lab, asked: dict[str, list[str]]) -> dict:
     return {"seconds": seconds, "sessions": sessions}
 
 
+def status(lab: simlab.Lab, keys: Path) -> dict:
+    """`make status` once: its wall time and exit status (1 where a row is red), and the SSH
+    sessions the hosts saw meanwhile (none: it reads the metrics endpoints)."""
+    cursors = {host.name: cursor(host) for host in lab.hosts}
+    argv = [sys.executable, "-m", "stages.status", "--inventory", INVENTORY]
+    argv += ["--keys-dir", str(keys)]
+    start = time.monotonic()
+    result = subprocess.run(argv, cwd=REPO, env=dict(os.environ, SIMLAB_STATE=str(STATE)),
+                            capture_output=True, text=True)  # fmt: skip
+    seconds = time.monotonic() - start
+    sessions = {host.name: sessions_since(host, cursors[host.name]) for host in lab.hosts}
+    return {"seconds": seconds, "sessions": sessions, "exit": result.returncode}
+
+
 def available_gib() -> float:
     """MemAvailable of this machine, which runs every lab host."""
     for line in Path("/proc/meminfo").read_text().splitlines():
@@ -211,13 +229,19 @@ def summarize(runs: list[dict]) -> dict[str, object]:
 def converged_lab(lab: simlab.Lab, reps: int) -> dict[str, dict]:
     """The no-change variants, the empty deploy and the limit, alternating in each repetition."""
     asked = questions(lab)
-    runs: dict[str, list[dict]] = {name: [] for name in [*VARIANTS, "empty_deploy", "limit"]}
+    keys = Path(tempfile.mkdtemp(prefix="bench-metrics-keys-"))
+    for host in lab.hosts:  # each box's metrics key, one file per box (README)
+        (keys / f"{host.name}.key").write_text(simlab.ssh(host, f"sudo cat {KEY_PATH}"))
+    names = [*VARIANTS, "empty_deploy", "limit", "status"]
+    runs: dict[str, list[dict]] = {name: [] for name in names}
     for _ in range(reps):
         for name, yes in VARIANTS.items():
             runs[name].append(no_change(lab, yes))
         runs["empty_deploy"].append(pyinfra(lab, EMPTY_DEPLOY))
         runs["limit"].append(limit(lab, asked))
+        runs["status"].append(status(lab, keys))
     results = {name: summarize(entries) for name, entries in runs.items()}
+    results["status"]["exits"] = sorted({run["exit"] for run in runs["status"]})
     results["questions_per_host"] = sorted({len(q) for q in asked.values()})
     return results
 
@@ -239,6 +263,7 @@ LABELS = {
     "no_change_confirm": "no-change re-run, without -y (change detection, Enter)",
     "empty_deploy": "pyinfra with an empty deploy (start + connect)",
     "limit": "limit: one SSH session, one script per host",
+    "status": "make status (metrics endpoints, no SSH)",
 }
 
 
