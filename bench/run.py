@@ -151,10 +151,18 @@ def fact_commands(output: str) -> dict[str, list[str]]:
     """The commands pyinfra's --debug output says it ran on each host, in order: with nothing to
     change, each is one fact's command (pyinfra runs it as ``sudo -H -n sh -c '<command>'``)."""
     sent: dict[str, list[str]] = {}
-    for line in output.splitlines():
+    lines = iter(output.splitlines())
+    for line in lines:
         if match := COMMAND_LINE.search(line):
             name, command = match.groups()
-            argv = shlex.split(command)
+            argv = None
+            while argv is None:
+                try:
+                    argv = shlex.split(command)
+                except ValueError:  # a script of several lines (nmcli.py's netplan reader)
+                    if (more := next(lines, None)) is None:
+                        raise RuntimeError(f"a command left open: {command}") from None
+                    command += "\n" + more
             if argv[:5] != ["sudo", "-H", "-n", "sh", "-c"] or len(argv) != 6:
                 raise RuntimeError(f"not a fact command of this deploy: {command}")
             sent.setdefault(name, []).append(argv[5])

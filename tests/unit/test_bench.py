@@ -82,3 +82,13 @@ def test_summaries_and_ratios() -> None:
     assert ratios["no_change_confirm / no_change, 8 hosts (medians)"] == round(5 / 4.5, 2)
     text = run.table({"labs": {"2": lab(1)}, "ratios": ratios})
     assert "no-change re-run, -y " in text and "limit: one SSH session" in text
+
+
+def test_a_command_of_several_lines_is_read_whole() -> None:
+    # By hand, in the form of pyinfra's --debug line: a fact whose command holds a script of
+    # two lines (as nmcli.py's netplan reader does) is logged across two lines.
+    head = "[pyinfra.connectors.ssh] Running command on spark-1: (pty=False) "
+    output = f"{head}sudo -H -n sh -c 'python3 -c \"import sys\n print(1)\"'\nnext line"
+    assert run.fact_commands(output) == {"spark-1": ['python3 -c "import sys\n print(1)"']}
+    with pytest.raises(RuntimeError, match="a command left open"):
+        run.fact_commands(f"{head}sudo -H -n sh -c 'python3")
