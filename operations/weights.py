@@ -443,7 +443,8 @@ def room_for(
 def models_pruned(models_dir: str, in_use: list[str]):
     """
     Remove the models in the cache no lane of the box uses any more (prune_unused), saying each
-    with its size; a fetch of one still running is stopped first.
+    with its size; a fetch of one still running is stopped and disabled first (enabled, it
+    would start again at boot).
 
     + models_dir: the Hugging Face cache on the box the lanes mount
     + in_use: the models the box's lanes serve (kept)
@@ -456,7 +457,7 @@ def models_pruned(models_dir: str, in_use: list[str]):
     for name, size in unused.items():
         host.log(f"{name}: removed ({gb(size)}, no lane of this box uses it)")
         yield (
-            f"systemctl stop {shlex.quote(fetch_unit(name))} 2>/dev/null;"
+            f"systemctl disable --now {shlex.quote(fetch_unit(name))} 2>/dev/null;"
             f" rm -rf {shlex.quote(hf_cache_dir(models_dir, name))}"
         )
 

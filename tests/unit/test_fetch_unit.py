@@ -222,9 +222,9 @@ def test_prune_removes_the_models_no_lane_uses_saying_each_with_its_size() -> No
     host = FakeHost({weights.CacheRoom: ROOM}, name="spark-2")
     commands = run_op(weights.models_pruned, MODELS, ["org/used", MODEL], host=host)
     assert commands == [
-        "systemctl stop spark-fetch-org--old.service 2>/dev/null;"
+        "systemctl disable --now spark-fetch-org--old.service 2>/dev/null;"
         f" rm -rf {MODELS}/hub/models--org--old",
-        "systemctl stop spark-fetch-other--small.service 2>/dev/null;"
+        "systemctl disable --now spark-fetch-other--small.service 2>/dev/null;"
         f" rm -rf {MODELS}/hub/models--other--small",
     ]
     assert host.logs == [
