@@ -236,6 +236,12 @@ hf_endpoint = "https://huggingface.co"
 # fetches from the hub itself.
 fleet_copy_weights = True
 
+# True: each deploy removes the cached models and the serving images no lane of the box uses any
+# more, naming each with its size. Never by default: a model is hours of download and an image
+# may serve what the owner runs by hand (docker's `image prune -a` asks before it removes an image
+# no container uses: docker's reference); False: a box without room names them instead.
+prune_unused = False
+
 # The lanes' front (operations/front.py): nginx owns each lane's port and asks the lane's key on
 # every path; vLLM itself listens on 127.0.0.1 (its --api-key leaves /invocations, /tokenize and
 # /metrics open: vLLM's security guide). Client networks it admits ([] admits any; each lane still

@@ -119,6 +119,29 @@ def too_little_room(image: str, size: int, room: dict) -> str | None:
     )
 
 
+@operation()
+def images_pruned(keep: list[str]):
+    """
+    Remove the images no container uses and no lane of the box names (prune_unused), saying
+    each with its size. An image without a tag is left: a digest pin's keeps none (lanes.py
+    local_name), and DockerRoom does not tell it from another.
+
+    + keep: the serving images of the box's lanes
+    """
+    names = {name.partition("@")[0] for name in keep}
+    unused = [
+        image
+        for image in answer(DockerRoom)["images"]
+        if image["names"] and not image["used"] and not names & set(image["names"])
+    ]
+    if not unused:
+        host.noop("no image is unused")
+        return
+    for image in unused:
+        host.log(f"{', '.join(image['names'])}: removed ({gb(image['size'])}, no lane uses it)")
+        yield f"docker image rm {shlex.quote(image['id'])}"
+
+
 def verify_pin(image: str, box: str) -> str:
     """For ``repo:tag@sha256:...``: fail unless the image's RepoDigests hold repo@sha256:...
     (what docker records of the manifest it pulled: `docker image inspect`)."""

@@ -9,6 +9,7 @@ it is a copy (issue 13: 175 Gb/s and more between two Sparks).
 
 from __future__ import annotations
 
+import fnmatch
 import json
 import shlex
 from pathlib import Path
@@ -346,25 +347,80 @@ def gb(size: int) -> str:
     return f"{size / 1e9:.1f} GB"
 
 
+class HubListing(FactBase):
+    """Each file's size in the hub's listing of ``model`` at ``main``, read on the box (the hub
+    it fetches from), the token from its root-only file on curl's stdin, never in argv; {} when
+    the hub does not answer. The listing: huggingface_hub hf_api.py ``model_info`` (GET
+    {endpoint}/api/models/{repo_id}/revision/{revision}; ``files_metadata`` asks ``blobs=true``,
+    giving each sibling its ``size``), as files/spark_fetch.py reads it.
+
+    .. code:: python
+
+        {"config.json": 1234, "model-00001-of-00002.safetensors": 4994967296}
+    """
+
+    def command(self, model: str, endpoint: str, token_path: str | None) -> str:
+        url = shlex.quote(f"{endpoint.rstrip('/')}/api/models/{model}/revision/main?blobs=true")
+        # curl reads `-H @-`'s headers from stdin (curl's manual, -H); printf is the shell's own.
+        token = shlex.quote(token_path or "")
+        header = f"[ -r {token} ] && printf 'Authorization: Bearer %s\\n' \"$(cat {token})\";"
+        return f"{{ {header} true; }} | curl -sSf --max-time 20 -H @- {url} 2>/dev/null; echo"
+
+    def process(self, output: list[str]) -> dict[str, int]:
+        try:
+            info = json.loads("".join(output))
+        except ValueError:
+            return {}
+        siblings = info.get("siblings", []) if isinstance(info, dict) else []
+        return {s["rfilename"]: s["size"] for s in siblings if s.get("size") is not None}
+
+
+def listed_bytes(listing: dict[str, int], files: tuple[str, ...]) -> int:
+    """The bytes of the files fetched (``files``' patterns, as spark_fetch.py picks them; ():
+    every file) in the hub's listing."""
+    return sum(
+        size
+        for name, size in listing.items()
+        if not files or any(fnmatch.fnmatchcase(name, pattern) for pattern in files)
+    )
+
+
 @operation()
-def room_for(model: str, needs: int, models_dir: str, in_use: list[str]):
+def room_for(
+    model: str,
+    files: tuple[str, ...],
+    endpoint: str,
+    token_path: str | None,
+    catalog_bytes: int,
+    models_dir: str,
+    in_use: list[str],
+):
     """
     Stop this box before ``model`` is fetched where its disk lacks the room: what the model
-    still needs (``needs`` less what of it is already in the cache) against the bytes free,
+    still needs (its size less what of it is already in the cache) against the bytes free,
     naming both and the biggest models in the cache no lane of the box uses, which it could
     remove. This changes nothing.
 
     + model: a Hugging Face id
-    + needs: its size in bytes (the hub's listing, or the catalog's weights)
+    + files: only these files of it (a llama.cpp lane's GGUF parts); (): every file
+    + endpoint: the hub, whose listing gives the model's size (read on the box)
+    + token_path: the box's token file (root 0600); None: none
+    + catalog_bytes: the catalog's size of its weights, where the hub does not answer
     + models_dir: the Hugging Face cache on the box the lanes mount
     + in_use: the models the box's lanes serve (never offered for removal)
     """
+    if answer(ModelWeights, model=model, models_dir=models_dir, files=files):
+        host.noop(f"{model} is on this box")
+        return
+    listing = answer(HubListing, model=model, endpoint=endpoint, token_path=token_path)
+    needs = listed_bytes(listing, files) if listing else catalog_bytes
+    told = "the hub's listing" if listing else "the catalog's size, the hub not answering"
     room = answer(CacheRoom, models_dir=models_dir)
     cached: dict[str, int] = room["models"]
     still = max(needs - cached.get(model, 0), 0)
     free: int = room["free"]
     if still <= free:
-        host.noop(f"{model}: {gb(still)} still to fetch, {gb(free)} free")
+        host.noop(f"{model}: {gb(still)} still to fetch ({told}), {gb(free)} free")
         return
     unused = sorted(
         ((size, name) for name, size in cached.items() if name not in in_use), reverse=True
@@ -373,14 +429,43 @@ def room_for(model: str, needs: int, models_dir: str, in_use: list[str]):
         f"{name} ({gb(size)}: {hf_cache_dir(models_dir, name)})" for size, name in unused[:3]
     )
     yield from util.refused(
-        f"{host.name}: no room for {model}: it needs {gb(still)} more, {models_dir} has"
-        f" {gb(free)} free; "
+        f"{host.name}: no room for {model}: it needs {gb(still)} more ({told}), {models_dir}"
+        f" has {gb(free)} free; "
         + (
             f"models no lane of this box uses, biggest first: {removable}"
             if removable
             else "no model in the cache is unused: free space elsewhere on that disk"
         )
     )
+
+
+@operation()
+def models_pruned(models_dir: str, in_use: list[str]):
+    """
+    Remove the models in the cache no lane of the box uses any more (prune_unused), saying each
+    with its size; a fetch of one still running is stopped and disabled first (enabled, it
+    would start again at boot).
+
+    + models_dir: the Hugging Face cache on the box the lanes mount
+    + in_use: the models the box's lanes serve (kept)
+    """
+    cached: dict[str, int] = answer(CacheRoom, models_dir=models_dir)["models"]
+    unused = {name: size for name, size in sorted(cached.items()) if name not in in_use}
+    if not unused:
+        host.noop("no cached model is unused")
+        return
+    for name, size in unused.items():
+        host.log(f"{name}: removed ({gb(size)}, no lane of this box uses it)")
+        yield (
+            f"systemctl disable --now {shlex.quote(fetch_unit(name))} 2>/dev/null;"
+            f" rm -rf {shlex.quote(hf_cache_dir(models_dir, name))}"
+        )
+
+
+def room_questions(models_dir: str) -> list[Question]:
+    """What ``room_for`` reads ahead (operations/asked.py): the hub is asked later, only for a
+    model not on the box."""
+    return [question(CacheRoom, models_dir=models_dir)]
 
 
 SERVE_UNIT = "spark-weights-serve.service"

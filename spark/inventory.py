@@ -240,6 +240,10 @@ class HostSettings(BaseModel):
         description="True or False (a model several boxes serve comes from the hub to one of"
         " them, the others copying it over the fabric)"
     )
+    prune_unused: bool = Field(
+        description="True or False (remove the cached models and serving images no lane of the"
+        " box uses any more)"
+    )
     front_allow_networks: list[IPv4Network] = Field(
         description='client networks the lanes\' front admits, e.g. ["192.168.1.0/24"];'
         " [] admits any (each lane still asks its key)"
@@ -675,6 +679,7 @@ class HostConfig(Frozen):
     fetch_weights: bool
     hf_endpoint: str  # huggingface_hub's HF_ENDPOINT, without a trailing slash
     fleet_copy_weights: bool
+    prune_unused: bool
     front_allow_networks: tuple[str, ...]
     front_tls: tuple[str, str] | None  # certificate and key files on this machine
     metrics: bool
@@ -746,6 +751,7 @@ class HostConfig(Frozen):
             fetch_weights=data.fetch_weights,
             hf_endpoint=str(data.hf_endpoint).rstrip("/"),
             fleet_copy_weights=data.fleet_copy_weights,
+            prune_unused=data.prune_unused,
             front_allow_networks=tuple(str(network) for network in data.front_allow_networks),
             front_tls=(
                 (

@@ -95,6 +95,7 @@ class ModelOnBox(Record):
     fetch: bool
     endpoint: str  # the hub (hf_endpoint)
     source: str | None  # another box's blobs of it over the fabric (fleet_copy_weights)
+    catalog_bytes: int  # the room its fetch needs where the hub does not answer its size
 
 
 class ServedLane(Record):
@@ -315,6 +316,8 @@ class BoxPlan(Record):
     images: tuple[str, ...]
     lanes: tuple[OwnLane, ...]
     weights_share: str | None  # its fabric address, where the boxes copying a model reach it
+    models_in_use: tuple[str, ...]  # never removed, never offered for removal
+    prune_unused: bool  # remove the cached models and images no lane uses
     front: Front
     # Cluster
     cluster: Cluster | None
@@ -400,6 +403,14 @@ def images(me: HostConfig) -> tuple[str, ...]:
     return tuple(dict.fromkeys(lane.image for lane in me.lanes))
 
 
+def models_in_use(me: HostConfig, spark: SparkConfig) -> tuple[str, ...]:
+    """The Hugging Face models the box's lanes load from its cache: its own and the cluster
+    lane's (each box of the cluster loads its share from its own copy: issue 14)."""
+    cluster = spark.cluster_lane if not me.shape.independent else None
+    lanes = (*me.lanes, *([cluster] if cluster else []))
+    return tuple(dict.fromkeys(lane.model for lane in lanes if not lane.model.startswith("/")))
+
+
 def seeder(me: HostConfig, spark: SparkConfig, model: str) -> HostConfig | None:
     """The box that fetches ``model`` from the hub for the others (fleet_copy_weights): the
     first in the inventory whose own lanes serve it, where another serves it too and one fabric
@@ -442,7 +453,15 @@ def weights(me: HostConfig, lane: Lane, spark: SparkConfig | None = None) -> Mod
         fetch=me.fetch_weights,
         endpoint=me.hf_endpoint,
         source=blobs_url(first, lane.model) if first and first.name != me.name else None,
+        catalog_bytes=catalog_bytes(lane),
     )
+
+
+def catalog_bytes(lane: Lane) -> int:
+    """The bytes of the lane's weights by the catalog (weights_gib, GiB: spark/catalog.py), the
+    room a fetch is checked against where the hub does not answer; 0 for a model it lacks."""
+    spec = lane.spec
+    return int(spec.weights_gib * 2**30) if spec else 0
 
 
 def fetched_in_background(me: HostConfig, lane: Lane) -> bool:
@@ -707,6 +726,8 @@ def box_plan(me: HostConfig, spark: SparkConfig) -> BoxPlan:
         images=images(me),
         lanes=lanes,
         weights_share=weights_share(me, spark),
+        models_in_use=models_in_use(me, spark),
+        prune_unused=me.prune_unused,
         front=front(me),
         cluster=cluster(me, spark, lanes[-1].served.lane.name if lanes else None),
         metrics=metrics(me, spark),

@@ -22,9 +22,20 @@ def own_model_questions(lane: OwnLane) -> list[Question]:
     return model_questions(lane.weights)
 
 
-def fetch(lane: OwnLane) -> None:
-    """A missing model fetched in the background; the deploy goes on (its lane waits for it)."""
+def fetch(lane: OwnLane, in_use: list[str]) -> None:
+    """A missing model fetched in the background, once the box has room for it; the deploy goes
+    on (its lane waits for it)."""
     model = lane.weights
+    weights.room_for(
+        name=f"Lane {lane.served.lane.name}: room for {model.model}",
+        model=model.model,
+        files=model.files,
+        endpoint=model.endpoint,
+        token_path=model.token_path,
+        catalog_bytes=model.catalog_bytes,
+        models_dir=MODELS_DIR,
+        in_use=in_use,
+    )
     weights.fetched(
         name=f"Lane {lane.served.lane.name}: {model.model} fetched in the background",
         model=model.model,
@@ -63,6 +74,7 @@ def metrics_lanes(watch: Metrics) -> list[dict]:
 
 @deploy("Lanes and front")
 def lanes_and_front(box: BoxPlan) -> None:
+    any_fetch = any(lane.served.fetch_unit for lane in box.lanes)
     fronted = [
         front.FrontLane(lane.name, lane.port, lane.backend_port, key=lane.key)
         for lane in box.front.lanes
@@ -81,6 +93,7 @@ def lanes_and_front(box: BoxPlan) -> None:
                 ]
             ),
             *(weights.serve_questions() if box.weights_share else []),
+            *(weights.room_questions(MODELS_DIR) if any_fetch or box.prune_unused else []),
             *front.questions(fronted),
             *(
                 metrics.questions(watch.port, watch.exporter_port, metrics_lanes(watch))
@@ -98,6 +111,13 @@ def lanes_and_front(box: BoxPlan) -> None:
     if box.hf_token_file:
         lanes.hf_token(name="Hugging Face token (root 0600)", src=box.hf_token_file)
     lanes.lanes_removed(name="Lanes no longer configured: removed", keep=list(box.lane_units))
+    if box.prune_unused:
+        images.images_pruned(name="Images no lane uses: removed", keep=list(box.images))
+        weights.models_pruned(
+            name="Models no lane uses: removed",
+            models_dir=MODELS_DIR,
+            in_use=list(box.models_in_use),
+        )
     for image in box.images:
         images.image_present(name=f"Serving image {image}", image=image)
     if box.weights_share:  # before the fetches of the boxes that copy from it
@@ -110,7 +130,7 @@ def lanes_and_front(box: BoxPlan) -> None:
     # Every fetch at once, before the first lane's start waits for its own.
     for lane in box.lanes:
         if lane.served.fetch_unit:
-            fetch(lane)
+            fetch(lane, list(box.models_in_use))
     for lane in box.lanes:
         if not lane.served.fetch_unit:
             model_on_box(lane.weights, f"Lane {lane.served.lane.name}")

@@ -157,3 +157,42 @@ def test_a_fetch_cut_by_a_reboot_goes_on_from_where_it_was(
     # From the hub once (spark-2 copies from spark-1), plus what the cut left in flight.
     assert stats["sent"][WEIGHTS] - sent_before < 1.25 * hf_standin.WEIGHTS_BYTES, stats
     assert changes(pyinfra(INVENTORY, "deploy.py")) == 0
+
+
+def test_a_box_without_room_is_stopped_naming_the_sizes_before_any_download(
+    deployed_lab: Deployed,
+) -> None:
+    """spark-1's cache a 128 MiB tmpfs (put back after) holding 100 MiB of a model no lane
+    uses: the coder's weights (the hub's listing: 256 MiB and its config) do not fit."""
+    host = deployed_lab.lab.hosts[0]
+    models_removed_from(host, "coder")
+    unused = f"{MODELS}/hub/models--org--unused/blobs"
+    run_on(
+        host,
+        f"sudo mount -t tmpfs -o size=128M tmpfs {MODELS}/hub && sudo mkdir -p {unused}"
+        f" && sudo fallocate -l 100M {unused}/{'a' * 64}",
+    )
+    before = hub("stats")["downloads"].get(WEIGHTS, 0)
+    try:
+        refused = pyinfra(INVENTORY, "deploy.py", "--limit", host.name, check=False)
+    finally:
+        run_on(host, f"sudo umount {MODELS}/hub")
+    output = output_of(refused)
+    # What the hub's listing gives (tests/simlab/hub.py listing): each file's size.
+    coder = LANES["coder"]
+    needs = sum(hf_standin.repo_file(coder, n).size for n in hf_standin.repository_files(coder))
+    assert refused.returncode != 0
+    assert re.search(
+        rf"{host.name}: no room for {re.escape(LANES['coder'])}: it needs {needs / 1e9:.1f} GB"
+        rf" more \(the hub's listing\), {MODELS} has 0\.0 GB free; models no lane of this box"
+        rf" uses, biggest first: org/unused \(0\.1 GB: {MODELS}/hub/models--org--unused\)",
+        output,
+    ), output
+    assert hub("stats")["downloads"].get(WEIGHTS, 0) == before  # nothing asked of the hub
+    # With room (the tmpfs gone), the same deploy fetches it and the lane starts.
+    pyinfra(INVENTORY, "deploy.py", "--limit", host.name)
+    deadline = time.monotonic() + 120
+    while not active(host, "coder"):
+        assert time.monotonic() < deadline, "the coder lane not serving after 120 s"
+        time.sleep(2)
+    assert hub("stats")["downloads"][WEIGHTS] == before + 1

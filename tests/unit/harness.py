@@ -51,6 +51,7 @@ class FakeHost:
     ):
         self.outputs = outputs
         self.noops: list[str] = []
+        self.logs: list[str] = []  # what the operation logs (host.log)
         self.name = name
         self.data = data or {}
         # What pyinfra's files.put reads from its host while it runs.
@@ -81,7 +82,7 @@ class FakeHost:
         self.noops.append(description)
 
     def log(self, message: str, log_func: Callable[[str], Any] | None = None) -> None:
-        pass
+        self.logs.append(message)
 
     def get_temp_filename(self, *args: Any, **kwargs: Any) -> str:
         return "/tmp/pyinfra-test"

@@ -139,26 +139,112 @@ def test_room_reads_the_free_bytes_and_each_models_size(tmp_path: Path) -> None:
 
 ROOM = "free 50000000000\nmodel org--old 80000000000\nmodel org--used 30000000000\n" \
     "model org--name 20000000000\nmodel other--small 1000000000"  # fmt: skip
+# The hub's answer to /api/models/org/name/revision/main?blobs=true, in huggingface_hub's shape
+# (hf_api.py ModelInfo: `sha`, `siblings` each with `rfilename`, `size`, `blobId`, and `lfs`
+# {sha256, size, pointerSize} for an LFS file); 70 GB in all, 60 GB of it in the GGUF part.
+LISTING = json.dumps({"id": MODEL, "sha": "c" * 40, "siblings": [
+    {"rfilename": "config.json", "size": 10 * 10**9, "blobId": "d" * 40},
+    {"rfilename": "w-00001-of-00001.gguf", "size": 60 * 10**9, "blobId": "e" * 40,
+     "lfs": {"sha256": "f" * 64, "size": 60 * 10**9, "pointerSize": 135}},
+]})  # fmt: skip
 
 
-def room_for(needs: int) -> tuple[list[str], FakeHost]:
-    host = FakeHost({weights.CacheRoom: ROOM}, name="spark-2")
-    return run_op(weights.room_for, MODEL, needs, MODELS, ["org/used", MODEL], host=host), host
+def room_for(
+    listing: str, catalog: int, files: tuple[str, ...] = (), present: bool = False
+) -> tuple[list[str], FakeHost]:
+    host = FakeHost(
+        {
+            preflight.ModelWeights: "present" if present else "",
+            weights.HubListing: listing,
+            weights.CacheRoom: ROOM,
+        },
+        name="spark-2",
+    )
+    in_use = ["org/used", MODEL]
+    commands = run_op(
+        weights.room_for, MODEL, files, HUB, "/root/.hf_token", catalog, MODELS, in_use, host=host
+    )
+    return commands, host
+
+
+def test_the_hub_listing_gives_each_files_size() -> None:
+    assert process(weights.HubListing, LISTING) == {
+        "config.json": 10 * 10**9, "w-00001-of-00001.gguf": 60 * 10**9
+    }  # fmt: skip
+    # curl failed (its `|| echo`-less output is the lone newline): no listing.
+    assert process(weights.HubListing, "\n") == {}
+    assert process(weights.HubListing, "<html>502</html>") == {}
+
+
+def test_the_hub_listing_sends_the_token_on_stdin_never_in_argv(tmp_path: Path) -> None:
+    """The command against a stand-in curl printing its argv and stdin."""
+    token = tmp_path / "token"
+    token.write_text("hf_secret\n")
+    (tmp_path / "curl").write_text('#!/bin/sh\necho "argv $*"; cat\n')
+    (tmp_path / "curl").chmod(0o755)
+    command = weights.HubListing().command(model=MODEL, endpoint=HUB + "/", token_path=str(token))
+    env = {**os.environ, "PATH": f"{tmp_path}:{os.environ['PATH']}"}
+    done = subprocess.run(["sh", "-c", command], capture_output=True, text=True, env=env)
+    url = f"{HUB}/api/models/{MODEL}/revision/main?blobs=true"
+    assert done.stdout.splitlines() == [
+        f"argv -sSf --max-time 20 -H @- {url}",
+        "Authorization: Bearer hf_secret",
+        "",
+    ]
+    assert "hf_secret" not in command
+    command = weights.HubListing().command(model=MODEL, endpoint=HUB, token_path=None)
+    done = subprocess.run(["sh", "-c", command], capture_output=True, text=True, env=env)
+    assert done.stdout.splitlines() == [f"argv -sSf --max-time 20 -H @- {url}", ""]
 
 
 def test_room_enough_counting_what_is_already_fetched() -> None:
-    # 70 GB, of which 20 GB are in the cache already: 50 GB still, 50 GB free.
-    commands, host = room_for(70 * 10**9)
+    # The hub's 70 GB, of which 20 GB are in the cache already: 50 GB still, 50 GB free.
+    commands, host = room_for(LISTING, catalog=1)
     assert commands == []
-    assert host.noops == [f"{MODEL}: 50.0 GB still to fetch, 50.0 GB free"]
+    assert host.noops == [f"{MODEL}: 50.0 GB still to fetch (the hub's listing), 50.0 GB free"]
+
+
+def test_a_model_on_the_box_needs_no_room_and_the_hub_is_not_asked() -> None:
+    commands, host = room_for("unasked", catalog=1, present=True)
+    assert commands == []
+    assert host.noops == [f"{MODEL} is on this box"]
+
+
+def test_the_files_fetched_alone_count() -> None:
+    # The GGUF part alone: 60 GB, 20 GB in the cache: 40 GB still.
+    commands, host = room_for(LISTING, catalog=1, files=("*.gguf",))
+    assert commands == []
+    assert host.noops == [f"{MODEL}: 40.0 GB still to fetch (the hub's listing), 50.0 GB free"]
+
+
+def test_prune_removes_the_models_no_lane_uses_saying_each_with_its_size() -> None:
+    # ROOM's cache: org/old (80 GB) and other/small (1 GB) are no lane's; org/used, org/name are.
+    host = FakeHost({weights.CacheRoom: ROOM}, name="spark-2")
+    commands = run_op(weights.models_pruned, MODELS, ["org/used", MODEL], host=host)
+    assert commands == [
+        "systemctl disable --now spark-fetch-org--old.service 2>/dev/null;"
+        f" rm -rf {MODELS}/hub/models--org--old",
+        "systemctl disable --now spark-fetch-other--small.service 2>/dev/null;"
+        f" rm -rf {MODELS}/hub/models--other--small",
+    ]
+    assert host.logs == [
+        "org/old: removed (80.0 GB, no lane of this box uses it)",
+        "other/small: removed (1.0 GB, no lane of this box uses it)",
+    ]
+    kept = run_op(
+        weights.models_pruned, MODELS, ["org/old", "org/used", MODEL, "other/small"], host=host
+    )
+    assert kept == [] and host.noops == ["no cached model is unused"]
 
 
 def test_too_little_room_names_both_numbers_and_the_unused_models() -> None:
-    commands, _ = room_for(90 * 10**9)
+    # The hub silent: the catalog's 90 GB, 20 GB in the cache: 70 GB still, 50 GB free.
+    commands, _ = room_for("\n", catalog=90 * 10**9)
     assert refusal(commands) == (
-        f"spark-2: no room for {MODEL}: it needs 70.0 GB more, {MODELS} has 50.0 GB free;"
-        f" models no lane of this box uses, biggest first: org/old (80.0 GB:"
-        f" {MODELS}/hub/models--org--old), other/small (1.0 GB: {MODELS}/hub/models--other--small)"
+        f"spark-2: no room for {MODEL}: it needs 70.0 GB more (the catalog's size, the hub not"
+        f" answering), {MODELS} has 50.0 GB free; models no lane of this box uses, biggest first:"
+        f" org/old (80.0 GB: {MODELS}/hub/models--org--old), other/small (1.0 GB:"
+        f" {MODELS}/hub/models--other--small)"
     )
 
 

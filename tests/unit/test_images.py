@@ -201,3 +201,21 @@ def test_image_layers_of_an_absent_image_is_none(printed: str, layers: str | Non
     done = subprocess.run(["bash", "-c", f"{fake}; {command}"], capture_output=True, text=True)
     found = process(preflight.ImageLayers, done.stdout)
     assert found == layers
+
+
+def test_prune_removes_the_images_no_container_uses_nor_lane_names_saying_each() -> None:
+    # room_with's images: small:1 and vllm:26.05 unused; 26.04 used. The lanes name 26.05 (a
+    # pinned name keeps its tag part), so small:1 alone goes.
+    host = FakeHost({images.DockerRoom: room_with(10)})
+    keep = ["nvcr.io/nvidia/vllm:26.05-py3@sha256:0e4c", "nvcr.io/nvidia/vllm:26.04-py3"]
+    commands = run_op(images.images_pruned, keep, host=host)
+    assert commands == ["docker image rm sha256:aaaa"]
+    assert host.logs == ["ghcr.io/x/small:1: removed (2.0 GB, no lane uses it)"]
+
+
+def test_prune_leaves_an_untagged_image_and_says_when_nothing_is_unused() -> None:
+    # An image without a tag (a digest pin's: docker keeps none) is never removed.
+    room = "root /var/lib/docker\nfree 10\nimage sha256:dddd 3000000000 \n"
+    host = FakeHost({images.DockerRoom: room})
+    assert run_op(images.images_pruned, [], host=host) == []
+    assert host.noops == ["no image is unused"]

@@ -220,6 +220,9 @@ def test_a_cluster_lane_on_ray_runs_from_the_head_and_its_rank_counts_on_the_wor
     assert lane.served.ray_address == "192.168.100.10:6379"  # the head's GCS on its first twin
     assert lane.served.after is None  # no lane of its own before it
     assert lane.weights is not None  # fetched onto the head, from the hub once
+    # Each box loads the cluster lane's model from its own copy: in use on both, never pruned.
+    assert CLUSTER_LANE["model"] in head.models_in_use
+    assert CLUSTER_LANE["model"] in worker.models_in_use
     assert lane.copied is not None and lane.copied.serves
     on_worker = worker.cluster.lane
     assert on_worker is not None
@@ -282,6 +285,14 @@ def test_fetch_weights_gives_each_own_lane_its_fetch_unit_and_the_hub() -> None:
         "spark-fetch-inference-optimization--Qwen3.6-35B-A3B-NVFP4.service",
     ]
     assert {lane.weights.endpoint for lane in on.lanes} == {"https://huggingface.co"}
+    # The room a fetch needs where the hub does not answer: the catalog's weights_gib
+    # (spark/data/model-catalog.json: 40.0 and 20.0 GiB), in bytes.
+    assert [lane.weights.catalog_bytes for lane in on.lanes] == [40 * 2**30, 20 * 2**30]
+    assert on.models_in_use == (
+        "bullpoint/Qwen3-Coder-Next-AWQ-4bit",
+        "inference-optimization/Qwen3.6-35B-A3B-NVFP4",
+    )
+    assert not on.prune_unused  # group_data: never by default
     off = box(merged({"spark-1": {"hf_endpoint": "http://hub.lab:8790/"}}), "spark-1")
     assert [lane.served.fetch_unit for lane in off.lanes] == [None, None]
     assert {lane.weights.endpoint for lane in off.lanes} == {"http://hub.lab:8790"}
