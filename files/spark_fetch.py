@@ -46,10 +46,15 @@ import time
 import urllib.error
 import urllib.parse
 import urllib.request
+from concurrent.futures import Future, ThreadPoolExecutor
 from email.message import Message
+from http.client import HTTPResponse
 from typing import IO, Any
 
-CHUNK = 1 << 20
+# Each read, written and hashed whole: few calls per GB. hashlib lets go of the GIL while it
+# hashes more than 2047 bytes (CPython Modules/hashlib.h HASHLIB_GIL_MINSIZE), so one chunk is
+# hashed by a second thread while the next is received and written.
+CHUNK = 8 << 20
 PROGRESS_SECONDS = 5.0
 WAIT_SECONDS = 1.0  # between asks of a box that has not got a file yet
 # huggingface_hub's default endpoint (constants.py: _HF_DEFAULT_ENDPOINT).
@@ -169,6 +174,25 @@ class Progress:
             os.replace(f"{self.status}.new", self.status)
 
 
+def stream(answer: HTTPResponse, out: IO[bytes], digest: Any, progress: Progress) -> None:
+    """The answer's bytes written to `out` and hashed: each chunk hashed in a second thread while
+    the next is received into the other of two buffers and written, one pass over each byte."""
+    buffers = [memoryview(bytearray(CHUNK)), memoryview(bytearray(CHUNK))]
+    hashing: Future | None = None
+    which = 0
+    with ThreadPoolExecutor(1) as hasher_thread:
+        while size := answer.readinto(buffers[which]):
+            chunk = buffers[which][:size]
+            if hashing:
+                hashing.result()  # the other buffer hashed: it may be filled again
+            hashing = hasher_thread.submit(digest.update, chunk)
+            out.write(chunk)
+            progress.add(size)
+            which ^= 1
+        if hashing:
+            hashing.result()
+
+
 def fetch_file(url: str, token: str | None, path: str, spec: dict, progress: Progress) -> None:
     """The blob at `path`, from `url`, resumed from `path`.incomplete; checked, then renamed."""
     partial = f"{path}.incomplete"
@@ -193,10 +217,7 @@ def fetch_file(url: str, token: str | None, path: str, spec: dict, progress: Pro
         with open(partial, "rb") as done:  # what the cut-off fetch left, into the hash
             while start and (chunk := done.read(min(CHUNK, start - done.tell()))):
                 digest.update(chunk)
-        while chunk := answer.read(CHUNK):
-            out.write(chunk)
-            digest.update(chunk)
-            progress.add(len(chunk))
+        stream(answer, out, digest, progress)
     got = os.path.getsize(partial)
     if got != spec["size"] or digest.hexdigest() != spec["blob"]:
         os.unlink(partial)
