@@ -211,10 +211,10 @@ def test_a_model_half_fetched_has_no_snapshot_yet(tmp_path: Path) -> None:
 
 
 def test_a_stream_is_written_and_hashed_whole_across_chunks() -> None:
-    """Two chunks and a half (spark_fetch.CHUNK, 8 MiB): the second buffer filled while the first
+    """Two chunks and a half (spark_fetch.CHUNK, 1 MiB): the second buffer filled while the first
     is hashed, then the first again; what lands and its SHA-256 are the stream's."""
     fetcher = script("spark_fetch")
-    data = os.urandom(2 * 8 * 2**20 + 12345)
+    data = os.urandom(2 * 2**20 + 12345)
     out, digest = io.BytesIO(), hashlib.sha256()
     progress = fetcher.Progress(REPO, len(data), 0, None)
     fetcher.stream(io.BytesIO(data), out, digest, progress)
