@@ -271,3 +271,28 @@ def test_a_fleet_copy_cut_resumes_from_the_box(
     assert (blobs / ZEROS_SHA256).stat().st_size == WEIGHTS
     # The server's log line (http.server's log_request): the rest asked, and answered 206.
     assert f'"GET /{ZEROS_SHA256} HTTP/1.1" 206 -' in capsys.readouterr().err
+
+
+def test_the_files_are_fetched_at_once(hub: Hub, tmp_path: Path) -> None:
+    """The stand-in's two files (config.json, model.safetensors) asked of the box together: its
+    server answers neither until both asks are in (a barrier of two, broken after 10 s, which
+    fails a fetcher that asks them one after the other)."""
+    first, second = tmp_path / "first", tmp_path / "second"
+    assert fetch(hub, first).returncode == 0
+    both = threading.Barrier(2, timeout=10)
+
+    class Together(script("spark_serve").Blobs):  # type: ignore[name-defined,misc]
+        def do_GET(self) -> None:
+            both.wait()
+            super().do_GET()
+
+    handler = functools.partial(Together, directory=str(repo_dir(first) / "blobs"))
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        result = fetch(hub, second, "--source", f"http://127.0.0.1:{server.server_address[1]}")
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert result.returncode == 0, result.stderr
+    assert (repo_dir(second) / "blobs" / ZEROS_SHA256).stat().st_size == WEIGHTS
