@@ -120,10 +120,10 @@ def script(name: str) -> types.ModuleType:
     return module
 
 
-def serve_blobs(directory: Path) -> http.server.ThreadingHTTPServer:
+def serve_blobs(directory: Path, kind: type | None = None) -> http.server.ThreadingHTTPServer:
     """Another box's blobs over HTTP, as operations/weights.py's share serves them (its unit
-    runs files/spark_serve.py)."""
-    handler = functools.partial(script("spark_serve").Blobs, directory=str(directory))
+    runs files/spark_serve.py; `kind`: a handler made from it)."""
+    handler = functools.partial(kind or script("spark_serve").Blobs, directory=str(directory))
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     return server
@@ -251,6 +251,19 @@ def test_the_box_serves_a_blob_whole_or_from_a_byte_on(tmp_path: Path) -> None:
         server.server_close()
 
 
+def copied_from(
+    hub: Hub, cache: Path, server: http.server.ThreadingHTTPServer
+) -> subprocess.CompletedProcess[str]:
+    """A fleet copy into `cache` from `server`, stopped after."""
+    try:
+        result = fetch(hub, cache, "--source", f"http://127.0.0.1:{server.server_address[1]}")
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert isinstance(result, subprocess.CompletedProcess)
+    return result
+
+
 def test_a_fleet_copy_cut_resumes_from_the_box(
     hub: Hub, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -261,12 +274,7 @@ def test_a_fleet_copy_cut_resumes_from_the_box(
     blobs = repo_dir(second) / "blobs"
     blobs.mkdir(parents=True)
     (blobs / f"{ZEROS_SHA256}.incomplete").write_bytes(bytes(WEIGHTS // 2))  # what a cut left
-    server = serve_blobs(repo_dir(first) / "blobs")
-    try:
-        result = fetch(hub, second, "--source", f"http://127.0.0.1:{server.server_address[1]}")
-    finally:
-        server.shutdown()
-        server.server_close()
+    result = copied_from(hub, second, serve_blobs(repo_dir(first) / "blobs"))
     assert result.returncode == 0, result.stderr
     assert (blobs / ZEROS_SHA256).stat().st_size == WEIGHTS
     # The server's log line (http.server's log_request): the rest asked, and answered 206.
@@ -286,13 +294,6 @@ def test_the_files_are_fetched_at_once(hub: Hub, tmp_path: Path) -> None:
             both.wait()
             super().do_GET()
 
-    handler = functools.partial(Together, directory=str(repo_dir(first) / "blobs"))
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    try:
-        result = fetch(hub, second, "--source", f"http://127.0.0.1:{server.server_address[1]}")
-    finally:
-        server.shutdown()
-        server.server_close()
+    result = copied_from(hub, second, serve_blobs(repo_dir(first) / "blobs", Together))
     assert result.returncode == 0, result.stderr
     assert (repo_dir(second) / "blobs" / ZEROS_SHA256).stat().st_size == WEIGHTS
