@@ -143,7 +143,7 @@ def test_the_fleet_copy_rate_against_the_fabrics_raw_rate(deployed_lab: Deployed
             second,
             f"sudo rm -rf {scratch}; sudo python3 /usr/local/lib/spark/spark_fetch.py"
             f" {LANES['coder']} model.safetensors --cache {scratch} --endpoint {endpoint}"
-            f" --source {source} --status {scratch}.json >/dev/null",
+            f" --source {source}/models--{SLUG}/blobs --status {scratch}.json >/dev/null",
         )
         copy = json.loads(run_on(second, f"cat {scratch}.json; sudo rm -rf {scratch}*"))
         assert copy["state"] == "done" and copy["done"] == hf_standin.WEIGHTS_BYTES, copy
