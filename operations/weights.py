@@ -24,6 +24,8 @@ from spark.box_paths import fetch_unit
 
 FETCH_SOURCE = Path(__file__).parents[1] / "files" / "spark_fetch.py"
 FETCH_SCRIPT = "/usr/local/lib/spark/spark_fetch.py"
+SERVE_SOURCE = Path(__file__).parents[1] / "files" / "spark_serve.py"
+SERVE_SCRIPT = "/usr/local/lib/spark/spark_serve.py"
 FETCH_STATUS_DIR = "/var/lib/spark/fetch"  # each fetch's status file (spark_fetch.py --status)
 UNIT_DIR = "/etc/systemd/system"
 
@@ -476,18 +478,22 @@ def blobs_served(address: str, port: int, models_dir: str):
     """
     Serve this box's Hugging Face cache read-only on its fabric ``address``, to the boxes that
     copy a model from it (fleet_copy_weights): the unit spark-weights-serve, python3's
-    http.server as an unprivileged dynamic user, restarted always, enabled.
+    http.server with sendfile and ranges (files/spark_serve.py) as an unprivileged dynamic
+    user, restarted always, enabled; restarted when the server or its unit changes.
 
     + address: this box's first fabric address (the others reach it there alone)
     + port: WEIGHTS_PORT
     + models_dir: the Hugging Face cache the lanes mount (its hub/ directory is served)
     """
     path = f"{UNIT_DIR}/{SERVE_UNIT}"
-    found = util.on_box(path)
+    found = util.on_box(SERVE_SCRIPT, path)
+    server = util.put(str(SERVE_SOURCE), SERVE_SCRIPT, "644", found)  # run by python3
+    yield from server
     changes = util.template(
         "spark-weights-serve.service.j2",
         path,
         found=found,
+        script=SERVE_SCRIPT,
         address=address,
         port=port,
         directory=f"{models_dir}/hub",
@@ -499,7 +505,7 @@ def blobs_served(address: str, port: int, models_dir: str):
         unit_changed=bool(changes),
         enabled=state.get("UnitFileState"),
         running=state.get("ActiveState") == "active",
-        changed=bool(changes),
+        changed=bool(changes or server),
     )
 
 
@@ -522,4 +528,7 @@ class ServeState(FactBase):
 
 def serve_questions() -> list[Question]:
     """What ``blobs_served`` reads (operations/asked.py)."""
-    return [question(util.RootFiles, paths=(f"{UNIT_DIR}/{SERVE_UNIT}",)), question(ServeState)]
+    return [
+        question(util.RootFiles, paths=(SERVE_SCRIPT, f"{UNIT_DIR}/{SERVE_UNIT}")),
+        question(ServeState),
+    ]

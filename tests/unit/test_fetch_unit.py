@@ -284,19 +284,21 @@ def test_a_fetch_landing_in_time_lets_the_lane_start_within_the_deploy(tmp_path:
 
 
 SERVE = "/etc/systemd/system/spark-weights-serve.service"
+SERVER = "/usr/local/lib/spark/spark_serve.py"  # where the unit runs the server from
 
 
 def test_the_blobs_are_served_on_the_fabric_address_read_only() -> None:
-    host = FakeHost({weights.ServeState: None, **file_facts({SERVE: None})})
+    host = FakeHost({weights.ServeState: None, **file_facts({SERVE: None, SERVER: None})})
     commands = run_op(weights.blobs_served, "192.168.100.10", 60991, MODELS, host=host)
     assert commands[-3:] == [
         "systemctl daemon-reload",
         "systemctl enable spark-weights-serve.service",
         "systemctl restart spark-weights-serve.service",
     ]
+    assert host.uploads[SERVER] == (Path(__file__).parents[2] / "files/spark_serve.py").read_text()
     unit = host.uploads[SERVE]
     assert (
-        "\nExecStart=/usr/bin/python3 -m http.server 60991 --bind 192.168.100.10"
+        f"\nExecStart=/usr/bin/python3 {SERVER} 60991 --bind 192.168.100.10"
         f" --directory {MODELS}/hub\n"
     ) in unit
     assert "\nDynamicUser=yes\n" in unit  # no root, nothing writable
@@ -304,7 +306,17 @@ def test_the_blobs_are_served_on_the_fabric_address_read_only() -> None:
     running = FakeHost(
         {
             weights.ServeState: "ActiveState=active\nUnitFileState=enabled",
-            **file_facts({SERVE: unit}),
+            **file_facts({SERVE: unit, SERVER: host.uploads[SERVER]}),
         }
     )
     assert run_op(weights.blobs_served, "192.168.100.10", 60991, MODELS, host=running) == []
+    # A new server alone: uploaded, and the running one restarted to serve with it.
+    older = FakeHost(
+        {
+            weights.ServeState: "ActiveState=active\nUnitFileState=enabled",
+            **file_facts({SERVE: unit, SERVER: "an older server"}),
+        }
+    )
+    commands = run_op(weights.blobs_served, "192.168.100.10", 60991, MODELS, host=older)
+    assert SERVER in older.uploads and SERVE not in older.uploads
+    assert commands[-1] == "systemctl restart spark-weights-serve.service"

@@ -9,12 +9,17 @@ from __future__ import annotations
 import functools
 import hashlib
 import http.server
+import importlib.util
+import io
 import json
 import os
 import subprocess
 import sys
 import threading
 import time
+import types
+import urllib.error
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -106,9 +111,19 @@ def test_a_corrupt_file_is_found_by_its_hash_and_fetched_again(hub: Hub, tmp_pat
     assert (blobs / ZEROS_SHA256).stat().st_size == WEIGHTS
 
 
-def serve_blobs(directory: Path) -> http.server.ThreadingHTTPServer:
-    """Another box's blobs over HTTP, as operations/weights.py's share serves them."""
-    handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(directory))
+def script(name: str) -> types.ModuleType:
+    """One of files/'s scripts, loaded as a module (they are run by path on the boxes)."""
+    spec = importlib.util.spec_from_file_location(name, FETCH.parent / f"{name}.py")
+    assert spec and spec.loader
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def serve_blobs(directory: Path, kind: type | None = None) -> http.server.ThreadingHTTPServer:
+    """Another box's blobs over HTTP, as operations/weights.py's share serves them (its unit
+    runs files/spark_serve.py; `kind`: a handler made from it)."""
+    handler = functools.partial(kind or script("spark_serve").Blobs, directory=str(directory))
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     return server
@@ -193,3 +208,92 @@ def test_a_model_half_fetched_has_no_snapshot_yet(tmp_path: Path) -> None:
         assert not (repo_dir(tmp_path) / "refs/main").exists()
         running.kill()
         running.wait()
+
+
+def test_a_stream_is_written_and_hashed_whole_across_chunks() -> None:
+    """Two chunks and a half (spark_fetch.CHUNK, 1 MiB): the second buffer filled while the first
+    is hashed, then the first again; what lands and its SHA-256 are the stream's."""
+    fetcher = script("spark_fetch")
+    data = os.urandom(2 * 2**20 + 12345)
+    out, digest = io.BytesIO(), hashlib.sha256()
+    progress = fetcher.Progress(REPO, len(data), 0, None)
+    fetcher.stream(io.BytesIO(data), out, digest, progress)
+    assert out.getvalue() == data
+    assert digest.hexdigest() == hashlib.sha256(data).hexdigest()
+    assert progress.done == len(data)
+
+
+def test_the_box_serves_a_blob_whole_or_from_a_byte_on(tmp_path: Path) -> None:
+    """files/spark_serve.py: 200 whole, 206 from the Range's first byte with its Content-Range
+    (RFC 9110 14.4), 416 past the end (15.5.17), 404 for a blob not there (yet)."""
+    blob = bytes(range(256)) * 1000
+    (tmp_path / "abc").write_bytes(blob)
+    server = serve_blobs(tmp_path)
+    url = f"http://127.0.0.1:{server.server_address[1]}"
+    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+
+    def get(path: str, first: int | None = None) -> tuple[int, bytes, str | None]:
+        headers = {"Range": f"bytes={first}-"} if first is not None else {}
+        try:
+            with opener.open(urllib.request.Request(url + path, headers=headers)) as answer:
+                return answer.status, answer.read(), answer.headers["Content-Range"]
+        except urllib.error.HTTPError as error:
+            return error.code, b"", error.headers["Content-Range"]
+
+    try:
+        assert get("/abc") == (200, blob, None)
+        assert get("/abc", 1000) == (206, blob[1000:], f"bytes 1000-{len(blob) - 1}/{len(blob)}")
+        assert get("/abc", len(blob))[::2] == (416, f"bytes */{len(blob)}")
+        assert get("/missing")[0] == 404
+        assert get("/")[0] == 404  # no listing
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def copied_from(
+    hub: Hub, cache: Path, server: http.server.ThreadingHTTPServer
+) -> subprocess.CompletedProcess[str]:
+    """A fleet copy into `cache` from `server`, stopped after."""
+    try:
+        result = fetch(hub, cache, "--source", f"http://127.0.0.1:{server.server_address[1]}")
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert isinstance(result, subprocess.CompletedProcess)
+    return result
+
+
+def test_a_fleet_copy_cut_resumes_from_the_box(
+    hub: Hub, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A copy cut half way asks the box for the rest (a Range, answered 206): the blob lands
+    whole and checked, the part kept not sent again."""
+    first, second = tmp_path / "first", tmp_path / "second"
+    assert fetch(hub, first).returncode == 0
+    blobs = repo_dir(second) / "blobs"
+    blobs.mkdir(parents=True)
+    (blobs / f"{ZEROS_SHA256}.incomplete").write_bytes(bytes(WEIGHTS // 2))  # what a cut left
+    result = copied_from(hub, second, serve_blobs(repo_dir(first) / "blobs"))
+    assert result.returncode == 0, result.stderr
+    assert (blobs / ZEROS_SHA256).stat().st_size == WEIGHTS
+    # The server's log line (http.server's log_request): the rest asked, and answered 206.
+    assert f'"GET /{ZEROS_SHA256} HTTP/1.1" 206 -' in capsys.readouterr().err
+
+
+def test_the_files_are_fetched_at_once(hub: Hub, tmp_path: Path) -> None:
+    """The stand-in's two files (config.json, model.safetensors) asked of the box together: its
+    server answers neither until both asks are in (a barrier of two, broken after 10 s, which
+    fails a fetcher that asks them one after the other)."""
+    first, second = tmp_path / "first", tmp_path / "second"
+    assert fetch(hub, first).returncode == 0
+    both = threading.Barrier(2, timeout=10)
+
+    class Together(script("spark_serve").Blobs):  # type: ignore[name-defined,misc]
+        def do_GET(self) -> None:
+            both.wait()
+            super().do_GET()
+
+    result = copied_from(hub, second, serve_blobs(repo_dir(first) / "blobs", Together))
+    assert result.returncode == 0, result.stderr
+    assert (repo_dir(second) / "blobs" / ZEROS_SHA256).stat().st_size == WEIGHTS
