@@ -620,6 +620,10 @@ def lanes_removed(keep: list[str]):
     for name in stale:
         unit = unit_name(name)
         yield f"systemctl disable --now {unit}"
+        # Its container too: `docker run --rm` has the daemon remove it once it exited, after
+        # the unit's `docker stop` returned (docker run reference, --rm), so it may still be
+        # listed, or left where the stop timed out.
+        yield f"docker rm -f {PREFIX}{name} >/dev/null 2>&1 || true"
         yield f"rm -f {UNIT_DIR}/{unit} {LANE_DIR}/{name}.env"
     if stale:
         yield "systemctl daemon-reload"

@@ -462,6 +462,8 @@ def test_a_lane_no_longer_configured_is_stopped_disabled_and_removed() -> None:
     host = FakeHost(lane_facts(captured("lab-lanehost-serving.txt")))
     assert run_op(lanes.lanes_removed, host=host, keep=["coder"]) == [
         "systemctl disable --now spark-lane-fast.service",
+        # The container by name (the unit's `docker run --rm --name spark-lane-fast`).
+        "docker rm -f spark-lane-fast >/dev/null 2>&1 || true",
         "rm -f /etc/systemd/system/spark-lane-fast.service /etc/spark/lanes/fast.env",
         "systemctl daemon-reload",
         "systemctl reset-failed spark-lane-fast.service || true",
