@@ -7,9 +7,7 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 from operations import lanes, preflight, weights
 from tests.unit.harness import FakeHost, file_facts, process, refusal, run_op
@@ -23,19 +21,8 @@ STATUS = json.dumps({"model": MODEL, "total": 40 * 10**9, "done": 10 * 10**9, "r
                      "state": "fetching", "time": 1795000000})  # fmt: skip
 
 
-class LoggingHost(FakeHost):
-    """A FakeHost that keeps what the operation logs (host.log: shown without -v)."""
-
-    def __init__(self, outputs: dict[Any, str | None]):
-        super().__init__(outputs)
-        self.logs: list[str] = []
-
-    def log(self, message: str, log_func: Callable[[str], Any] | None = None) -> None:
-        self.logs.append(message)
-
-
-def box(present: bool, active: str, files: dict[str, str | None] | None = None) -> LoggingHost:
-    return LoggingHost(
+def box(present: bool, active: str, files: dict[str, str | None] | None = None) -> FakeHost:
+    return FakeHost(
         {
             preflight.ModelWeights: "present" if present else "",
             weights.FetchState: f"{active}\n{STATUS}\nbytes {10 * 10**9}",
@@ -44,7 +31,7 @@ def box(present: bool, active: str, files: dict[str, str | None] | None = None) 
     )
 
 
-def fetched(host: LoggingHost, token: str | None = None) -> list[str]:
+def fetched(host: FakeHost, token: str | None = None) -> list[str]:
     return run_op(weights.fetched, MODEL, (), MODELS, HUB, token, host=host)
 
 
