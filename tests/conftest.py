@@ -31,25 +31,34 @@ def lab_unavailable() -> str | None:
 
 def work_unit(item: pytest.Item) -> str:
     """What runs on one lab in one go: the modules on the shared deployed lab (deployed from
-    bare once, not reimaged between them by a module that needs bare boxes); the modules that
-    boot boxes cabled otherwise; else the test's module."""
-    if item.get_closest_marker("recabled"):
-        return "recabled"
+    bare once, not reimaged between them by a module that needs bare boxes); else the test's
+    module."""
     if "deployed_lab" in getattr(item, "fixturenames", ()):
         return "deployed"
     return item.nodeid.split("::", 1)[0]
 
 
+def work_rank(item: pytest.Item) -> int:
+    """When a unit is handed out (pytest-xdist's loadgroup gives a worker the next unit in the
+    order collected once it is two tests from the end of its own): the longest first, the
+    shortest last so they fill whichever worker ends first. The deployed unit first; then the
+    other lab modules; then those that boot boxes cabled otherwise (`recabled`), so the
+    session's pair is booted again (half a minute) only where a module after them needs it;
+    the unit tests last, seconds each."""
+    if work_unit(item) == "deployed":
+        return 0
+    if item.get_closest_marker("recabled"):
+        return 2
+    return 1 if item.get_closest_marker("lab") else 3
+
+
 @pytest.hookimpl(tryfirst=True)  # before xdist's loadgroup reads the groups
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    # `make test` runs two pytest-xdist workers, a lab each, taking whole units in this order:
-    # the longest (deployed) first; the recabled modules last, so the session's pair is booted
-    # again (half a minute) only where a module after them needs it (reimage_all).
-    units = {item.nodeid: work_unit(item) for item in items}
-    rank = {"deployed": 0, "recabled": 2}
-    items.sort(key=lambda item: rank.get(units[item.nodeid], 1))
+    # `make test` runs two pytest-xdist workers, a lab each, taking whole units (work_rank).
+    rank = {item.nodeid: work_rank(item) for item in items}
+    items.sort(key=lambda item: rank[item.nodeid])
     for item in items:
-        item.add_marker(pytest.mark.xdist_group(units[item.nodeid]))
+        item.add_marker(pytest.mark.xdist_group(work_unit(item)))
     reason = lab_unavailable()
     if reason:
         for item in items:
@@ -61,14 +70,31 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 # capitals, and as root (CI runs as root, and so can the lab) it fails. `make unit` is the way
 # to run only the unit tests: it deselects the lab tests instead of skipping them.
 _lab_skipped: list[str] = []
+# Seconds each work unit took, by worker (setup, call and teardown summed): what balancing the
+# two workers (work_rank) is judged by, printed at the end of `make test`.
+_unit_seconds: dict[tuple[str, str], float] = {}
 
 
 def pytest_runtest_logreport(report: pytest.TestReport) -> None:
     if report.skipped and "lab" in report.keywords and report.when in ("setup", "call"):
         _lab_skipped.append(report.nodeid)
+    worker = getattr(getattr(report, "node", None), "gateway", None)
+    if worker is not None:  # a report from a pytest-xdist worker
+        unit = report.nodeid.rpartition("@")[2] if "@" in report.nodeid else report.nodeid
+        key = (worker.id, unit)
+        _unit_seconds[key] = _unit_seconds.get(key, 0.0) + report.duration
 
 
 def pytest_terminal_summary(terminalreporter, exitstatus: int, config: pytest.Config) -> None:
+    if _unit_seconds:
+        terminalreporter.section("work units by worker, seconds")
+        for worker in sorted({worker for worker, _ in _unit_seconds}):
+            units = {u: t for (w, u), t in _unit_seconds.items() if w == worker}
+            lab_units = sorted((t, u) for u, t in units.items() if t >= 10)
+            terminalreporter.line(
+                f"{worker}: {sum(units.values()):.0f} s in {len(units)} units; of 10 s or more: "
+                + ", ".join(f"{u} {t:.0f}" for t, u in reversed(lab_units))
+            )
     if _lab_skipped:
         terminalreporter.section("LAB TESTS SKIPPED", sep="!", red=True, bold=True)
         terminalreporter.line(
