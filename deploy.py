@@ -33,6 +33,7 @@ if Path.cwd().resolve() != COLLECTION:
     )
 
 import endpoints
+from operations import asked
 from stages import detected, run_summary, runmode, settings
 from stages.cluster import cluster
 from stages.fabric import fabric
@@ -42,7 +43,7 @@ from stages.lanes_front import lanes_and_front
 run_summary.register(state)  # after the run, one line per box: converged, or where it stopped
 box = settings.plan(inventory).box(host.name)  # every box's plan, computed once per run
 runmode.check(state)  # --serial, --no-wait, a small --parallel: refused for several boxes
-detected.register(state)  # without -y: what change detection found unchanged is not asked again
+asked.register(state)  # without -y: what change detection found unchanged is not asked again
 
 once = [detected.still_to_run]
 host_layer(box, _if=once)

@@ -25,15 +25,8 @@ cluster's operation finds stopped: operations/util.py ``missing``).
 from __future__ import annotations
 
 from pyinfra import host, state
-from pyinfra.api import State
 
 from operations import asked
-
-
-def register(run: State) -> None:
-    """Follow the execution (call from deploy.py; once per run is kept): operations/asked.py's
-    Asked counts what changed."""
-    asked.register(run)
 
 
 def still_to_run() -> bool:

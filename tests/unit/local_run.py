@@ -60,7 +60,7 @@ class Run:
         connect_all(self.state)
         self.host = self.inventory.get_host("@local")
         self.state.set_stage(StateStage.Prepare)
-        detected.register(self.state)
+        asked.register(self.state)
         self.once = once
 
     def path(self, name: str, text: str | None = None) -> str:

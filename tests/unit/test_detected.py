@@ -13,7 +13,6 @@ from pathlib import Path
 from pyinfra.api import operation
 
 from operations import asked
-from stages import detected
 from tests.unit.local_run import Run, copy, text
 
 # pyinfra's own reading, every answer asked: what detected.py is tested on here.
@@ -100,5 +99,5 @@ def test_with_yes_there_is_no_detection_and_every_operation_runs(tmp_path: Path)
 
 def test_registered_once_per_run(tmp_path: Path) -> None:
     run = Run(tmp_path)
-    detected.register(run.state)
+    asked.register(run.state)
     assert sum(isinstance(h, asked.Asked) for h in run.state.callback_handlers) == 1
