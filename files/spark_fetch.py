@@ -196,7 +196,9 @@ def hash_apart(cores: int, files: int) -> bool:
     return cores >= 2 * files
 
 
-HASH_APART = hash_apart(os.cpu_count() or 1, FILES_AT_ONCE)
+# The cores this process may run on (Python's os.cpu_count docs: "the number of usable CPUs can
+# be obtained with len(os.sched_getaffinity(0))"), not the machine's.
+HASH_APART = hash_apart(len(os.sched_getaffinity(0)), FILES_AT_ONCE)
 
 
 def stream(
