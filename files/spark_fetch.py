@@ -25,7 +25,8 @@ rest with `Range: bytes=N-`, as file_download.py's http_get did.
   hashes all the same, each file asked again every WAIT_SECONDS while that box has not got it
   (it fetches it from the hub meanwhile). A file that does not match its hash is deleted and
   the fetch fails.
-- FILES_AT_ONCE files are fetched at once, each hashed as it comes (one pass over its bytes).
+- FILES_AT_ONCE files are fetched at once, each hashed as it comes (one pass over its bytes),
+  each blob once however many files have its content.
 - The token, if any, is read from --token-file and sent as `Authorization: Bearer` to the hub
   only (never to a CDN it redirects to, nor to another box).
 - Progress: a line every PROGRESS_SECONDS to stdout (the unit's journal), and --status, a JSON
@@ -53,11 +54,16 @@ from email.message import Message
 from http.client import HTTPResponse
 from typing import IO, Any
 
-# Each read, written and hashed whole while it is still in the CPU's cache (8 MiB measured
-# slower than 1, on the lab's machine). hashlib lets go of the GIL while it hashes more than
-# 2047 bytes (CPython Modules/hashlib.h HASHLIB_GIL_MINSIZE), so one chunk is hashed by a
-# second thread while the next is received and written.
-CHUNK = 1 << 20
+# Each read written, then hashed, while it is still in the CPU's cache: in the receiving thread,
+# 256 KiB a read (bench/copy_rate.py on a 2-core machine: a third less CPU than 1 MiB reads
+# with the hash in a second thread, whose hand-over of each chunk costs more than it saves when
+# no core is idle; 64 KiB and 4 MiB reads cost more).
+CHUNK = 256 << 10
+# With a core to spare for each file, each 1 MiB chunk is hashed by a second thread while the
+# next is received and written (hashlib lets go of the GIL while it hashes more than 2047 bytes,
+# CPython Modules/hashlib.h HASHLIB_GIL_MINSIZE): a file then comes at the rate of its SHA-256
+# alone (a GB/s or so on one core), not of its hash, receipt and write one after the other.
+SPLIT_CHUNK = 1 << 20
 # Files fetched at once: a model's shards, each hashed on a core of its own (one SHA-256 runs
 # at a GB/s or two, a Spark's fabric at 25 GB/s: issue 13's 200 Gb/s).
 FILES_AT_ONCE = 4
@@ -185,10 +191,30 @@ class Progress:
             os.replace(f"{self.status}.new", self.status)
 
 
-def stream(answer: HTTPResponse, out: IO[bytes], digest: Any, progress: Progress) -> None:
-    """The answer's bytes written to `out` and hashed: each chunk hashed in a second thread while
-    the next is received into the other of two buffers and written, one pass over each byte."""
-    buffers = [memoryview(bytearray(CHUNK)), memoryview(bytearray(CHUNK))]
+def hash_apart(cores: int, files: int) -> bool:
+    """Hash in a second thread per file only where each file's two threads have a core each."""
+    return cores >= 2 * files
+
+
+# The cores this process may run on (Python's os.cpu_count docs: "the number of usable CPUs can
+# be obtained with len(os.sched_getaffinity(0))"), not the machine's.
+HASH_APART = hash_apart(len(os.sched_getaffinity(0)), FILES_AT_ONCE)
+
+
+def stream(
+    answer: HTTPResponse, out: IO[bytes], digest: Any, progress: Progress, apart: bool = HASH_APART
+) -> None:
+    """The answer's bytes written to `out` and hashed, one pass over each byte: each read hashed
+    in this thread once written, or (`apart`) in a second thread while the next is received into
+    the other of two buffers and written."""
+    if not apart:
+        buffer = memoryview(bytearray(CHUNK))
+        while size := answer.readinto(buffer):
+            out.write(buffer[:size])
+            digest.update(buffer[:size])
+            progress.add(size)
+        return
+    buffers = [memoryview(bytearray(SPLIT_CHUNK)), memoryview(bytearray(SPLIT_CHUNK))]
     hashing: Future | None = None
     which = 0
     with ThreadPoolExecutor(1) as hasher_thread:
@@ -308,15 +334,17 @@ def main(argv: list[str]) -> int:
         total = sum(spec["size"] for spec in files.values())
         progress = Progress(args.model, total, on_disk(blobs, files), args.status)
         progress.add(0, force=True)
+        # One fetch per blob: files of the same content (the hub names the same blob) would
+        # otherwise write one .incomplete file from two threads at once.
         missing = {
-            name: spec
+            spec["blob"]: (name, spec)
             for name, spec in sorted(files.items())
             if not os.path.exists(os.path.join(blobs, spec["blob"]))
         }
         with ThreadPoolExecutor(FILES_AT_ONCE) as pool:
             fetches = [
                 pool.submit(one_file, args, endpoint, commit, token, name, spec, blobs, progress)
-                for name, spec in missing.items()
+                for name, spec in missing.values()
             ]
             for each in fetches:  # the first failure, once every file has stopped
                 each.result()

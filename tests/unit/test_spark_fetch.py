@@ -210,17 +210,60 @@ def test_a_model_half_fetched_has_no_snapshot_yet(tmp_path: Path) -> None:
         running.wait()
 
 
-def test_a_stream_is_written_and_hashed_whole_across_chunks() -> None:
-    """Two chunks and a half (spark_fetch.CHUNK, 1 MiB): the second buffer filled while the first
-    is hashed, then the first again; what lands and its SHA-256 are the stream's."""
+@pytest.mark.parametrize("apart", [False, True])
+def test_a_stream_is_written_and_hashed_whole_across_chunks(apart: bool) -> None:
+    """Several reads and a part of one, in this thread (256 KiB reads) or with the hash in a
+    second thread (two 1 MiB buffers, the second filled while the first is hashed, then the
+    first again); what lands and its SHA-256 are the stream's either way."""
     fetcher = script("spark_fetch")
     data = os.urandom(2 * 2**20 + 12345)
     out, digest = io.BytesIO(), hashlib.sha256()
     progress = fetcher.Progress(REPO, len(data), 0, None)
-    fetcher.stream(io.BytesIO(data), out, digest, progress)
+    fetcher.stream(io.BytesIO(data), out, digest, progress, apart)
     assert out.getvalue() == data
     assert digest.hexdigest() == hashlib.sha256(data).hexdigest()
     assert progress.done == len(data)
+
+
+def test_the_hash_has_a_thread_of_its_own_only_with_a_core_to_spare() -> None:
+    """Four files at once: their receiving threads and hashing threads need 8 cores."""
+    fetcher = script("spark_fetch")
+    assert [fetcher.hash_apart(cores, 4) for cores in (2, 7, 8, 16)] == [False, False, True, True]
+    assert fetcher.hash_apart(2, 1)
+
+
+def test_files_of_the_same_content_are_fetched_once(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Two files the hub names by one blob (the same bytes): one ask of the box, one blob, both
+    files linked to it (two fetches at once into one .incomplete file failed the hash)."""
+    data = os.urandom(3 * 2**20)
+    blob = hashlib.sha256(data).hexdigest()
+    served = tmp_path / "served"
+    (served / "blobs").mkdir(parents=True)
+    (served / "blobs" / blob).write_bytes(data)
+    lfs = {"sha256": blob, "size": len(data), "pointerSize": 134}  # as tests/simlab/hub.py lists
+    siblings = [{"rfilename": name, "size": len(data), "lfs": lfs} for name in ("a.bin", "b.bin")]
+    api = served / "api/models" / REPO / "revision/main"
+    api.parent.mkdir(parents=True)
+    api.write_text(json.dumps({"sha": COMMIT, "siblings": siblings}))
+    server = serve_blobs(served)
+    url = f"http://127.0.0.1:{server.server_address[1]}"
+    try:
+        command = [sys.executable, str(FETCH), REPO, "--cache", str(tmp_path / "cache"),
+                   "--endpoint", url, "--source", f"{url}/blobs"]  # fmt: skip
+        result = subprocess.run(command, capture_output=True, text=True, timeout=60, check=False)
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert result.returncode == 0, result.stderr
+    snapshot = repo_dir(tmp_path / "cache") / "snapshots" / COMMIT
+    assert (
+        os.readlink(snapshot / "a.bin") == os.readlink(snapshot / "b.bin") == f"../../blobs/{blob}"
+    )
+    assert (snapshot / "a.bin").read_bytes() == data
+    # The server's log lines (http.server's log_request): the blob asked once.
+    assert capsys.readouterr().err.count(f"GET /blobs/{blob} ") == 1
 
 
 def test_the_box_serves_a_blob_whole_or_from_a_byte_on(tmp_path: Path) -> None:

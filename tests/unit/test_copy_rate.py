@@ -1,0 +1,50 @@
+"""bench/copy_rate.py, the fleet copy's bench: the model it serves is listed as the hub lists a
+repository (each LFS file's SHA-256, any other file's Git blob id, worked out here with hashlib
+and git itself), and a small run on loopback copies it whole and reports both sides. Nothing here
+is timed: the rates are whatever the machine gives."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import subprocess
+from pathlib import Path
+
+from bench import copy_rate
+
+
+def test_the_model_is_listed_as_the_hub_lists_a_repository(tmp_path: Path) -> None:
+    listing, total = copy_rate.make_model(tmp_path, 2, 2**20 + 7)
+    api = tmp_path / "api/models" / copy_rate.MODEL / "revision/main"
+    assert json.loads(api.read_text()) == listing
+    siblings = {s["rfilename"]: s for s in listing["siblings"]}
+    weights = [s for s in siblings.values() if "lfs" in s]
+    assert len(weights) == 2 and {s["size"] for s in weights} == {2**20 + 7}
+    for sibling in weights:
+        data = (tmp_path / "blobs" / sibling["lfs"]["sha256"]).read_bytes()
+        assert hashlib.sha256(data).hexdigest() == sibling["lfs"]["sha256"]
+        assert len(data) == sibling["lfs"]["size"] == sibling["size"]
+    assert weights[0]["lfs"]["sha256"] != weights[1]["lfs"]["sha256"]  # each a blob of its own
+    config = tmp_path / "blobs" / siblings["config.json"]["blobId"]
+    hashed = subprocess.run(["git", "hash-object", str(config)], capture_output=True, text=True)
+    assert hashed.stdout.strip() == siblings["config.json"]["blobId"]
+    on_disk = [p.stat().st_size for p in (tmp_path / "blobs").iterdir()]
+    assert total == sum(on_disk) == sum(s["size"] for s in siblings.values())
+
+
+def test_a_run_copies_the_model_and_reports_both_sides(tmp_path: Path) -> None:
+    out = tmp_path / "results.json"
+    argv = ["--files", "2", "--file-mib", "1", "--rounds", "1", "--loopback",
+            "--dir", str(tmp_path), "--json", str(out)]  # fmt: skip
+    assert copy_rate.main(argv) == 0
+    results = json.loads(out.read_text())
+    assert results["link"] == "loopback (asked)"
+    assert results["files_at_once"] == 4  # files/spark_fetch.py FILES_AT_ONCE
+    small = sum(len(data) for data in copy_rate.SMALL.values())
+    assert results["bytes"] == 2 * 2**20 + small
+    assert len(results["raw"]) == len(results["copy"]) == 1
+    for run in (*results["raw"], *results["copy"]):
+        assert run["rate"] == results["bytes"] / run["seconds"]
+    ratio = results["copy_median_mb_s"] / results["raw_median_mb_s"]
+    assert results["ratio"] == round(ratio, 3)
+    assert [p.name for p in tmp_path.iterdir()] == ["results.json"]  # the model and cache gone
