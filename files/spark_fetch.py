@@ -64,9 +64,6 @@ CHUNK = 256 << 10
 # CPython Modules/hashlib.h HASHLIB_GIL_MINSIZE): a file then comes at the rate of its SHA-256
 # alone (a GB/s or so on one core), not of its hash, receipt and write one after the other.
 SPLIT_CHUNK = 1 << 20
-# Files fetched at once: a model's shards, each hashed on a core of its own (one SHA-256 runs
-# at a GB/s or two, a Spark's fabric at 25 GB/s: issue 13's 200 Gb/s).
-FILES_AT_ONCE = 4
 PROGRESS_SECONDS = 5.0
 WAIT_SECONDS = 1.0  # between asks of a box that has not got a file yet
 # huggingface_hub's default endpoint (constants.py: _HF_DEFAULT_ENDPOINT).
@@ -191,6 +188,16 @@ class Progress:
             os.replace(f"{self.status}.new", self.status)
 
 
+def files_at_once(cores: int) -> int:
+    """Files fetched at once: half the usable cores, at least four. One SHA-256 runs at a GB/s
+    or so a core, so four files cap a copy near 5 GB/s (the copy bench: 29% of a 16-core
+    machine's loopback) where a Spark's fabric runs at 25 GB/s (issue 13: 200 Gb/s); a Spark's
+    20 cores (field-facts.md: 10 X925 + 10 A725) fetch ten, each received on one core and
+    hashed on another (hash_apart). huggingface_hub's snapshot_download asks eight at once
+    (_snapshot_download.py: max_workers=8), so ten is no burden on the hub."""
+    return max(4, cores // 2)
+
+
 def hash_apart(cores: int, files: int) -> bool:
     """Hash in a second thread per file only where each file's two threads have a core each."""
     return cores >= 2 * files
@@ -198,7 +205,9 @@ def hash_apart(cores: int, files: int) -> bool:
 
 # The cores this process may run on (Python's os.cpu_count docs: "the number of usable CPUs can
 # be obtained with len(os.sched_getaffinity(0))"), not the machine's.
-HASH_APART = hash_apart(len(os.sched_getaffinity(0)), FILES_AT_ONCE)
+CORES = len(os.sched_getaffinity(0))
+FILES_AT_ONCE = files_at_once(CORES)
+HASH_APART = hash_apart(CORES, FILES_AT_ONCE)
 
 
 def stream(

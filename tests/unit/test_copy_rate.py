@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import subprocess
 from pathlib import Path
 
@@ -39,7 +40,8 @@ def test_a_run_copies_the_model_and_reports_both_sides(tmp_path: Path) -> None:
     assert copy_rate.main(argv) == 0
     results = json.loads(out.read_text())
     assert results["link"] == "loopback (asked)"
-    assert results["files_at_once"] == 4  # files/spark_fetch.py FILES_AT_ONCE
+    # files/spark_fetch.py: half the cores this process may use, at least four
+    assert results["files_at_once"] == max(4, len(os.sched_getaffinity(0)) // 2)
     small = sum(len(data) for data in copy_rate.SMALL.values())
     assert results["bytes"] == 2 * 2**20 + small
     assert len(results["raw"]) == len(results["copy"]) == 1

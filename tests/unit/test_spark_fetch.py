@@ -225,6 +225,16 @@ def test_a_stream_is_written_and_hashed_whole_across_chunks(apart: bool) -> None
     assert progress.done == len(data)
 
 
+def test_files_at_once_are_half_the_cores_and_at_least_four() -> None:
+    """A Spark's 20 cores (10 X925 + 10 A725): ten files, each with a core to receive it and one
+    to hash it; the lab's 2 cores and a 9-core box: four, as before (7 cores: too few to hash
+    four apart)."""
+    fetcher = script("spark_fetch")
+    assert [fetcher.files_at_once(cores) for cores in (1, 2, 9, 10, 16, 20)] == [4, 4, 4, 5, 8, 10]
+    assert fetcher.hash_apart(20, fetcher.files_at_once(20))
+    assert not fetcher.hash_apart(7, fetcher.files_at_once(7))  # four files want eight
+
+
 def test_the_hash_has_a_thread_of_its_own_only_with_a_core_to_spare() -> None:
     """Four files at once: their receiving threads and hashing threads need 8 cores."""
     fetcher = script("spark_fetch")
