@@ -35,9 +35,13 @@ class RegistryImage(FactBase):
     """
 
     def command(self, image: str) -> str:
+        # A pin asked as repo@sha256:... alone: given repo:tag@sha256:..., docker's client asks
+        # the registry for the tag's manifest (docker/cli registry/client/fetcher.go,
+        # getManifestOptionsFromReference: a tagged reference is fetched by its tag), which is
+        # another manifest once the tag moved ("unsupported manifest format" on the lab).
         return (
             'echo "arch $(dpkg --print-architecture)";'
-            f' docker manifest inspect -v {shlex.quote(image)} 2>&1; echo "exit $?"'
+            f' docker manifest inspect -v {shlex.quote(local_name(image))} 2>&1; echo "exit $?"'
         )
 
     def process(self, output: list[str]) -> dict[str, int | str]:

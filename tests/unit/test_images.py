@@ -50,6 +50,13 @@ def test_the_registrys_size_is_the_sum_of_the_layers() -> None:
     }
 
 
+def test_a_pin_is_asked_of_the_registry_by_its_digest_alone() -> None:
+    # lanes.local_name: repo@digest; a tag beside the digest would be fetched by the tag.
+    command = images.RegistryImage().command(image=PINNED)
+    assert f"docker manifest inspect -v nvcr.io/nvidia/vllm@{DIGEST} 2>&1" in command
+    assert f"docker manifest inspect -v {IMAGE} 2>&1" in images.RegistryImage().command(image=IMAGE)
+
+
 def test_a_manifest_list_gives_the_boxs_platform() -> None:
     # arm64's entry: a 9e9-byte layer and a 1000-byte one (amd64's first layer is 7e9).
     found = process(images.RegistryImage, captured("registryimage-manifest-list.sample.txt"))
