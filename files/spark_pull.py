@@ -1,7 +1,8 @@
 #!/usr/bin/python3
 """A serving image pulled through docker's Engine API, with progress.
 
-    spark_pull.py IMAGE --total BYTES --status PATH [--socket PATH] [--docker-config PATH]
+    spark_pull.py IMAGE --status PATH --layer DIGEST=BYTES [--layer ...]
+                  [--socket PATH] [--docker-config PATH]
 
 Run by the box's transient unit spark-pull-<image> (operations/images.py), as root, with the
 standard library alone (the host's python3), so that a deploy cut off does not cut the pull: the
@@ -15,10 +16,12 @@ object a line (CreateImageInfo: status, id, progressDetail {current, total}, or 
   auths.<registry>.auth, base64 of user:password: docker/cli's configfile), sent as the
   X-Registry-Auth header (the Engine API's "Authentication": base64url of a JSON
   {username, password, serveraddress}). Never in argv, the unit, the journal or the status.
-- Progress: bytes downloaded of every layer (a layer's downloaded size once docker says it is
-  complete) against --total, the registry's manifest's layer sizes (operations/images.py
-  RegistryImage); a line every JOURNAL_SECONDS to stdout (the unit's journal), and --status, a
-  JSON file (written beside, then renamed) that the deploy and the metrics collector read.
+- Progress: bytes downloaded of every layer (its manifest size once docker says it is complete
+  or already on the box) against their total, the registry's manifest's layers as --layer
+  (operations/images.py RegistryImage; docker names a layer in the stream by its digest's first
+  12 hex digits: moby's distribution/pull_v2 layer descriptor ID, stringid.TruncateID); a line
+  every JOURNAL_SECONDS to stdout (the unit's journal), and --status, a JSON file (written
+  beside, then renamed) that the deploy and the metrics collector read.
 - docker registers the image only once every layer is in: a pull cut half way leaves no image.
 
 Exit status 0 once the daemon says the pull ended without error; 1 otherwise, with docker's
@@ -89,13 +92,24 @@ def registry_auth(image: str, config_path: str) -> str | None:
     return base64.urlsafe_b64encode(json.dumps(header).encode()).decode()
 
 
+def short_ids(layers: list[str]) -> dict[str, int]:
+    """--layer's DIGEST=BYTES as {the id docker's stream names the layer by: bytes}."""
+    found = {}
+    for layer in layers:
+        digest, _, size = layer.rpartition("=")
+        found[digest.partition(":")[2][:12]] = int(size)
+    return found
+
+
 class Progress:
     """Each layer's bytes as the daemon reports them, the status file and the journal's line."""
 
-    def __init__(self, image: str, total: int, status: str):
-        self.image, self.total, self.status = image, total, status
-        self.layers: dict[str, int] = {}  # bytes downloaded, by the layer's short id
-        self.sizes: dict[str, int] = {}  # each layer's size, as its `Downloading` says
+    def __init__(self, image: str, manifest: dict[str, int], status: str):
+        self.image, self.status = image, status
+        self.total = sum(manifest.values())
+        self.layers: dict[str, int] = {}  # bytes in, by the layer's short id
+        self.sizes = dict(manifest)  # each layer's size: the manifest's, else its `Downloading`
+        self.existing: set[str] = set()  # the layers docker found on the box already
         self.started = time.monotonic()
         self.written = self.said = 0.0
 
@@ -103,17 +117,21 @@ class Progress:
         return sum(self.layers.values())
 
     def rate(self) -> float:
-        return self.done() / max(time.monotonic() - self.started, 1e-6)
+        """Bytes downloaded a second (a layer on the box already is none of them)."""
+        downloaded = self.done() - sum(self.layers[layer] for layer in self.existing)
+        return downloaded / max(time.monotonic() - self.started, 1e-6)
 
     def update(self, message: dict) -> None:
         """One message of the daemon's stream: a layer's bytes so far, or its whole size once
-        downloaded (the last `Downloading` total it gave)."""
+        downloaded or found on the box already."""
         layer, status = message.get("id"), message.get("status", "")
         detail = message.get("progressDetail") or {}
         if layer and status == "Downloading" and "current" in detail:
             self.layers[layer] = detail["current"]
-            self.sizes[layer] = detail.get("total", 0)
-        elif layer and status in DOWNLOADED:
+            self.sizes.setdefault(layer, detail.get("total", 0))
+        elif layer and (status in DOWNLOADED or status == "Already exists"):
+            if status == "Already exists":
+                self.existing.add(layer)
             self.layers[layer] = max(self.layers.get(layer, 0), self.sizes.get(layer, 0))
 
     def tick(self, state: str = "pulling", error: str = "", force: bool = False) -> None:
@@ -181,12 +199,12 @@ def pull(image: str, progress: Progress, socket_path: str, auth: str | None) -> 
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="spark_pull.py")
     parser.add_argument("image")
-    parser.add_argument("--total", type=int, required=True)
     parser.add_argument("--status", required=True)
+    parser.add_argument("--layer", action="append", default=[], help="DIGEST=BYTES")
     parser.add_argument("--socket", default=SOCKET)
     parser.add_argument("--docker-config", default=DOCKER_CONFIG)
     args = parser.parse_args(argv)
-    progress = Progress(args.image, args.total, args.status)
+    progress = Progress(args.image, short_ids(args.layer), args.status)
     progress.tick(force=True)
     error = pull(args.image, progress, args.socket, registry_auth(args.image, args.docker_config))
     progress.tick("failed" if error else "done", error, force=True)

@@ -24,13 +24,13 @@ WAIT_SECONDS = 2  # between the deploy's looks at a pull's unit
 
 class RegistryImage(FactBase):
     """What the image's registry says of it (`docker manifest inspect -v`, docker's own client:
-    the box's credentials and trusted authorities): ``size``, the sum of its layers' sizes in
-    the manifest for this box's architecture (a manifest list names one manifest per platform),
-    else ``error``, the registry's answer as docker prints it.
+    the box's credentials and trusted authorities): ``layers``, each layer's digest and size in
+    the manifest for this box's architecture (a manifest list names one manifest per platform)
+    and ``size``, their sum, else ``error``, the registry's answer as docker prints it.
 
     .. code:: python
 
-        {"size": 163146892}
+        {"size": 163146892, "layers": {"sha256:11f4...": 163146892}}
         {"error": "Get \"https://nvcr.io/v2/\": dial tcp 10.77.1.1:443: connect: refused"}
     """
 
@@ -44,7 +44,7 @@ class RegistryImage(FactBase):
             f' docker manifest inspect -v {shlex.quote(local_name(image))} 2>&1; echo "exit $?"'
         )
 
-    def process(self, output: list[str]) -> dict[str, int | str]:
+    def process(self, output: list[str]) -> dict[str, object]:
         arch = output[0].removeprefix("arch ") if output else ""
         body = output[1:-1]
         if output[-1:] != ["exit 0"]:
@@ -56,7 +56,8 @@ class RegistryImage(FactBase):
             platform = entry.get("Descriptor", {}).get("platform", {})
             if len(entries) == 1 or platform.get("architecture") == arch:
                 manifest = entry.get("SchemaV2Manifest") or entry.get("OCIManifest") or {}
-                return {"size": sum(layer["size"] for layer in manifest.get("layers", []))}
+                layers = {layer["digest"]: layer["size"] for layer in manifest.get("layers", [])}
+                return {"size": sum(layers.values()), "layers": layers}
         return {"error": f"no manifest for this box's architecture ({arch})"}
 
 
@@ -198,13 +199,14 @@ def image_present(image: str):
         f"{image}: {gb(int(found['size']))} pulled in {unit}; watch it with"
         f" `journalctl -fu {unit}`, {pull_status(image)} or `make status`"
     )
-    yield pulled_in_unit(image, int(found["size"]), host.name)
+    yield pulled_in_unit(image, found["layers"], host.name)
     if "@" in image:
         yield verify_pin(image, host.name)
 
 
-def pulled_in_unit(image: str, size: int, box: str) -> str:
-    """Shell that pulls ``image`` in its transient unit (files/spark_pull.py, run by
+def pulled_in_unit(image: str, layers: dict[str, int], box: str) -> str:
+    """Shell that pulls ``image`` (its manifest's ``layers``: digest and size, for its
+    progress) in its transient unit (files/spark_pull.py, run by
     systemd-run: a deploy cut off leaves it running) unless that unit runs already (a deploy cut
     before: it is waited for, never started twice), then waits for it to end; failing, one line
     on stderr naming the box, the registry and docker's answer (the status file's error).
@@ -216,8 +218,8 @@ def pulled_in_unit(image: str, size: int, box: str) -> str:
         for word in (
             "systemd-run", "--quiet", "--collect", f"--unit={pull_unit(image)}",
             f"--description=Spark pull of {image}", "--property=Nice=10",
-            "/usr/bin/python3", PULL_SCRIPT, image, "--total", str(size), "--status",
-            pull_status(image),
+            "/usr/bin/python3", PULL_SCRIPT, image, "--status", pull_status(image),
+            *(word for digest, size in layers.items() for word in ("--layer", f"{digest}={size}")),
         )
     )  # fmt: skip
     read = shlex.quote(

@@ -34,6 +34,9 @@ BY_DIGEST = f"image nvcr.io/nvidia/vllm:<none> {DIGEST}\n"
 OTHER_DIGEST = "image nvcr.io/nvidia/vllm:26.04-py3 sha256:" + "e" * 64 + "\n"
 ROOM = captured("lab-dockerroom-bare.txt")
 SIZE = 163146892  # the lab's manifest: one layer (lab-registryimage-2604.txt)
+# Its layer (lab-registryimage-2604.txt's manifest).
+LAYER = "sha256:e5f9dfe23a9993dfe08e8705bf2e12954d131f04c9e4537d31d74c7c91361c50"
+LAYERS = {LAYER: SIZE}
 # The pull script on the box as the deploy leaves it (RootFiles' line: owner, mode, SHA-1).
 SCRIPT = (
     f"{images.PULL_SCRIPT}\troot root 755"
@@ -46,8 +49,8 @@ STATUS = "/var/lib/spark/pull/nvcr.io--nvidia--vllm:26.04-py3.json"
 def test_the_registrys_size_is_the_sum_of_the_layers() -> None:
     # The lab's manifest has one layer of 163146892 bytes (docker manifest inspect -v).
     assert process(images.RegistryImage, captured("lab-registryimage-2604.txt")) == {
-        "size": 163146892
-    }
+        "size": 163146892, "layers": {LAYER: 163146892}
+    }  # fmt: skip
 
 
 def test_a_pin_is_asked_of_the_registry_by_its_digest_alone() -> None:
@@ -60,7 +63,10 @@ def test_a_pin_is_asked_of_the_registry_by_its_digest_alone() -> None:
 def test_a_manifest_list_gives_the_boxs_platform() -> None:
     # arm64's entry: a 9e9-byte layer and a 1000-byte one (amd64's first layer is 7e9).
     found = process(images.RegistryImage, captured("registryimage-manifest-list.sample.txt"))
-    assert found == {"size": 9_000_001_000}
+    assert found == {
+        "size": 9_000_001_000,
+        "layers": {"sha256:" + "2" * 64: 9_000_000_000, "sha256:" + "3" * 64: 1000},
+    }
 
 
 @pytest.mark.parametrize(
@@ -111,7 +117,7 @@ def test_an_image_present_is_not_pulled_nor_asked_of_the_registry() -> None:
 def test_an_absent_image_is_pulled_in_its_unit_saying_where_to_watch() -> None:
     host = FakeHost(facts(None))
     commands = run_op(images.image_present, host=host, image=IMAGE)
-    assert commands == [images.pulled_in_unit(IMAGE, SIZE, "spark-test")]
+    assert commands == [images.pulled_in_unit(IMAGE, LAYERS, "spark-test")]
     assert host.logs == [
         f"{IMAGE}: 0.2 GB pulled in {UNIT}; watch it with `journalctl -fu {UNIT}`, {STATUS} or"
         " `make status`"
@@ -122,7 +128,7 @@ def test_the_pull_script_is_uploaded_where_it_is_missing() -> None:
     host = FakeHost(facts(None) | file_facts({images.PULL_SCRIPT: None}))
     commands = run_op(images.image_present, host=host, image=IMAGE)
     assert host.uploads[images.PULL_SCRIPT] == images.PULL_SOURCE.read_text()
-    assert commands[-1] == images.pulled_in_unit(IMAGE, SIZE, "spark-test")
+    assert commands[-1] == images.pulled_in_unit(IMAGE, LAYERS, "spark-test")
 
 
 def unit_run(tmp_path: Path, active: int, status: dict | None) -> subprocess.CompletedProcess:
@@ -139,7 +145,7 @@ def unit_run(tmp_path: Path, active: int, status: dict | None) -> subprocess.Com
         " [ $n -gt 0 ] && { n=$((n - 1)); return 0; }; return 3; fi; };"
         f" systemd-run() {{ printf '%s\\n' \"$@\" >> {log}; }}; rm() {{ :; }};"
     )
-    command = images.pulled_in_unit(IMAGE, SIZE, "spark-1").replace(STATUS, str(status_file))
+    command = images.pulled_in_unit(IMAGE, LAYERS, "spark-1").replace(STATUS, str(status_file))
     return subprocess.run(["bash", "-c", fakes + command], capture_output=True, text=True)
 
 
@@ -151,8 +157,8 @@ def test_a_pull_not_running_is_started_in_its_unit_and_waited_for(tmp_path: Path
     assert log[:2] == [f"systemctl is-active --quiet {UNIT}", f"systemctl reset-failed {UNIT}"]
     assert log[2:-1] == [
         "--quiet", "--collect", f"--unit={UNIT}", f"--description=Spark pull of {IMAGE}",
-        "--property=Nice=10", "/usr/bin/python3", images.PULL_SCRIPT, IMAGE, "--total",
-        str(SIZE), "--status", str(tmp_path / "status.json"),
+        "--property=Nice=10", "/usr/bin/python3", images.PULL_SCRIPT, IMAGE, "--status",
+        str(tmp_path / "status.json"), "--layer", f"{LAYER}={SIZE}",
     ]  # fmt: skip
     assert log[-1] == f"systemctl is-active --quiet {UNIT}"
 
@@ -201,11 +207,11 @@ def test_a_pin_is_pulled_by_digest_and_verified_where_the_box_lacks_it(local: st
     # Absent, present by the tag only (imported: no digest), or the tag moved (another digest).
     commands = run_op(images.image_present, host=FakeHost(facts(local)), image=PINNED)
     assert commands == [
-        images.pulled_in_unit(PINNED, SIZE, "spark-test"), images.verify_pin(PINNED, "spark-test")
+        images.pulled_in_unit(PINNED, LAYERS, "spark-test"), images.verify_pin(PINNED, "spark-test")
     ]  # fmt: skip
     # The unit's name and the script's argument: the whole pin.
     assert f"spark-pull-nvcr.io--nvidia--vllm:26.04-py3-sha256:{DIGEST[7:]}.service" in commands[0]
-    assert f" {PINNED} --total" in commands[0]
+    assert f" {PINNED} --status" in commands[0]
 
 
 @pytest.mark.parametrize(
@@ -259,7 +265,7 @@ def test_too_little_room_stops_the_box_naming_both_numbers_and_the_unused_images
 def test_room_enough_pulls() -> None:
     host = FakeHost(facts(None) | {images.DockerRoom: room_with(163146892)})  # exactly enough
     assert run_op(images.image_present, host=host, image=IMAGE) == [
-        images.pulled_in_unit(IMAGE, SIZE, "spark-test")
+        images.pulled_in_unit(IMAGE, LAYERS, "spark-test")
     ]
 
 

@@ -34,6 +34,7 @@ IMAGE = "nvcr.io/nvidia/vllm:26.04-py3"
 PIN = "sha256:" + "b" * 64
 EOF_ERROR = {"errorDetail": {"message": "unexpected EOF"}, "error": "unexpected EOF"}
 LAYER, SIZE = "5a1b2c3d4e5f", 163146892
+LAYER_DIGEST = f"sha256:{LAYER}{'0' * 52}"  # docker's stream names it by the first 12 digits
 STREAM = [
     {"status": "Pulling from nvidia/vllm", "id": "26.04-py3"},
     {"status": "Pulling fs layer", "progressDetail": {}, "id": LAYER},
@@ -90,7 +91,7 @@ def daemon(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Daemon]:
 
 def run(tmp_path: Path, *extra: str) -> int:
     return spark_pull.main(
-        [IMAGE, "--total", str(SIZE), "--status", str(tmp_path / "status.json"),
+        [IMAGE, "--layer", f"{LAYER_DIGEST}={SIZE}", "--status", str(tmp_path / "status.json"),
          "--socket", str(tmp_path / "docker.sock"), *extra]
     )  # fmt: skip
 
@@ -123,8 +124,26 @@ def test_a_pull_reads_its_progress_and_ends_done(daemon: Daemon, tmp_path: Path,
     assert journal[-1].endswith(", done")
 
 
+def test_the_manifests_layers_by_the_id_dockers_stream_gives_them() -> None:
+    assert spark_pull.short_ids([f"{LAYER_DIGEST}={SIZE}", f"sha256:{'c' * 64}=7"]) == {
+        LAYER: SIZE, "c" * 12: 7
+    }  # fmt: skip
+
+
+def test_a_layer_already_on_the_box_counts_whole() -> None:
+    # An upgrade sharing the base layer: docker says "Already exists" of it and downloads the
+    # other (26.05's stand-in: the 26.04 base and a small layer over it).
+    progress = spark_pull.Progress(IMAGE, {LAYER: SIZE, "c" * 12: 1000}, "/nonexistent")
+    progress.update({"status": "Already exists", "progressDetail": {}, "id": LAYER})
+    progress.update({"status": "Downloading", "progressDetail": {"current": 400, "total": 1000},
+                     "id": "c" * 12})  # fmt: skip
+    assert (progress.done(), progress.total) == (SIZE + 400, SIZE + 1000)
+    progress.started -= 2  # two seconds in: 400 bytes downloaded, the rate 200 B/s
+    assert 199 < progress.rate() <= 200
+
+
 def test_a_layers_bytes_count_as_docker_reports_them() -> None:
-    progress = spark_pull.Progress(IMAGE, SIZE, "/nonexistent")
+    progress = spark_pull.Progress(IMAGE, {LAYER: SIZE}, "/nonexistent")
     for message in STREAM[:4]:
         progress.update(message)
     assert progress.done() == 81573446  # the last `Downloading` current
