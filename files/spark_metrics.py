@@ -6,12 +6,12 @@
 
 Run by a systemd timer (operations/metrics.py). Reads what the box has (memory, each lane's and
 the cluster rank's container memory, the GPU figures GB10 reports, each fabric twin, the lanes,
-the NCCL test's verdict, versions) and compares it with the box's plan, which the deploy writes
-to the root-only EXPECTED file: every value that differs is its own `spark_drift` series and a
-line on stdout (the journal) naming it and what to run. The file is written whole or not at
-all: a temporary file in the same directory, then a rename (the node exporter's textfile
-collector documentation: "atomically", or it may read a half-written file). The standard
-library alone, like files/nccl_check.py.
+the NCCL test's verdict, image pulls, versions) and compares it with the box's plan, which the
+deploy writes to the root-only EXPECTED file: every value that differs is its own `spark_drift`
+series and a line on stdout (the journal) naming it and what to run. The file is written whole
+or not at all: a temporary file in the same directory, then a rename (the node exporter's
+textfile collector documentation: "atomically", or it may read a half-written file). The
+standard library alone, like files/nccl_check.py.
 """
 
 from __future__ import annotations
@@ -64,6 +64,11 @@ CANARY = "/usr/local/sbin/spark-lane-canary"
 # How `systemctl show -p ExecStartPost` ends a command's entry: its last run (pid 0: none since
 # the unit's last start, when systemd clears every command's status: src/core/service.c).
 RUN = re.compile(r"pid=(\d+) ; code=(\S+) ; status=(\d+)")
+# Each image pull's status file (files/spark_pull.py --status; spark/box_paths.py
+# PULL_STATUS_DIR). A pull writes it every 2 s while docker reports progress: one not written
+# for STALE_PULL_S stopped without saying so (its box rebooted).
+PULL_STATUS_DIR = Path("/var/lib/spark/pull")
+STALE_PULL_S = 120
 
 
 @dataclass
@@ -398,6 +403,31 @@ def nccl(metrics: Metrics, verdict_file: Path, now: float) -> None:
         )  # fmt: skip
 
 
+def pulls(metrics: Metrics, directory: Path, now: float) -> None:
+    """Each image's last pull on the box (its status file): bytes downloaded, the registry's
+    total, the rate, and whether it is running now."""
+    for path in sorted(directory.glob("*.json")):
+        try:
+            status = json.loads(path.read_text())
+        except (OSError, ValueError):
+            continue
+        image = str(status.get("image", path.stem))
+        running = status.get("state") == "pulling" and now - status.get("time", 0) < STALE_PULL_S
+        metrics.add(
+            "spark_image_pull_bytes", status.get("done", 0),
+            "Bytes of the image downloaded by its last pull", image=image,
+        )  # fmt: skip
+        metrics.add(
+            "spark_image_pull_total_bytes", status.get("total", 0),
+            "Bytes of the image's layers, from its registry's manifest", image=image,
+        )  # fmt: skip
+        metrics.add(
+            "spark_image_pull_rate_bytes_per_second", status.get("rate", 0),
+            "The image's last pull's mean rate", image=image,
+        )  # fmt: skip
+        metrics.add("spark_image_pulling", int(running), "The image is being pulled", image=image)
+
+
 # --- versions, drift --------------------------------------------------------------------------
 
 
@@ -434,6 +464,7 @@ def collect(
     command: Callable[[list[str]], str | None] = run,
     health: Callable[[int], bool] = healthy,
     now: float | None = None,
+    pull_dir: Path = PULL_STATUS_DIR,
 ) -> tuple[str, list]:
     """The text for the textfile collector, and the drift found (kind, subject, expected,
     found, what to run)."""
@@ -460,6 +491,7 @@ def collect(
     lanes(metrics, expected, show, health, uptime, drift)
     if expected["nccl"]:
         nccl(metrics, Path(expected["nccl_verdict"]), now)
+    pulls(metrics, pull_dir, now)
     toolkit = command(["dpkg-query", "-W", "-f", "${Version}", "nvidia-container-toolkit"])
     versions(metrics, proc, expected, driver, toolkit, drift)
     report_drift(metrics, drift)

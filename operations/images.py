@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import shlex
+from pathlib import Path
 
 from pyinfra import host
 from pyinfra.api import FactBase, operation
@@ -12,30 +13,38 @@ from pyinfra.api import FactBase, operation
 from operations import util
 from operations.asked import answer
 from operations.lanes import LocalImages, local_name
+from spark.box_paths import PULL_STATUS_DIR, pull_status, pull_unit
 
 # docker's image sizes are decimal (`docker image ls`: go-units HumanSize, 1000 a step).
 GB = 1000**3
+PULL_SOURCE = Path(__file__).parents[1] / "files" / "spark_pull.py"
+PULL_SCRIPT = "/usr/local/lib/spark/spark_pull.py"
+WAIT_SECONDS = 2  # between the deploy's looks at a pull's unit
 
 
 class RegistryImage(FactBase):
     """What the image's registry says of it (`docker manifest inspect -v`, docker's own client:
-    the box's credentials and trusted authorities): ``size``, the sum of its layers' sizes in
-    the manifest for this box's architecture (a manifest list names one manifest per platform),
-    else ``error``, the registry's answer as docker prints it.
+    the box's credentials and trusted authorities): ``layers``, each layer's digest and size in
+    the manifest for this box's architecture (a manifest list names one manifest per platform)
+    and ``size``, their sum, else ``error``, the registry's answer as docker prints it.
 
     .. code:: python
 
-        {"size": 163146892}
+        {"size": 163146892, "layers": {"sha256:11f4...": 163146892}}
         {"error": "Get \"https://nvcr.io/v2/\": dial tcp 10.77.1.1:443: connect: refused"}
     """
 
     def command(self, image: str) -> str:
+        # A pin asked as repo@sha256:... alone: given repo:tag@sha256:..., docker's client asks
+        # the registry for the tag's manifest (docker/cli registry/client/fetcher.go,
+        # getManifestOptionsFromReference: a tagged reference is fetched by its tag), which is
+        # another manifest once the tag moved ("unsupported manifest format" on the lab).
         return (
             'echo "arch $(dpkg --print-architecture)";'
-            f' docker manifest inspect -v {shlex.quote(image)} 2>&1; echo "exit $?"'
+            f' docker manifest inspect -v {shlex.quote(local_name(image))} 2>&1; echo "exit $?"'
         )
 
-    def process(self, output: list[str]) -> dict[str, int | str]:
+    def process(self, output: list[str]) -> dict[str, object]:
         arch = output[0].removeprefix("arch ") if output else ""
         body = output[1:-1]
         if output[-1:] != ["exit 0"]:
@@ -47,7 +56,8 @@ class RegistryImage(FactBase):
             platform = entry.get("Descriptor", {}).get("platform", {})
             if len(entries) == 1 or platform.get("architecture") == arch:
                 manifest = entry.get("SchemaV2Manifest") or entry.get("OCIManifest") or {}
-                return {"size": sum(layer["size"] for layer in manifest.get("layers", []))}
+                layers = {layer["digest"]: layer["size"] for layer in manifest.get("layers", [])}
+                return {"size": sum(layers.values()), "layers": layers}
         return {"error": f"no manifest for this box's architecture ({arch})"}
 
 
@@ -182,6 +192,49 @@ def image_present(image: str):
     if problem:
         yield from util.refused(problem)
         return
-    yield util.pull(image, host.name)
+    yield from util.put(str(PULL_SOURCE), PULL_SCRIPT, "755")
+    unit = pull_unit(image)
+    # Shown without -v (a noop's words are not), before the deploy waits.
+    host.log(
+        f"{image}: {gb(int(found['size']))} pulled in {unit}; watch it with"
+        f" `journalctl -fu {unit}`, {pull_status(image)} or `make status`"
+    )
+    yield pulled_in_unit(image, found["layers"], host.name)
     if "@" in image:
         yield verify_pin(image, host.name)
+
+
+def pulled_in_unit(image: str, layers: dict[str, int], box: str) -> str:
+    """Shell that pulls ``image`` (its manifest's ``layers``: digest and size, for its
+    progress) in its transient unit (files/spark_pull.py, run by
+    systemd-run: a deploy cut off leaves it running) unless that unit runs already (a deploy cut
+    before: it is waited for, never started twice), then waits for it to end; failing, one line
+    on stderr naming the box, the registry and docker's answer (the status file's error).
+    --collect: the unit is unloaded once it ends, failed or not (systemd-run(1)), so the next
+    pull can take its name."""
+    unit, status = shlex.quote(pull_unit(image)), shlex.quote(pull_status(image))
+    start = " ".join(
+        shlex.quote(word)
+        for word in (
+            "systemd-run", "--quiet", "--collect", f"--unit={pull_unit(image)}",
+            f"--description=Spark pull of {image}", "--property=Nice=10",
+            "/usr/bin/python3", PULL_SCRIPT, image, "--status", pull_status(image),
+            *(word for digest, size in layers.items() for word in ("--layer", f"{digest}={size}")),
+        )
+    )  # fmt: skip
+    read = shlex.quote(
+        "import json, sys; s = json.load(open(sys.argv[1]));"
+        " print(s['error'] if s['state'] == 'failed' else s['state'])"
+    )
+    failed = shlex.quote(
+        f"{box}: docker pull {image} from registry {util.registry_of(image)} failed:"
+    )
+    return (
+        f"if ! systemctl is-active --quiet {unit}; then"
+        f" install -d -m 755 {PULL_STATUS_DIR} && rm -f {status}"
+        f" && {{ systemctl reset-failed {unit} 2>/dev/null; {start}; }} || exit 1; fi;"
+        f" while systemctl is-active --quiet {unit}; do sleep {WAIT_SECONDS}; done;"
+        f" said=$(python3 -c {read} {status} 2>/dev/null);"
+        f' [ "$said" = done ] || {{ echo {failed} "${{said:-{unit} ended without a status:'
+        f' journalctl -u {unit}}}" >&2; exit 1; }}'
+    )

@@ -24,3 +24,24 @@ def fetch_unit(model: str) -> str:
     """The unit that fetches a Hugging Face model (``org/name``) into MODELS_DIR: characters a
     unit name takes, the slash written ``--`` as huggingface_hub's cache writes it."""
     return f"spark-fetch-{model.replace('/', '--')}.service"
+
+
+# Each image pull's status (files/spark_pull.py --status), which the deploy and the metrics
+# collector (files/spark_metrics.py PULL_STATUS_DIR) read.
+PULL_STATUS_DIR = "/var/lib/spark/pull"
+
+
+def pull_slug(image: str) -> str:
+    """An image's name in characters a unit name takes (systemd.unit: letters, digits, ":",
+    "-", "_", "."), the slashes written ``--`` as fetch_unit writes a model's, "@" as "-"."""
+    return "".join(c if c.isalnum() or c in ":-_." else "-" for c in image.replace("/", "--"))
+
+
+def pull_unit(image: str) -> str:
+    """The transient unit that pulls ``image`` (operations/images.py)."""
+    return f"spark-pull-{pull_slug(image)}.service"
+
+
+def pull_status(image: str) -> str:
+    """Where the pull of ``image`` keeps its status."""
+    return f"{PULL_STATUS_DIR}/{pull_slug(image)}.json"

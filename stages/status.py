@@ -3,11 +3,11 @@
     .venv/bin/python -m stages.status [--inventory inventories/lab.py] [--keys-dir DIR]
 
 `make status` runs it. Per box: the lanes (up, canary), MemAvailable against the memory guard's
-floor, each twin (rate, MTU, RoCE v2 GID index), the NCCL test's verdict and its age, and every
-drift from the plan. A box is red when its endpoint does not answer, a lane is down or failed
-its canary, memory is below the floor, anything drifted, or the NCCL test failed or is older
-than a week; the command then exits 1. Each box's metrics key is read from KEYS_DIR/<box>.key
-(its /etc/spark/secrets/_metrics.key; README: Watching the fleet).
+floor, each twin (rate, MTU, RoCE v2 GID index), the NCCL test's verdict and its age, the image
+pulls running, and every drift from the plan. A box is red when its endpoint does not answer, a
+lane is down or failed its canary, memory is below the floor, anything drifted, or the NCCL test
+failed or is older than a week; the command then exits 1. Each box's metrics key is read from
+KEYS_DIR/<box>.key (its /etc/spark/secrets/_metrics.key; README: Watching the fleet).
 """
 
 from __future__ import annotations
@@ -72,7 +72,7 @@ def row(box: str, samples: Samples | None, error: str = "") -> Row:
     """A box's cells and what makes it red, from its endpoint's samples (None: no answer)."""
     result = Row(box)
     if samples is None:
-        result.cells = [f"no answer: {error}", "", "", "", ""]
+        result.cells = [f"no answer: {error}", "", "", "", "", ""]
         result.problems.append(f"endpoint: {error}")
         return result
     up, canary = (
@@ -117,8 +117,24 @@ def row(box: str, samples: Samples | None, error: str = "") -> Row:
     ]
     result.problems += [f"drift: {text}" for text in drift]
     result.cells = [", ".join(lanes) or "-", memory, ", ".join(twins) or "-", nccl]
+    result.cells.append(", ".join(pulling(samples)) or "-")
     result.cells.append("; ".join(drift) or "-")
     return result
+
+
+def pulling(samples: Samples) -> list[str]:
+    """Each image pull running on the box (the collector's spark_image_pull_* series), as
+    "<image>: X of Y GB (P%), R MB/s: pulling"."""
+    done = by(samples, "spark_image_pull_bytes", "image")
+    total = by(samples, "spark_image_pull_total_bytes", "image")
+    rate = by(samples, "spark_image_pull_rate_bytes_per_second", "image")
+    return [
+        f"{image}: {done.get(image, 0) / 1e9:.1f} of {total.get(image, 0) / 1e9:.1f} GB"
+        f" ({100 * done.get(image, 0) / max(total.get(image, 0), 1):.0f}%),"
+        f" {rate.get(image, 0) / 1e6:.0f} MB/s: pulling"
+        for image, running in by(samples, "spark_image_pulling", "image").items()
+        if running == 1
+    ]
 
 
 def scrape(box: BoxPlan, keys_dir: Path) -> tuple[Samples | None, str]:
@@ -139,7 +155,8 @@ def scrape(box: BoxPlan, keys_dir: Path) -> tuple[Samples | None, str]:
 
 
 def table(rows: list[Row], colour: bool) -> str:
-    header = ["box", "lanes (canary)", "memory avail/floor", "twins rate/MTU/GID", "NCCL", "drift"]
+    header = ["box", "lanes (canary)", "memory avail/floor", "twins rate/MTU/GID", "NCCL"]
+    header += ["pulls", "drift"]
     lines = [header] + [[r.box, *r.cells] for r in rows]
     widths = [max(len(line[i]) for line in lines) for i in range(len(header))]
     out = []

@@ -11,8 +11,10 @@ machine and the lab's namespaces reaches it.
 from __future__ import annotations
 
 import contextlib
+import gzip
 import hashlib
 import http.client
+import io
 import json
 import os
 import platform
@@ -20,6 +22,7 @@ import shutil
 import signal
 import ssl
 import subprocess
+import tarfile
 import time
 from pathlib import Path
 
@@ -230,11 +233,12 @@ def _pushed_repositories(address: str) -> list[str]:
     return json.loads(body)["repositories"] if status == 200 else []
 
 
-def push(address: str, image: str) -> str:
+def push(address: str, image: str, extra: list[dict] | None = None) -> str:
     """The stand-in `image` into the registry under its own name (its layers, config and
-    manifest); the manifest's digest the registry answers."""
+    manifest); the manifest's digest the registry answers. With `extra` (filler_layer's), those
+    layers go on top and the manifest is pushed by its digest alone: the tag keeps its image."""
     _registry, repository, tag = split(image)
-    blobs = [layer_blob(layer) for layer in image_layers(image)]
+    blobs = [layer_blob(layer) for layer in image_layers(image)] + (extra or [])
     for layer in blobs:
         with open(layer["file"], "rb") as body:
             push_blob(address, repository, layer["digest"], body, layer["size"])
@@ -252,13 +256,54 @@ def push(address: str, image: str) -> str:
             ],
         }
     ).encode()
+    reference = f"sha256:{hashlib.sha256(manifest).hexdigest()}" if extra else tag
     status, headers, answer = request(
-        address, "PUT", f"/v2/{repository}/manifests/{tag}", manifest,
+        address, "PUT", f"/v2/{repository}/manifests/{reference}", manifest,
         {"Content-Type": MANIFEST_TYPE},
     )  # fmt: skip
     if status != 201:
         raise RuntimeError(f"registry: manifest of {image}: {status} {answer!r}")
     return headers["Docker-Content-Digest"]
+
+
+def filler_layer(size: int, directory: Path) -> dict:
+    """A layer of `size` random bytes (one file, opt/simlab-filler: gzip cannot shrink it, so
+    a pull downloads `size` bytes) gzipped into `directory`, in layer_blob's form."""
+    tar = io.BytesIO()
+    with tarfile.open(fileobj=tar, mode="w") as archive:
+        entry = tarfile.TarInfo("opt/simlab-filler")
+        entry.size = size
+        archive.addfile(entry, io.BytesIO(os.urandom(size)))
+    blob = directory / "filler.tar.gz"
+    blob.write_bytes(gzip.compress(tar.getvalue(), compresslevel=1, mtime=0))
+    return {
+        "file": str(blob),
+        "digest": f"sha256:{hashlib.sha256(blob.read_bytes()).hexdigest()}",
+        "diff_id": f"sha256:{hashlib.sha256(tar.getvalue()).hexdigest()}",
+        "size": blob.stat().st_size,
+    }
+
+
+def throttle_commands(device: str, mbit: int | None) -> list[list[str]]:
+    """tc commands that slow what the registry sends through `device` (the lab's bridge) to
+    `mbit`, or (None) undo it: an htb qdisc whose unclassified traffic goes out unshaped
+    (tc-htb(8): default 0, "sent directly"), a class of `mbit`, and the registry's packets
+    (source port PORT, tc-u32(8)) filtered into it. (This machine's kernel has no prio qdisc.)"""
+    if mbit is None:
+        return [["tc", "qdisc", "del", "dev", device, "root"]]
+    return [
+        ["tc", "qdisc", "replace", "dev", device, "root", "handle", "1:", "htb"],
+        ["tc", "class", "replace", "dev", device, "parent", "1:", "classid", "1:4", "htb",
+         "rate", f"{mbit}mbit", "ceil", f"{mbit}mbit"],
+        ["tc", "filter", "replace", "dev", device, "parent", "1:", "protocol", "ip", "prio", "1",
+         "u32", "match", "ip", "sport", str(PORT), "0xffff", "flowid", "1:4"],
+    ]  # fmt: skip
+
+
+def throttle(device: str, mbit: int | None) -> None:
+    """The registry slowed to `mbit` on `device` (a pull that can be cut), or back to full."""
+    for command in throttle_commands(device, mbit):
+        subprocess.run(command, check=mbit is not None, capture_output=True)
 
 
 def digest(address: str, image: str) -> str | None:

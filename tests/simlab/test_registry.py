@@ -41,3 +41,34 @@ def test_it_listens_on_the_labs_address_only_with_tls() -> None:
     assert config["http"]["addr"] == "10.77.61.1:443"
     assert set(config["http"]["tls"]) == {"certificate", "key"}
     assert "auth" not in config  # the hosts pull anonymously
+
+
+def test_a_filler_layer_is_a_tar_of_random_bytes_gzipped(tmp_path) -> None:
+    import gzip
+    import hashlib
+    import io
+    import tarfile
+    from pathlib import Path
+
+    layer = registry.filler_layer(1 << 20, tmp_path)
+    blob = Path(layer["file"]).read_bytes()
+    tar = gzip.decompress(blob)
+    # The OCI image spec: the digest names the gzipped blob, the diff_id the tar it unpacks to.
+    assert layer["digest"] == "sha256:" + hashlib.sha256(blob).hexdigest()
+    assert layer["diff_id"] == "sha256:" + hashlib.sha256(tar).hexdigest()
+    assert layer["size"] == len(blob) > 1 << 20  # random bytes do not shrink
+    with tarfile.open(fileobj=io.BytesIO(tar)) as archive:
+        assert [(m.name, m.size) for m in archive.getmembers()] == [("opt/simlab-filler", 1 << 20)]
+
+
+def test_the_registry_is_slowed_on_its_own_port_and_put_back() -> None:
+    # tc-htb(8): the root's default 0 sends what no filter classifies out unshaped; the
+    # registry's source port into class 1:4 at the rate.
+    slowed = registry.throttle_commands("sl81", 32)
+    assert slowed[0] == ["tc", "qdisc", "replace", "dev", "sl81", "root", "handle", "1:", "htb"]
+    assert slowed[1][5:] == ["parent", "1:", "classid", "1:4", "htb", "rate", "32mbit", "ceil",
+                             "32mbit"]  # fmt: skip
+    assert slowed[2][-6:] == ["ip", "sport", "443", "0xffff", "flowid", "1:4"]
+    assert registry.throttle_commands("sl81", None) == [
+        ["tc", "qdisc", "del", "dev", "sl81", "root"]
+    ]

@@ -14,12 +14,14 @@ Captures (each fact's own command, run under sudo on the simulated lab, Debian 1
 from __future__ import annotations
 
 import hashlib
+import json
 import subprocess
+from pathlib import Path
 
 import pytest
 
 from operations import images, lanes, preflight, util
-from tests.unit.harness import FakeHost, captured, process, refusal, run_op
+from tests.unit.harness import FakeHost, captured, file_facts, process, refusal, run_op
 
 IMAGE = "nvcr.io/nvidia/vllm:26.04-py3"
 # The digest the lab's registry answered for its 26.04 stand-in (lab-registryimage-2604.txt).
@@ -31,24 +33,40 @@ BY_TAG = f"image {IMAGE} {DIGEST}\n"
 BY_DIGEST = f"image nvcr.io/nvidia/vllm:<none> {DIGEST}\n"
 OTHER_DIGEST = "image nvcr.io/nvidia/vllm:26.04-py3 sha256:" + "e" * 64 + "\n"
 ROOM = captured("lab-dockerroom-bare.txt")
-PULL = (
-    "out=$(docker pull --quiet nvcr.io/nvidia/vllm:26.04-py3 2>&1) || { echo 'spark-test:"
-    " docker pull nvcr.io/nvidia/vllm:26.04-py3 from registry nvcr.io failed:'"
-    " \"$(printf %s \"$out\" | tr '\\n' ' ')\" >&2; exit 1; }"
+SIZE = 163146892  # the lab's manifest: one layer (lab-registryimage-2604.txt)
+# Its layer (lab-registryimage-2604.txt's manifest).
+LAYER = "sha256:e5f9dfe23a9993dfe08e8705bf2e12954d131f04c9e4537d31d74c7c91361c50"
+LAYERS = {LAYER: SIZE}
+# The pull script on the box as the deploy leaves it (RootFiles' line: owner, mode, SHA-1).
+SCRIPT = (
+    f"{images.PULL_SCRIPT}\troot root 755"
+    f" {hashlib.sha1(images.PULL_SOURCE.read_bytes()).hexdigest()}\n"
 )
+UNIT = "spark-pull-nvcr.io--nvidia--vllm:26.04-py3.service"
+STATUS = "/var/lib/spark/pull/nvcr.io--nvidia--vllm:26.04-py3.json"
 
 
 def test_the_registrys_size_is_the_sum_of_the_layers() -> None:
     # The lab's manifest has one layer of 163146892 bytes (docker manifest inspect -v).
     assert process(images.RegistryImage, captured("lab-registryimage-2604.txt")) == {
-        "size": 163146892
-    }
+        "size": 163146892, "layers": {LAYER: 163146892}
+    }  # fmt: skip
+
+
+def test_a_pin_is_asked_of_the_registry_by_its_digest_alone() -> None:
+    # lanes.local_name: repo@digest; a tag beside the digest would be fetched by the tag.
+    command = images.RegistryImage().command(image=PINNED)
+    assert f"docker manifest inspect -v nvcr.io/nvidia/vllm@{DIGEST} 2>&1" in command
+    assert f"docker manifest inspect -v {IMAGE} 2>&1" in images.RegistryImage().command(image=IMAGE)
 
 
 def test_a_manifest_list_gives_the_boxs_platform() -> None:
     # arm64's entry: a 9e9-byte layer and a 1000-byte one (amd64's first layer is 7e9).
     found = process(images.RegistryImage, captured("registryimage-manifest-list.sample.txt"))
-    assert found == {"size": 9_000_001_000}
+    assert found == {
+        "size": 9_000_001_000,
+        "layers": {"sha256:" + "2" * 64: 9_000_000_000, "sha256:" + "3" * 64: 1000},
+    }
 
 
 @pytest.mark.parametrize(
@@ -86,6 +104,7 @@ def facts(local: str | None, registry: str = "lab-registryimage-2604.txt") -> di
         lanes.LocalImages: local,
         images.RegistryImage: captured(registry),
         images.DockerRoom: ROOM,
+        util.RootFiles: SCRIPT,
     }
 
 
@@ -95,16 +114,76 @@ def test_an_image_present_is_not_pulled_nor_asked_of_the_registry() -> None:
     assert host.noops == [f"{IMAGE} is present (its tag is not followed)"]
 
 
-def test_an_absent_image_is_pulled_naming_its_registry_if_that_fails() -> None:
-    commands = run_op(images.image_present, host=FakeHost(facts(None)), image=IMAGE)
-    assert commands == [PULL]
-    # What docker printed, made one line after the box, the image and the registry.
-    fake = "docker() { echo 'Error response from daemon: manifest unknown'; echo more; return 1; }"
-    done = subprocess.run(["bash", "-c", f"{fake}; {PULL}"], capture_output=True, text=True)
+def test_an_absent_image_is_pulled_in_its_unit_saying_where_to_watch() -> None:
+    host = FakeHost(facts(None))
+    commands = run_op(images.image_present, host=host, image=IMAGE)
+    assert commands == [images.pulled_in_unit(IMAGE, LAYERS, "spark-test")]
+    assert host.logs == [
+        f"{IMAGE}: 0.2 GB pulled in {UNIT}; watch it with `journalctl -fu {UNIT}`, {STATUS} or"
+        " `make status`"
+    ]
+
+
+def test_the_pull_script_is_uploaded_where_it_is_missing() -> None:
+    host = FakeHost(facts(None) | file_facts({images.PULL_SCRIPT: None}))
+    commands = run_op(images.image_present, host=host, image=IMAGE)
+    assert host.uploads[images.PULL_SCRIPT] == images.PULL_SOURCE.read_text()
+    assert commands[-1] == images.pulled_in_unit(IMAGE, LAYERS, "spark-test")
+
+
+def unit_run(tmp_path: Path, active: int, status: dict | None) -> subprocess.CompletedProcess:
+    """pulled_in_unit's shell with systemctl and systemd-run written down (a unit active for
+    ``active`` looks, then gone as --collect leaves it), the status file in ``tmp_path``."""
+    log = tmp_path / "log"
+    status_file = tmp_path / "status.json"
+    if status is not None:
+        status_file.write_text(json.dumps(status))
+    fakes = (
+        f"n={active}; install() {{ :; }}; sleep() {{ :; }};"
+        f' systemctl() {{ echo "systemctl $*" >> {log};'
+        ' if [ "$1" = is-active ]; then'
+        " [ $n -gt 0 ] && { n=$((n - 1)); return 0; }; return 3; fi; };"
+        f" systemd-run() {{ printf '%s\\n' \"$@\" >> {log}; }}; rm() {{ :; }};"
+    )
+    command = images.pulled_in_unit(IMAGE, LAYERS, "spark-1").replace(STATUS, str(status_file))
+    return subprocess.run(["bash", "-c", fakes + command], capture_output=True, text=True)
+
+
+def test_a_pull_not_running_is_started_in_its_unit_and_waited_for(tmp_path: Path) -> None:
+    done = unit_run(tmp_path, 0, {"state": "done", "error": ""})
+    assert (done.returncode, done.stderr) == (0, "")
+    log = (tmp_path / "log").read_text().splitlines()
+    # is-active (no), reset-failed, systemd-run's words one a line, is-active (gone).
+    assert log[:2] == [f"systemctl is-active --quiet {UNIT}", f"systemctl reset-failed {UNIT}"]
+    assert log[2:-1] == [
+        "--quiet", "--collect", f"--unit={UNIT}", f"--description=Spark pull of {IMAGE}",
+        "--property=Nice=10", "/usr/bin/python3", images.PULL_SCRIPT, IMAGE, "--status",
+        str(tmp_path / "status.json"), "--layer", f"{LAYER}={SIZE}",
+    ]  # fmt: skip
+    assert log[-1] == f"systemctl is-active --quiet {UNIT}"
+
+
+def test_a_pull_running_already_is_waited_for_not_started_again(tmp_path: Path) -> None:
+    done = unit_run(tmp_path, 3, {"state": "done", "error": ""})
+    assert done.returncode == 0
+    log = (tmp_path / "log").read_text().splitlines()
+    assert log == [f"systemctl is-active --quiet {UNIT}"] * 4  # running, waited twice, gone
+
+
+def test_a_failed_pull_names_the_box_registry_and_dockers_answer(tmp_path: Path) -> None:
+    refused = 'Get "https://nvcr.io/v2/": dial tcp 10.77.61.1:443: connect: connection refused'
+    done = unit_run(tmp_path, 0, {"state": "failed", "error": refused})
+    assert (done.returncode, done.stderr) == (
+        1, f"spark-1: docker pull {IMAGE} from registry nvcr.io failed: {refused}\n"
+    )  # fmt: skip
+
+
+def test_a_unit_that_left_no_status_says_where_to_look(tmp_path: Path) -> None:
+    done = unit_run(tmp_path, 0, None)
     assert (done.returncode, done.stderr) == (
         1,
-        "spark-test: docker pull nvcr.io/nvidia/vllm:26.04-py3 from registry nvcr.io failed:"
-        " Error response from daemon: manifest unknown more\n",
+        f"spark-1: docker pull {IMAGE} from registry nvcr.io failed: {UNIT} ended without a"
+        f" status: journalctl -u {UNIT}\n",
     )
 
 
@@ -127,8 +206,12 @@ def test_a_pin_present_by_its_digest_is_left() -> None:
 def test_a_pin_is_pulled_by_digest_and_verified_where_the_box_lacks_it(local: str | None) -> None:
     # Absent, present by the tag only (imported: no digest), or the tag moved (another digest).
     commands = run_op(images.image_present, host=FakeHost(facts(local)), image=PINNED)
-    assert commands == [util.pull(PINNED, "spark-test"), images.verify_pin(PINNED, "spark-test")]
-    assert "docker pull --quiet nvcr.io/nvidia/vllm:26.04-py3@sha256:a03a" in commands[0]
+    assert commands == [
+        images.pulled_in_unit(PINNED, LAYERS, "spark-test"), images.verify_pin(PINNED, "spark-test")
+    ]  # fmt: skip
+    # The unit's name and the script's argument: the whole pin.
+    assert f"spark-pull-nvcr.io--nvidia--vllm:26.04-py3-sha256:{DIGEST[7:]}.service" in commands[0]
+    assert f" {PINNED} --status" in commands[0]
 
 
 @pytest.mark.parametrize(
@@ -181,7 +264,9 @@ def test_too_little_room_stops_the_box_naming_both_numbers_and_the_unused_images
 
 def test_room_enough_pulls() -> None:
     host = FakeHost(facts(None) | {images.DockerRoom: room_with(163146892)})  # exactly enough
-    assert run_op(images.image_present, host=host, image=IMAGE) == [PULL]
+    assert run_op(images.image_present, host=host, image=IMAGE) == [
+        images.pulled_in_unit(IMAGE, LAYERS, "spark-test")
+    ]
 
 
 @pytest.mark.parametrize(

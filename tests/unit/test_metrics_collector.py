@@ -281,6 +281,42 @@ def test_no_nccl_verdict_yet(box: dict) -> None:
     assert ("spark_nccl_passed", ()) not in got
 
 
+def test_image_pulls_are_series_and_a_stale_one_is_not_running(box: dict, tmp_path: Path) -> None:
+    # Status files as files/spark_pull.py writes them (its Progress.write): one written 10 s
+    # before `now` (5600), one last written 200 s before (its box rebooted), one done.
+    pulls = tmp_path / "pull"
+    pulls.mkdir()
+    for name, state, written in (
+        ("a", "pulling", 5590),
+        ("b", "pulling", 5400),
+        ("c", "done", 5000),
+    ):
+        (pulls / f"{name}.json").write_text(json.dumps({
+            "image": f"nvcr.io/nvidia/{name}:1", "total": 1000, "done": 400, "rate": 50,
+            "state": state, "error": "", "time": written,
+        }))  # fmt: skip
+    (pulls / "d.json.new").write_text("{")  # a status being written: not read
+    expected = {**EXPECTED, "nccl_verdict": str(box["verdict"])}
+    text, _drift = spark_metrics.collect(
+        expected, proc=box["proc"], sys_fs=box["sys"], command=lambda argv: None,
+        health=lambda port: False, now=5600.0, pull_dir=pulls,
+    )  # fmt: skip
+    got = samples(text)
+    running = {name: got[("spark_image_pulling", (("image", f"nvcr.io/nvidia/{name}:1"),))]
+               for name in "abc"}  # fmt: skip
+    assert running == {"a": 1, "b": 0, "c": 0}
+    image = (("image", "nvcr.io/nvidia/a:1"),)
+    assert got[("spark_image_pull_bytes", image)] == 400
+    assert got[("spark_image_pull_total_bytes", image)] == 1000
+    assert got[("spark_image_pull_rate_bytes_per_second", image)] == 50
+
+
+def test_the_pull_status_directory_is_the_deploys() -> None:
+    from spark.box_paths import PULL_STATUS_DIR
+
+    assert str(spark_metrics.PULL_STATUS_DIR) == PULL_STATUS_DIR
+
+
 def test_label_values_are_escaped_for_the_parser() -> None:
     metrics = spark_metrics.Metrics()
     metrics.add("x_info", 1, 'help with \\ and "quotes"', image='a"b\\c\nd')

@@ -32,6 +32,7 @@ def test_the_labs_deployed_box_reads_as_its_lanes_memory_twins_and_drift() -> No
     assert row.cells[1] == "21.4/1 GiB"  # MemAvailable 22989479936 B; the lab's floor 1 GiB
     assert row.cells[2] == ("enP2p1s0f1np1 10G/9000/gid 3, enp1s0f1np1 10G/9000/gid 3")
     assert row.cells[3] == "no verdict"
+    assert row.cells[4] == "-"  # no pull running
     assert row.problems == [
         "drift: driver branch none (plan 580)",
         "drift: rate enP2p1s0f1np1 10000 (plan >= 200000)",
@@ -69,8 +70,27 @@ def test_a_verdict_older_than_a_week_is_red() -> None:
     assert status.row("b", status.samples_of(text)).problems == ["NCCL pass 0.00 GB/s 7d ago"]
 
 
+def test_a_pull_running_shows_its_progress_and_a_finished_one_does_not() -> None:
+    # The collector's series (its pulls(), files/spark_metrics.py) for two images: 26.05 half
+    # way at 52 MB/s, 26.04 pulled before.
+    text = "".join(
+        f'{name}{{image="nvcr.io/nvidia/vllm:{tag}"}} {value}\n'
+        for tag, values in (
+            ("26.05-py3", (8_000_000_000, 16_000_000_000, 52_000_000, 1)),
+            ("26.04-py3", (163146892, 163146892, 13_000_000, 0)),
+        )
+        for name, value in zip(
+            ("spark_image_pull_bytes", "spark_image_pull_total_bytes",
+             "spark_image_pull_rate_bytes_per_second", "spark_image_pulling"), values, strict=True
+        )
+    )  # fmt: skip
+    row = status.row("spark-1", status.samples_of(text))
+    assert row.cells[4] == "nvcr.io/nvidia/vllm:26.05-py3: 8.0 of 16.0 GB (50%), 52 MB/s: pulling"
+    assert row.problems == []  # a pull is no problem
+
+
 def test_colour_only_where_asked() -> None:
-    rows = [status.Row("a", ["-"] * 5), status.Row("b", ["-"] * 5, ["x"])]
+    rows = [status.Row("a", ["-"] * 6), status.Row("b", ["-"] * 6, ["x"])]
     plain = status.table(rows, colour=False)
     assert "\033" not in plain and plain.splitlines()[1].startswith("a  ")
     coloured = status.table(rows, colour=True).splitlines()
