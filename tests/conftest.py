@@ -79,9 +79,8 @@ def pytest_runtest_logreport(report: pytest.TestReport) -> None:
     if report.skipped and "lab" in report.keywords and report.when in ("setup", "call"):
         _lab_skipped.append(report.nodeid)
     worker = getattr(getattr(report, "node", None), "gateway", None)
-    if worker is not None:  # a report from a pytest-xdist worker
-        unit = report.nodeid.rpartition("@")[2] if "@" in report.nodeid else report.nodeid
-        key = (worker.id, unit)
+    if worker is not None and "@" in report.nodeid:  # from a worker of `make test` (loadgroup)
+        key = (worker.id, report.nodeid.rpartition("@")[2])
         _unit_seconds[key] = _unit_seconds.get(key, 0.0) + report.duration
 
 
