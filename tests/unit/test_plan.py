@@ -19,6 +19,7 @@ import pytest
 from spark.inventory import load_from_dicts
 from spark.lane import MpRank
 from spark.plan import BoxPlan, Plan, Share, fetching, plan
+from stages.show_plan import box_text
 from tests.e2e.cluster_lane import CLUSTER_LANE
 from tests.e2e.readme_lane import readme_lane
 from tests.unit.test_config import REPO, TWO_SPARKS, merged
@@ -353,6 +354,9 @@ def test_a_cluster_lanes_model_comes_from_the_hub_to_the_head_and_over_the_fabri
     assert head.cluster.nccl_test is not None and worker.cluster.nccl_test is not None
     assert head.cluster.nccl_test.waits_for == CLUSTER_LANE["model"]
     assert worker.cluster.nccl_test.waits_for == CLUSTER_LANE["model"]
+    # make plan says where the worker's copy comes from.
+    assert f"its model copied over the fabric from {BIG_BLOBS}" in box_text(worker)
+    assert "copied over the fabric" not in box_text(head)
 
 
 def test_a_cluster_lanes_rank_on_mp_waits_for_its_own_boxs_fetch() -> None:
