@@ -98,9 +98,12 @@ FILES = hf_standin.repository_files(MODEL)
 BLOB = hf_standin.repo_file(MODEL, "model.safetensors").blob
 FETCH_UNIT = box_paths.fetch_unit(MODEL)
 STATUS = weights.status_path(MODEL)
-# The hub slowed while the fleet fetches (its bytes a second: 256 MiB in about 50 s), so that the
-# deploy returns while the fetches run (test_weights.py's way).
-SLOW = 5 * 2**20
+# The hub slowed while the fleet fetches (its bytes a second: 256 MiB in about 65 s), so that the
+# deploy returns while the fetches run, and a second one runs before they land (test_weights.py's
+# way).
+SLOW = 4 * 2**20
+# What a deploy says of a running fetch (operations/weights.py progress).
+PROGRESS = r"{}: [\d.]+ of [\d.]+ GB \(\d+%\), \d+ MB/s: fetching"
 
 
 def lane_state(head: simlab.Host) -> str:
@@ -148,6 +151,8 @@ class Fetched:
     output: str
     fetching: dict[str, str]  # each box's fetch unit's state as the deploy returned
     lane_then: str  # the head's lane unit's state then
+    during: subprocess.CompletedProcess  # a deploy run next, while they still fetched
+    still: dict[str, str]  # each box's fetch unit's state as that one returned
     verdicts: dict[str, bool]  # whether each box kept an NCCL verdict then
     downloads: dict[str, int]
     proved: str
@@ -185,6 +190,8 @@ def fetched(lab: simlab.Lab) -> Fetched:
         }
         head = lab.hosts[0]
         lane_then = lane_state(head)
+        during = pyinfra(INVENTORY, "deploy.py", "--data", "fetch_weights=True")
+        still = {host.name: fetch_state(host) for host in lab.hosts}
         until(lambda: lane_state(head) == "active" and healthy(head), 300, "the lane serving")
     finally:
         hub("rate", str(simlab.HUB_RATE).encode())
@@ -207,6 +214,8 @@ def fetched(lab: simlab.Lab) -> Fetched:
         output_of(deploy),
         fetching,
         lane_then,
+        during,
+        still,
         verdicts,
         downloads,
         output_of(proved),
@@ -230,6 +239,12 @@ def test_a_missing_model_is_copied_from_the_head_when_fetch_weights_is_on(
     for box in ("spark-1", "spark-2"):
         started = rf"\[{box}\] {re.escape(MODEL)}: .*fetch started \({re.escape(FETCH_UNIT)}"
         assert re.search(started, fetched.output), fetched.output
+    # A deploy while they fetch: each box's progress, nothing changed.
+    assert fetched.still == {"spark-1": "activating", "spark-2": "activating"}
+    during = output_of(fetched.during)
+    for box in ("spark-1", "spark-2"):
+        assert re.search(rf"\[{box}\] {PROGRESS.format(re.escape(MODEL))}", during), during
+    assert changes(fetched.during) == 0, during
     # The NCCL test waited for the weights instead of failing a box: no verdict yet.
     assert fetched.verdicts == {"spark-1": False, "spark-2": False}, fetched.verdicts
     assert (
