@@ -11,7 +11,7 @@ from pyinfra.api import FactBase, operation
 
 from operations import preflight, util
 from operations.asked import Question, answer, question
-from spark.box_paths import NCCL_RESULT_DIR, NCCL_VERDICT
+from spark.box_paths import MODELS_DIR, NCCL_RESULT_DIR, NCCL_VERDICT
 
 CHECK_SOURCE = Path(__file__).parents[1] / "files" / "nccl_check.py"
 CHECK_PATH = "/usr/local/lib/spark/nccl_check.py"
@@ -136,7 +136,7 @@ def prepared(
 
 
 @operation()
-def passed(boxes: list[str]):
+def passed(boxes: list[str], waits_for: str | None = None, models_dir: str = MODELS_DIR):
     """
     Run the NCCL test on every box of the cluster at once (``spark-nccl-test``, after
     ``prepared`` ran on each) when one of them must: it never ran, it failed, or what it depends
@@ -147,6 +147,10 @@ def passed(boxes: list[str]):
     verdict, on stderr, names the rank, its box and what NCCL reported).
 
     + boxes: every box of the cluster, as the inventory names them
+    + waits_for: the cluster lane's model, fetched in the background: while a box lacks it the
+      test waits, saying so (the lane it proves cannot start yet, and the copy over the fabric
+      shares the links the test measures); a later deploy runs it. None: nothing to wait for
+    + models_dir: the Hugging Face cache the lanes mount
 
     A run that leaves a box out (``--limit``) runs no rank: the others would wait for it.
     """
@@ -160,6 +164,22 @@ def passed(boxes: list[str]):
     if absent := [box for box in boxes if box not in in_run]:
         host.noop(f"the NCCL test needs every box in the run; {', '.join(absent)} not in it")
         return
+    if waits_for is not None:
+        lacking = [
+            box
+            for box in boxes
+            if not answer(
+                preflight.ModelWeights, of=in_run[box], model=waits_for, models_dir=models_dir
+            )
+        ]
+        if lacking:
+            # Said without -v (a noop's words are not): the deploy's report of the wait.
+            host.log(
+                f"the NCCL test waits for {waits_for}, not yet on {', '.join(lacking)}:"
+                " the cluster lane comes up once it lands on every box; a later deploy runs"
+                " the test"
+            )
+            return
     # Each box reads every box's kept verdict itself: the same answer on each, so all run a
     # rank or none. A verdict changes only when its box's rank ends, which needs every rank.
     found = {box: answer(NcclTestState, of=in_run[box]) for box in boxes}
@@ -171,6 +191,14 @@ def passed(boxes: list[str]):
     yield COMMAND
 
 
-def questions() -> list[Question]:
+def questions(waits_for: str | None = None, models_dir: str = MODELS_DIR) -> list[Question]:
     """What ``prepared`` and ``passed`` read of this box (operations/asked.py)."""
-    return [question(NcclTestState), question(util.RootFiles, paths=(CHECK_PATH, COMMAND))]
+    return [
+        question(NcclTestState),
+        question(util.RootFiles, paths=(CHECK_PATH, COMMAND)),
+        *(
+            [question(preflight.ModelWeights, model=waits_for, models_dir=models_dir)]
+            if waits_for
+            else []
+        ),
+    ]

@@ -416,24 +416,23 @@ def model_present(
     image: str,
     models_dir: str,
     token_path: str | None,
-    fetch: bool = False,
     files: tuple[str, ...] = (),
 ):
     """
-    Check that this box holds a lane's model before the lane starts, or fetch it first: a
-    download inside the lane's start window would be cut by its start timeout and start over
-    (a ~120 GB model takes hours). A cluster lane's model is checked on every box before any
-    starts it: every rank loads its share of the weights from its own box.
+    Check that this box holds a lane's model before the lane starts (without fetch_weights: with
+    it, a unit fetches a missing one in the background, ``weights.fetched``): a download inside
+    the lane's start window would be cut by its start timeout and start over (a ~120 GB model
+    takes hours). A cluster lane's model is checked on every box before any starts it: every
+    rank loads its share of the weights from its own box.
 
     + model: a Hugging Face id or an absolute path
-    + image: a vLLM serving image (it has huggingface_hub's `hf` client)
+    + image: a vLLM serving image (it has huggingface_hub's `hf` client), for the command shown
     + models_dir: the Hugging Face cache on the box the lanes mount
     + token_path: the box's Hugging Face token file (root 0600), for gated models; None: none
-    + fetch: download a missing Hugging Face model here (hundreds of GB can take hours) instead
-      of stopping the box with the command that does it
     + files: only these files of the repository (a llama.cpp lane's GGUF, every part of it)
 
-    An absolute path is never fetched: without its config.json the box stops, to copy it there.
+    A missing one stops the box with the command that fetches it; an absolute path is never
+    fetched: without its config.json the box stops, to copy it there.
     """
     if answer(ModelWeights, model=model, models_dir=models_dir, files=files):
         host.noop(f"{model} is on this box")
@@ -442,9 +441,6 @@ def model_present(
         yield from util.refused(f"{host.name}: {model} has no config.json; copy the model there")
         return
     command = fetch_command(model, image, models_dir, token_path, files)
-    if fetch:
-        yield command
-        return
     yield from util.refused(
         f"{host.name}: {model} is not on this box ({hf_cache_dir(models_dir, model)}); a lane"
         f" loads it from the box's disk and downloads nothing: fetch it first on {host.name}"

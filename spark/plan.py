@@ -92,7 +92,7 @@ class ModelOnBox(Record):
     image: str  # where huggingface_hub's `hf` runs: a vLLM image (a llama.cpp image has none)
     files: tuple[str, ...]
     token_path: str | None
-    fetch: bool
+    fetch: bool  # a unit fetches it in the background (fetch_weights); False: checked only
     endpoint: str  # the hub (hf_endpoint)
     source: str | None  # another box's blobs of it over the fabric (fleet_copy_weights)
     catalog_bytes: int  # the room its fetch needs where the hub does not answer its size
@@ -197,28 +197,17 @@ class NcclRun(Record):
     min_busbw_gbs: float
     max_bytes: int
     boxes: tuple[str, ...]
-
-
-class CopiedModel(Record):
-    """A cluster lane's model from the internet once, onto the head, then over the fabric."""
-
-    model: str
-    models_dir: str
-    image: str
-    token_path: str | None
-    head: str
-    address: str  # the head's, where it serves the model
-    fetch: bool
-    serves: bool  # this box is the head
+    # The cluster lane's model where fetch units bring it: the test runs once every box has it.
+    waits_for: str | None
 
 
 class ClusterLane(Record):
-    """The cluster lane's part on this box: its weights here, the image every box agrees on,
-    and this box's unit (the head's on Ray; every box's rank on mp)."""
+    """The cluster lane's part on this box: its weights here (a fetch unit's, from the head over
+    the fabric on a worker), the image every box agrees on, and this box's unit (the head's on
+    Ray; every box's rank on mp)."""
 
     name: str
-    weights: ModelOnBox | None  # a directory of the owner's, or the head's fetch
-    copied: CopiedModel | None  # a model from the hub: copied from the head over the fabric
+    weights: ModelOnBox
     image: str
     served: ServedLane | None  # None: a worker on Ray, whose Ray node holds the rank
 
@@ -411,15 +400,26 @@ def models_in_use(me: HostConfig, spark: SparkConfig) -> tuple[str, ...]:
     return tuple(dict.fromkeys(lane.model for lane in lanes if not lane.model.startswith("/")))
 
 
-def seeder(me: HostConfig, spark: SparkConfig, model: str) -> HostConfig | None:
-    """The box that fetches ``model`` from the hub for the others (fleet_copy_weights): the
-    first in the inventory whose own lanes serve it, where another serves it too and one fabric
-    address reaches every box; None where each box fetches its own."""
-    serving = [
+def fetching(spark: SparkConfig, model: str) -> list[HostConfig]:
+    """The boxes whose fetch units bring ``model``: those whose own lanes load it, and every box
+    of the cluster for the cluster lane's (each rank loads its share from its own disk: issue
+    14), the head first (it fetches from the hub for the others); else in the inventory's
+    order."""
+    cluster = spark.cluster_lane
+    if cluster is not None and cluster.model == model:
+        return [box for box in spark.ranks if fetched_in_background(box, cluster)]
+    return [
         box
         for box in spark.hosts
         if any(lane.model == model and fetched_in_background(box, lane) for lane in box.lanes)
     ]
+
+
+def seeder(me: HostConfig, spark: SparkConfig, model: str) -> HostConfig | None:
+    """The box that fetches ``model`` from the hub for the others (fleet_copy_weights): the
+    first of ``fetching``, where another fetches it too and one fabric address reaches every
+    box; None where each box fetches its own."""
+    serving = fetching(spark, model)
     reachable = me.shape.one_address_for_all and all(box.fabric for box in serving)
     if not me.fleet_copy_weights or len(serving) < 2 or not reachable:
         return None
@@ -437,20 +437,21 @@ def weights_share(me: HostConfig, spark: SparkConfig) -> str | None:
     """This box's first fabric address, where it serves its cache to the boxes that copy a model
     from it (it seeds one); None where it seeds none."""
     seeds = any(
-        (first := seeder(me, spark, lane.model)) is not None and first.name == me.name
-        for lane in me.lanes
+        (first := seeder(me, spark, model)) is not None and first.name == me.name
+        for model in models_in_use(me, spark)
     )
     return str(me.fabric[0].address.ip) if seeds else None
 
 
-def weights(me: HostConfig, lane: Lane, spark: SparkConfig | None = None) -> ModelOnBox:
-    first = seeder(me, spark, lane.model) if spark and fetched_in_background(me, lane) else None
+def weights(me: HostConfig, lane: Lane, spark: SparkConfig) -> ModelOnBox:
+    background = fetched_in_background(me, lane)
+    first = seeder(me, spark, lane.model) if background else None
     return ModelOnBox(
         model=lane.model,
         image=hf_image(me) if lane.engine == "llama.cpp" else lane.image,
         files=lane.weight_files,
         token_path=HF_TOKEN if me.hf_token_file else None,
-        fetch=me.fetch_weights,
+        fetch=background,
         endpoint=me.hf_endpoint,
         source=blobs_url(first, lane.model) if first and first.name != me.name else None,
         catalog_bytes=catalog_bytes(lane),
@@ -465,9 +466,10 @@ def catalog_bytes(lane: Lane) -> int:
 
 
 def fetched_in_background(me: HostConfig, lane: Lane) -> bool:
-    """One of the box's own lanes whose model, missing, a unit fetches while the deploy goes on
-    (fetch_weights; a directory of the owner's is never fetched)."""
-    return me.fetch_weights and not lane.is_cluster and not lane.model.startswith("/")
+    """A lane the box loads (its own, or its rank of the cluster lane) whose model, missing, a
+    unit fetches while the deploy goes on (fetch_weights; a directory of the owner's is never
+    fetched)."""
+    return me.fetch_weights and not lane.model.startswith("/")
 
 
 def served(
@@ -536,36 +538,30 @@ def nccl_test(me: HostConfig, spark: SparkConfig, image: str) -> NcclRun | None:
         min_busbw_gbs=me.nccl_test.min_busbw_gbs,
         max_bytes=me.nccl_test.max_bytes,
         boxes=tuple(box.name for box in spark.hosts),
+        waits_for=nccl_waits_for(me, spark),
     )
+
+
+def nccl_waits_for(me: HostConfig, spark: SparkConfig) -> str | None:
+    """The cluster lane's model where fetch units bring it: while a box lacks it the lane the
+    test proves cannot start, and its copy over the fabric shares the links the test measures;
+    the test waits for it (a later deploy runs it). None: nothing to wait for."""
+    lane = spark.cluster_lane
+    return lane.model if lane is not None and fetched_in_background(me, lane) else None
 
 
 def cluster_lane(me: HostConfig, spark: SparkConfig, after: str | None) -> ClusterLane | None:
     lane = spark.cluster_lane
     if lane is None:
         return None
-    head = spark.head
     address = head_address(spark)
-    mine = me.role == "head" or lane.model.startswith("/")  # fetched here, or the owner's copy
-    copied = None
-    if not lane.model.startswith("/"):
-        copied = CopiedModel(
-            model=lane.model,
-            models_dir=MODELS_DIR,
-            image=lane.image,
-            token_path=HF_TOKEN if me.hf_token_file else None,
-            head=head.name,
-            address=address,
-            fetch=me.fetch_weights,
-            serves=me.role == "head",
-        )
     if lane.cluster_executor == "mp":
         unit = served(me, spark, lane, after, MpRank(spark.node_rank(me.name), address))
     else:  # on Ray: the head's unit only; every box's Ray node holds a rank
         unit = served(me, spark, lane, after) if me.role == "head" else None
     return ClusterLane(
         name=lane.name,
-        weights=weights(me, lane) if mine else None,
-        copied=copied,
+        weights=weights(me, lane, spark),
         image=lane.image,
         served=unit,
     )

@@ -9,7 +9,7 @@ from operations import asked, firewall, images, lanes, nccl, preflight, ray, wei
 from operations.asked import Question
 from spark.box_paths import MODELS_DIR
 from spark.plan import BoxPlan, Cluster, NcclRun
-from stages.lanes_front import lane_unit, model_on_box, model_questions, serve
+from stages.lanes_front import fetch, lane_unit, model_on_box, serve, weights_questions
 
 
 def nccl_test(run: NcclRun | None) -> None:
@@ -33,23 +33,25 @@ def nccl_test(run: NcclRun | None) -> None:
             f" or more at {run.max_bytes} B"
         ),
         boxes=list(run.boxes),
+        waits_for=run.waits_for,
+        models_dir=MODELS_DIR,
     )
 
 
 def questions(plan: Cluster) -> list[Question]:
     """Everything the stage reads of the box (operations/asked.py)."""
     lane = plan.lane
-    copy = lane and lane.copied
+    run = plan.nccl_test
     return [
         *(firewall.questions() if plan.firewall is not None else []),
         *(ray.questions(None) if plan.ray_removed else []),
         *(ray.questions(plan.ray.image) if plan.ray is not None else []),
         *(lanes.questions([plan.nccl_image], hf_token=False) if plan.nccl_image else []),
-        *(model_questions(lane.weights) if lane and lane.weights else []),
-        *(weights.questions(copy.model, MODELS_DIR, copy.serves) if copy else []),
+        *(weights_questions(lane.weights) if lane else []),
+        *(weights.room_questions(MODELS_DIR) if lane and lane.weights.fetch else []),
         *(lanes.questions([lane.image], hf_token=False) if lane else []),
         *(preflight.image_questions(lane.image) if lane else []),
-        *(nccl.questions() if plan.nccl_test is not None else []),
+        *(nccl.questions(run.waits_for, MODELS_DIR) if run is not None else []),
         *(lanes.serving_questions(lane_unit(lane.served)) if lane and lane.served else []),
     ]
 
@@ -113,33 +115,15 @@ def cluster(box: BoxPlan) -> None:
         return
     # The cluster lane: each box checks what it needs before the head starts it.
     what = f"Cluster lane {lane.name}"
-    # Every box runs a rank of the lane in its image (and copies the model in it); a worker has
-    # no lane of its own that pulled it (on the head it is present).
+    # Every box runs a rank of the lane in its image; a worker has no lane of its own that
+    # pulled it (on the head it is present).
     images.image_present(name=f"{what}: its image {lane.image} on this box", image=lane.image)
-    if lane.weights is not None:
+    if lane.weights.fetch:
+        # As a lane of the box's own: the head's from the hub, a worker's copied from the head
+        # over the fabric as the head gets each file; the deploy goes on, the lane waits.
+        fetch(lane.weights, what, list(box.models_in_use))
+    else:
         model_on_box(lane.weights, what)
-    if lane.copied is not None:  # from the internet once, onto the head; over the fabric after
-        copy = lane.copied
-        where = {"model": copy.model, "models_dir": MODELS_DIR}
-        if copy.serves:
-            weights.shared(
-                name=f"{what}: the model served to the boxes lacking it",
-                address=copy.address,
-                fetch=copy.fetch,
-                boxes=list(plan.members),
-                **where,
-            )
-        weights.copied(
-            name=f"{what}: the model copied from the head",
-            image=copy.image,
-            token_path=copy.token_path,
-            head=copy.head,
-            address=copy.address,
-            fetch=copy.fetch,
-            **where,
-        )
-        if copy.serves:
-            weights.unshared(name="The model no longer served")
     preflight.image_agrees(
         name=f"Cluster lane image {lane.image}: the same on every box",
         image=lane.image,

@@ -8,26 +8,25 @@ from pyinfra.api import deploy
 from operations import asked, front, images, lanes, memguard, metrics, preflight, weights
 from operations.asked import Question
 from spark.box_paths import MODELS_DIR, WEIGHTS_PORT
-from spark.plan import BoxPlan, Metrics, ModelOnBox, OwnLane, ServedLane
+from spark.plan import BoxPlan, Metrics, ModelOnBox, ServedLane
 
 
 def model_questions(weights: ModelOnBox) -> list[Question]:
     return preflight.model_questions(weights.model, MODELS_DIR, weights.files)
 
 
-def own_model_questions(lane: OwnLane) -> list[Question]:
+def weights_questions(model: ModelOnBox) -> list[Question]:
     """What the lane's model check reads: its fetch's where a unit fetches it (fetch_weights)."""
-    if lane.served.fetch_unit:
-        return weights.fetch_questions(lane.weights.model, MODELS_DIR, lane.weights.files)
-    return model_questions(lane.weights)
+    if model.fetch:
+        return weights.fetch_questions(model.model, MODELS_DIR, model.files)
+    return model_questions(model)
 
 
-def fetch(lane: OwnLane, in_use: list[str]) -> None:
+def fetch(model: ModelOnBox, what: str, in_use: list[str]) -> None:
     """A missing model fetched in the background, once the box has room for it; the deploy goes
     on (its lane waits for it)."""
-    model = lane.weights
     weights.room_for(
-        name=f"Lane {lane.served.lane.name}: room for {model.model}",
+        name=f"{what}: room for {model.model}",
         model=model.model,
         files=model.files,
         endpoint=model.endpoint,
@@ -37,7 +36,7 @@ def fetch(lane: OwnLane, in_use: list[str]) -> None:
         in_use=in_use,
     )
     weights.fetched(
-        name=f"Lane {lane.served.lane.name}: {model.model} fetched in the background",
+        name=f"{what}: {model.model} fetched in the background",
         model=model.model,
         files=model.files,
         models_dir=MODELS_DIR,
@@ -54,7 +53,6 @@ def model_on_box(weights: ModelOnBox, what: str) -> None:
         image=weights.image,
         models_dir=MODELS_DIR,
         token_path=weights.token_path,
-        fetch=weights.fetch,
         files=weights.files,
     )
 
@@ -74,7 +72,7 @@ def metrics_lanes(watch: Metrics) -> list[dict]:
 
 @deploy("Lanes and front")
 def lanes_and_front(box: BoxPlan) -> None:
-    any_fetch = any(lane.served.fetch_unit for lane in box.lanes)
+    any_fetch = any(lane.weights.fetch for lane in box.lanes)
     fronted = [
         front.FrontLane(lane.name, lane.port, lane.backend_port, key=lane.key)
         for lane in box.front.lanes
@@ -88,7 +86,7 @@ def lanes_and_front(box: BoxPlan) -> None:
                 question
                 for lane in box.lanes
                 for question in [
-                    *own_model_questions(lane),
+                    *weights_questions(lane.weights),
                     *lanes.serving_questions(lane_unit(lane.served)),
                 ]
             ),
@@ -129,10 +127,10 @@ def lanes_and_front(box: BoxPlan) -> None:
         )
     # Every fetch at once, before the first lane's start waits for its own.
     for lane in box.lanes:
-        if lane.served.fetch_unit:
-            fetch(lane, list(box.models_in_use))
+        if lane.weights.fetch:
+            fetch(lane.weights, f"Lane {lane.served.lane.name}", list(box.models_in_use))
     for lane in box.lanes:
-        if not lane.served.fetch_unit:
+        if not lane.weights.fetch:
             model_on_box(lane.weights, f"Lane {lane.served.lane.name}")
         serve(lane.served)
     front.lanes_front(

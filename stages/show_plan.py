@@ -61,8 +61,8 @@ def cluster_lines(cluster: Cluster) -> list[str]:
             lines.append(f"cluster lane {served_line(lane.served)}")
         else:
             lines.append(f"cluster lane {lane.name}: its rank in this box's Ray node")
-        if lane.copied is not None and not lane.copied.serves:
-            lines.append(f"  its model copied from {lane.copied.head} ({lane.copied.address})")
+        if lane.weights.source is not None:
+            lines.append(f"  its model copied over the fabric from {lane.weights.source}")
     return lines
 
 

@@ -26,7 +26,6 @@ from operations import (
     ray,
     teardown,
     toolkit,
-    weights,
 )
 from spark.box_paths import MODELS_DIR
 from spark.inventory import TEARDOWN_KEYS
@@ -35,6 +34,9 @@ from stages.fabric import profile_name
 
 ETC = "/etc/spark"  # the secrets, lanes, TLS files, memguard, metrics, firewall and cluster.env
 LIB = "/usr/local/lib/spark"  # the memory guard, the NCCL check, the metrics collector
+# The copy script deploys wrote before a cluster lane's model came through its fetch unit (issue
+# 29): still on the boxes they deployed.
+OLD_COPY_COMMAND = "/usr/local/sbin/spark-weights-copy"
 VAR = "/var/lib/spark"  # the models, the NCCL test's verdict, Ray's session and image check
 
 
@@ -68,8 +70,8 @@ def paths(box: BoxPlan, chosen: Options) -> list[str]:
         lanes.RANKS_COMMAND,
         nccl.COMMAND,
         ray.NODES_COMMAND,
-        weights.COPY_COMMAND,
-        "/run/spark",  # the lanes' loading marks, the weights' share
+        OLD_COPY_COMMAND,
+        "/run/spark",  # the lanes' loading marks, an older deploy's weights share
         front.SITE,
         front.KEYS_DIR,
         metrics.SITE,

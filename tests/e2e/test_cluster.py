@@ -1,16 +1,15 @@
 """The Ray cluster, its firewall and the cluster lane on the simulated lab: two bare hosts, a
 deploy of tests/e2e/cluster_inventory.py (seed 004's cluster lane on the head, TP=2) refused for
-the model missing on spark-2, then one with fetch_weights on that fetches it.
+the model missing on both boxes, then one with fetch_weights on that returns while the head
+fetches it from the lab's hub and the worker copies it from the head.
 
-Tests in this module run in order on the session's lab; each later one stands on the deploy
-made by the `cluster` fixture (and on what the test before it left: every test ends with both
+Tests in this module run in order on the session's lab; each later one stands on the deploys
+made by the `fetched` fixture (and on what the test before it left: every test ends with both
 nodes joined).
 """
 
 from __future__ import annotations
 
-import functools
-import hashlib
 import json
 import re
 import shlex
@@ -19,10 +18,11 @@ import subprocess
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 
 import pytest
 
-from operations import lanes, nccl, preflight, ray
+from operations import lanes, nccl, preflight, ray, weights
 from spark import box_paths
 from spark.ports import DASHBOARD_PORT
 from tests.conftest import pyinfra, reimage_all, run_on
@@ -31,8 +31,10 @@ from tests.e2e.cluster_lane import CLUSTER_LANE
 from tests.e2e.runs import output_of
 from tests.e2e.test_compliance import compliance
 from tests.e2e.test_host_layer import detected
+from tests.e2e.test_weights import hub
 from tests.simlab import lab as simlab
 from tests.simlab.paths import STATE
+from tests.simlab.serving import hf_standin
 
 pytestmark = pytest.mark.lab
 
@@ -88,35 +90,20 @@ def connects(host_ip: str, port: int, source: simlab.Host | None = None) -> str:
     return run_on(source, probe, check=False).strip()
 
 
-# The model as `hf download` leaves it in the cache (huggingface_hub's layout: blobs named by
-# their hash, the snapshot's files linking to them): a config.json and WEIGHTS bytes of weights,
-# zeros written sparse (the stand-in loads nothing; a copy to another box moves every byte).
-CACHE = preflight.hf_cache_dir(box_paths.MODELS_DIR, CLUSTER_LANE["model"])
-CONFIG = b"{}\n"
-CONFIG_ID = hashlib.sha1(b"blob %d\0" % len(CONFIG) + CONFIG).hexdigest()
-WEIGHTS = 1 << 30
-
-
-@functools.cache
-def weights_id() -> str:
-    """The SHA-256 of WEIGHTS zero bytes: the blob's name."""
-    digest, mib = hashlib.sha256(), bytes(1 << 20)
-    for _ in range(WEIGHTS >> 20):
-        digest.update(mib)
-    return digest.hexdigest()
-
-
-def put_model(host: simlab.Host) -> None:
-    snapshot = f"{CACHE}/snapshots/{'1' * 40}"
-    run_on(
-        host,
-        f"sudo sh -c 'mkdir -p {CACHE}/blobs {CACHE}/refs {snapshot}"
-        f' && printf "{{}}\\n" > {CACHE}/blobs/{CONFIG_ID}'
-        f" && truncate -s {WEIGHTS} {CACHE}/blobs/{weights_id()}"
-        f" && ln -sfn ../../blobs/{CONFIG_ID} {snapshot}/config.json"
-        f" && ln -sfn ../../blobs/{weights_id()} {snapshot}/model.safetensors"
-        f" && printf {'1' * 40} > {CACHE}/refs/main'",
-    )
+# The cluster lane's model as the lab's hub stand-in serves it (tests/simlab/hub.py: the
+# serving image's `hf` stand-in's files, config.json and 256 MiB of weights, with their hashes).
+MODEL = CLUSTER_LANE["model"]
+CACHE = preflight.hf_cache_dir(box_paths.MODELS_DIR, MODEL)
+FILES = hf_standin.repository_files(MODEL)
+BLOB = hf_standin.repo_file(MODEL, "model.safetensors").blob
+FETCH_UNIT = box_paths.fetch_unit(MODEL)
+STATUS = weights.status_path(MODEL)
+# The hub slowed while the fleet fetches (its bytes a second: 256 MiB in about 65 s), so that the
+# deploy returns while the fetches run, and a second one runs before they land (test_weights.py's
+# way).
+SLOW = 4 * 2**20
+# What a deploy says of a running fetch (operations/weights.py progress).
+PROGRESS = r"{}: [\d.]+ of [\d.]+ GB \(\d+%\), \d+ MB/s: fetching"
 
 
 def lane_state(head: simlab.Host) -> str:
@@ -128,76 +115,188 @@ def healthy(head: simlab.Host) -> bool:
     return run_on(head, probe, check=False).strip() == "200"
 
 
+def fetch_state(host: simlab.Host) -> str:
+    return run_on(host, f"systemctl show -p ActiveState --value {FETCH_UNIT}").strip()
+
+
+def fetch_said(host: simlab.Host) -> str:
+    """The state in the box's fetch status file (spark_fetch.py --status); "" without one."""
+    text = run_on(host, f"sudo cat {STATUS} 2>/dev/null", check=False)
+    return json.loads(text)["state"] if text.strip() else ""
+
+
+def landed_at(host: simlab.Host) -> tuple[float, float]:
+    """When the box's fetch unit started and when it landed (CLOCK_MONOTONIC, one clock for
+    every host of the lab: they share this machine's kernel), in seconds."""
+    shown = run_on(
+        host,
+        f"systemctl show -p ExecMainStartTimestampMonotonic,ActiveEnterTimestampMonotonic"
+        f" {FETCH_UNIT}",
+    )
+    times = dict(line.split("=", 1) for line in shown.split())
+    return (
+        int(times["ExecMainStartTimestampMonotonic"]) / 1e6,
+        int(times["ActiveEnterTimestampMonotonic"]) / 1e6,
+    )
+
+
+@dataclass
+class Fetched:
+    """What the module's deploys did: the one that returned while the fleet fetched (its time,
+    output, and each box's fetch and NCCL verdict as it returned), the hub's downloads of each
+    file since before it, then the deploys after the model landed."""
+
+    lab: simlab.Lab
+    took: float
+    output: str
+    fetching: dict[str, str]  # each box's fetch unit's state as the deploy returned
+    lane_then: str  # the head's lane unit's state then
+    during: subprocess.CompletedProcess  # a deploy run next, while they still fetched
+    still: dict[str, str]  # each box's fetch unit's state as that one returned
+    verdicts: dict[str, bool]  # whether each box kept an NCCL verdict then
+    downloads: dict[str, int]
+    proved: str
+    again: subprocess.CompletedProcess
+
+
 @pytest.fixture(scope="module")
-def cluster(lab: simlab.Lab) -> simlab.Lab:
+def fetched(lab: simlab.Lab) -> Fetched:
     reimage_all(lab)  # bare boxes: the deploy pulls the serving image from the lab's registry
-    # The model is not on spark-2: the deploy stops there before any lane starts, saying how to
-    # fetch it (a wait of hours is not hidden in a deploy).
-    put_model(lab.hosts[0])
-    started = time.monotonic()
+    # The model is on neither box: without fetch_weights the deploy stops each before any lane
+    # starts, saying how to fetch it (a wait of hours is not hidden in a deploy).
     refused = pyinfra(INVENTORY, "deploy.py", "--data", "fetch_weights=False", check=False)
     output = refused.stdout + refused.stderr
     assert refused.returncode != 0
-    assert f"spark-2: {CLUSTER_LANE['model']} is not on this box" in output, output
-    assert "hf download Qwen/Qwen3-235B-A22B-GPTQ-Int4" in output
+    assert f"spark-2: {MODEL} is not on this box" in output, output
+    assert f"hf download {MODEL}" in output
     # The token is mounted only where the inventory has one (test_secrets.py plants it).
     assert ("HF_TOKEN_PATH=/run/secrets/hf-token" in output) == (STATE / "hf-token").exists()
     assert lane_state(lab.hosts[0]) in ("inactive", "unknown")  # not started anywhere
-    # The user's other way: let the deploy fetch what is missing: from the head, over the fabric
-    # (test_a_missing_model_...); -vvv shows the copy's own output. Typed without -y: the plan
-    # pyinfra shows first has the head serve and spark-2 copy, each box read by the other.
-    copied = pyinfra(INVENTORY, "deploy.py", "--data", "fetch_weights=True", "-vvv", typed=True)
-    plan = detected(copied)
-    assert any("served to the boxes lacking it" in row and "1 (spark-1)" in row for row in plan)
-    assert any("copied from the head" in row and "1 (spark-2)" in row for row in plan), plan
-    print(f"cluster deploy (second, copying the model): {time.monotonic() - started:.0f} s")
-    copy = r"\[spark-2\]\s+copied (\d+) bytes of 2 blobs .*?\(([\d.]+) Gb/s\)"
-    rate = re.search(copy, output_of(copied))
-    assert rate and int(rate[1]) == WEIGHTS + len(CONFIG), output_of(copied)
-    print(f"model copied head -> worker over the lab's fabric: {rate[0]}")
-    return lab
+    # The user's other way: fetch_weights. The head's unit from the hub, the worker's from the
+    # head over the fabric; the deploy returns while they run.
+    before = {name: hub("stats")["downloads"].get(f"{MODEL}/{name}", 0) for name in FILES}
+    hub("rate", str(SLOW).encode())
+    try:
+        started = time.monotonic()
+        deploy = pyinfra(INVENTORY, "deploy.py", "--data", "fetch_weights=True")
+        took = time.monotonic() - started
+        fetching = {host.name: fetch_state(host) for host in lab.hosts}
+        verdicts = {
+            host.name: run_on(
+                host, f"sudo test -f {nccl.VERDICT} && echo kept", check=False
+            ).strip()
+            == "kept"
+            for host in lab.hosts
+        }
+        head = lab.hosts[0]
+        lane_then = lane_state(head)
+        during = pyinfra(INVENTORY, "deploy.py", "--data", "fetch_weights=True")
+        still = {host.name: fetch_state(host) for host in lab.hosts}
+        until(lambda: lane_state(head) == "active" and healthy(head), 300, "the lane serving")
+    finally:
+        hub("rate", str(simlab.HUB_RATE).encode())
+    downloads = {
+        name: hub("stats")["downloads"].get(f"{MODEL}/{name}", 0) - before[name] for name in FILES
+    }
+    (head_start, head_landed), (worker_start, worker_landed) = map(landed_at, lab.hosts)
+    print(
+        f"\ncluster deploy while the fleet fetches: returned in {took:.0f} s; the head's fetch"
+        f" {head_landed - head_start:.0f} s from the hub at {SLOW >> 20} MiB/s, the worker's"
+        f" landed {worker_landed - head_landed:.1f} s after the head's"
+        f" ({worker_landed - worker_start:.0f} s from its start, waiting for the head's files)"
+    )
+    # The model on every box: the NCCL test runs (the collective proved), then nothing changes.
+    proved = pyinfra(INVENTORY, "deploy.py", "--data", "fetch_weights=True")
+    again = pyinfra(INVENTORY, "deploy.py", "--data", "fetch_weights=True")
+    return Fetched(
+        lab,
+        took,
+        output_of(deploy),
+        fetching,
+        lane_then,
+        during,
+        still,
+        verdicts,
+        downloads,
+        output_of(proved),
+        again,
+    )
+
+
+@pytest.fixture(scope="module")
+def cluster(fetched: Fetched) -> simlab.Lab:
+    return fetched.lab
 
 
 def test_a_missing_model_is_copied_from_the_head_when_fetch_weights_is_on(
-    cluster: simlab.Lab,
+    fetched: Fetched,
 ) -> None:
-    head, worker = cluster.hosts
+    head, worker = fetched.lab.hosts
+    # The deploy returned while both boxes fetched, saying so, the lane queued after its fetch
+    # (started once it landed: the fixture waited for it).
+    assert fetched.fetching == {"spark-1": "activating", "spark-2": "activating"}, fetched.output
+    assert fetched.lane_then != "active"
+    for box in ("spark-1", "spark-2"):
+        started = rf"\[{box}\] {re.escape(MODEL)}: .*fetch started \({re.escape(FETCH_UNIT)}"
+        assert re.search(started, fetched.output), fetched.output
+    # A deploy while they fetch: each box's progress, nothing changed.
+    assert fetched.still == {"spark-1": "activating", "spark-2": "activating"}
+    during = output_of(fetched.during)
+    for box in ("spark-1", "spark-2"):
+        assert re.search(rf"\[{box}\] {PROGRESS.format(re.escape(MODEL))}", during), during
+    assert changes(fetched.during) == 0, during
+    # The NCCL test waited for the weights instead of failing a box: no verdict yet.
+    assert fetched.verdicts == {"spark-1": False, "spark-2": False}, fetched.verdicts
+    assert (
+        f"the NCCL test waits for {MODEL}, not yet on spark-1, spark-2: the cluster lane comes"
+        " up once it lands on every box" in fetched.output
+    ), fetched.output
+    # From the internet once for the fleet: one download of each file, the head's; the
+    # worker's unit copied them from the head's blobs over the fabric (its first twin).
+    assert fetched.downloads == dict.fromkeys(FILES, 1), fetched.downloads
+    unit = run_on(worker, f"systemctl cat {FETCH_UNIT}")
+    assert f"--source http://{HEAD_IP}:60991/models--Qwen--Qwen3-235B-A22B-GPTQ-Int4/blobs" in unit
+    # spark-2's repository is the head's: the same blobs (checked by the hub's hashes), links,
+    # ref; every byte of the weights on the worker's disk.
     listing = f"sudo sh -c 'cd {CACHE} && find . -printf \"%p %l %s\\n\" | sort'"
-    # spark-2's repository is the head's: the same blobs (checked by their hashes), links, ref;
-    # no internet fetch on it (the hf stand-in would have written its own revision).
     on_worker = run_on(worker, listing).splitlines()
     assert [line.rsplit(" ", 1)[0] for line in on_worker] == [
         line.rsplit(" ", 1)[0] for line in run_on(head, listing).splitlines()
     ]
-    assert f"./blobs/{weights_id()}  {WEIGHTS}" in on_worker
-    # The copy was no sparse shortcut: every byte of it is on the worker's disk.
-    used = run_on(worker, f"sudo du -B1 {CACHE}/blobs/{weights_id()}").split()[0]
-    assert int(used) >= WEIGHTS
-    assert run_on(head, "systemctl is-active spark-weights-share", check=False).strip() != "active"
+    assert f"./blobs/{BLOB}  {hf_standin.WEIGHTS_BYTES}" in on_worker
+    used = run_on(worker, f"sudo du -B1 {CACHE}/blobs/{BLOB}").split()[0]
+    assert int(used) >= hf_standin.WEIGHTS_BYTES
+    # The next deploy proves the collective (nccl.passed says why each rank runs); the one
+    # after changes nothing.
+    assert "spark-1: it never ran, spark-2: it never ran" in fetched.proved, fetched.proved
+    for host in fetched.lab.hosts:
+        assert verdict(host)["passed"]
+    assert changes(fetched.again) == 0, output_of(fetched.again)
     assert lane_state(head) == "active" and healthy(head)
 
 
 def test_a_corrupt_copy_is_caught_by_its_hash(cluster: simlab.Lab) -> None:
     head, worker = cluster.hosts
-    blob = f"{CACHE}/blobs/{weights_id()}"
-    run_on(worker, f"sudo rm -rf {CACHE}")
+    blob = f"{CACHE}/blobs/{BLOB}"
+    run_on(worker, f"sudo rm -rf {CACHE} {STATUS}")
     # One byte of the head's weights flipped (its disk, or the wire: the worker cannot tell).
     flip = f"printf x | sudo dd of={blob} bs=1 seek=1000 conv=notrunc status=none"
     run_on(head, flip)
     try:
-        refused = pyinfra(INVENTORY, "deploy.py", "--data", "fetch_weights=True", check=False)
-        output = output_of(refused)
-        assert refused.returncode != 0
-        assert f"blobs/{weights_id()}: {WEIGHTS} bytes, SHA-256 " in output, output
-        assert "not the file its name says" in output
+        pyinfra(INVENTORY, "deploy.py", "--data", "fetch_weights=True")
+        # The worker's fetch finds it by the hub's hash, deletes it and fails (to start again).
+        until(lambda: fetch_said(worker).startswith("failed: "), 120, "the worker's fetch failed")
+        said = fetch_said(worker)
+        assert f"the hub says {hf_standin.WEIGHTS_BYTES} bytes and {BLOB}: deleted" in said, said
         kept = run_on(worker, f"sudo ls {CACHE}/blobs", check=False).split()
-        assert not [name for name in kept if name.startswith(weights_id())], kept
+        assert not [name for name in kept if name.startswith(BLOB)], kept
         assert lane_state(head) == "active" and healthy(head)  # the running lane left alone
     finally:
         zero = f"sudo dd if=/dev/zero of={blob} bs=1 count=1 seek=1000 conv=notrunc status=none"
         run_on(head, zero)
-    pyinfra(INVENTORY, "deploy.py", "--data", "fetch_weights=True")
-    assert run_on(worker, f"sudo sha256sum {blob}").split()[0] == weights_id()
+    # The unit starts again (RestartSec=30s) and copies the right bytes.
+    checked = lambda: run_on(worker, f"sudo sha256sum {blob} 2>/dev/null", check=False)  # noqa: E731
+    until(lambda: checked().split()[:1] == [BLOB], 120, "the worker's copy landed")
 
 
 def test_the_cluster_lane_serves_with_one_bundle_on_each_box(cluster: simlab.Lab) -> None:

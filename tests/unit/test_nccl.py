@@ -18,7 +18,7 @@ import pytest
 from pyinfra.context import ctx_state
 from pyinfra.facts.files import File
 
-from operations import nccl
+from operations import nccl, preflight
 from tests.unit.harness import (
     CAPTURED,
     FakeHost,
@@ -144,18 +144,52 @@ def both(
     worker: str | None,
     stopped: dict[str, tuple[str, str] | None] | None = None,
     noops: list | None = None,
+    models: dict[str, bool] | None = None,
+    logs: list | None = None,
 ) -> list[str]:
     """``passed`` on the head, each box with its fact (after ``prepared``; None: the worker is
-    left out of the run, and answers nothing), its noops into ``noops``."""
+    left out of the run, and answers nothing), its noops into ``noops``, its logs into
+    ``logs``; with ``models`` (which box holds the cluster lane's model), it waits for MODEL."""
     files = deployed()
     on_head, on_worker = box(head, files, "spark-1"), box(worker or "", files, "spark-2")
+    for host in (on_head, on_worker):
+        if models is not None:
+            on_disk = "present" if models[host.name] else ""
+            host.outputs[preflight.ModelWeights] = on_disk  # its fact's own output: "present"
     if worker is None:
         on_worker.outputs = {}  # asked anything, it fails the test
     in_run = [on_head] + [on_worker] * (worker is not None and "spark-2" not in (stopped or {}))
+    waits = {"waits_for": MODEL, "models_dir": MODELS} if models is not None else {}
     with ctx_state.use(run_of(*in_run, stopped=stopped)):
-        commands = run_op(nccl.passed, ["spark-1", "spark-2"], host=on_head)
+        commands = run_op(nccl.passed, ["spark-1", "spark-2"], host=on_head, **waits)
         (noops if noops is not None else []).extend(on_head.noops)
+        (logs if logs is not None else []).extend(on_head.logs)
         return commands
+
+
+MODEL = "Qwen/Qwen3-235B-A22B-GPTQ-Int4"  # the lab's cluster lane's (tests/e2e/cluster_lane.py)
+MODELS = "/var/lib/spark/models"
+
+
+def test_a_box_still_fetching_the_cluster_lanes_model_makes_the_test_wait_saying_so() -> None:
+    never = captured("nccl-test-state-bare.sample.txt")
+    logs: list[str] = []
+    assert both(never, never, models={"spark-1": True, "spark-2": False}, logs=logs) == []
+    assert logs == [
+        f"the NCCL test waits for {MODEL}, not yet on spark-2: the cluster lane comes up once"
+        " it lands on every box; a later deploy runs the test"
+    ]
+
+
+def test_once_every_box_holds_the_model_the_test_runs() -> None:
+    never = captured("nccl-test-state-bare.sample.txt")
+    assert both(never, never, models={"spark-1": True, "spark-2": True}) == [nccl.COMMAND]
+
+
+def test_the_test_asks_each_box_for_the_model_it_waits_for() -> None:
+    asked = nccl.questions(MODEL, MODELS)
+    assert (preflight.ModelWeights, (("model", MODEL), ("models_dir", MODELS))) in asked
+    assert all(fact is not preflight.ModelWeights for fact, _ in nccl.questions())
 
 
 def test_passed_on_every_box_runs_nothing() -> None:

@@ -18,7 +18,8 @@ import pytest
 
 from spark.inventory import load_from_dicts
 from spark.lane import MpRank
-from spark.plan import BoxPlan, Plan, Share, plan
+from spark.plan import BoxPlan, Plan, Share, fetching, plan
+from stages.show_plan import box_text
 from tests.e2e.cluster_lane import CLUSTER_LANE
 from tests.e2e.readme_lane import readme_lane
 from tests.unit.test_config import REPO, TWO_SPARKS, merged
@@ -219,17 +220,15 @@ def test_a_cluster_lane_on_ray_runs_from_the_head_and_its_rank_counts_on_the_wor
     assert lane is not None and lane.served is not None
     assert lane.served.ray_address == "192.168.100.10:6379"  # the head's GCS on its first twin
     assert lane.served.after is None  # no lane of its own before it
-    assert lane.weights is not None  # fetched onto the head, from the hub once
+    # Checked on each box (fetch_weights off, group_data's default): no fetch, no copy.
+    assert not lane.weights.fetch and lane.served.fetch_unit is None
     # Each box loads the cluster lane's model from its own copy: in use on both, never pruned.
     assert CLUSTER_LANE["model"] in head.models_in_use
     assert CLUSTER_LANE["model"] in worker.models_in_use
-    assert lane.copied is not None and lane.copied.serves
     on_worker = worker.cluster.lane
     assert on_worker is not None
     assert on_worker.served is None  # the worker's Ray node holds its rank
-    assert on_worker.weights is None
-    assert on_worker.copied is not None and not on_worker.copied.serves
-    assert on_worker.copied.address == "192.168.100.10"
+    assert on_worker.weights.model == CLUSTER_LANE["model"] and not on_worker.weights.fetch
     # The test proves the fabric in the lane's own image, before the lane starts.
     assert worker.cluster.nccl_test is not None and worker.cluster.nccl_test.image == NGC
     # Seed 004's 0.87 of each box: on the worker, its rank's share of 121.69 GiB, 105.87 GiB.
@@ -322,12 +321,95 @@ def test_a_model_both_boxes_serve_comes_from_the_hub_to_the_first_and_over_the_f
     assert [lane.weights.source for lane in off.lanes] == [None, None]
 
 
+def fetching_cluster_pair(executor: str) -> dict[str, dict[str, Any]]:
+    hosts = cluster_pair(executor)
+    for data in hosts.values():
+        data["fetch_weights"] = True
+    return hosts
+
+
+BIG_UNIT = "spark-fetch-Qwen--Qwen3-235B-A22B-GPTQ-Int4.service"  # box_paths.fetch_unit's form
+BIG_BLOBS = "http://192.168.100.10:60991/models--Qwen--Qwen3-235B-A22B-GPTQ-Int4/blobs"
+
+
+def test_a_cluster_lanes_model_comes_from_the_hub_to_the_head_and_over_the_fabric_after() -> None:
+    # fetch_weights on: the head's fetch unit takes it from the hub and the head serves its
+    # blobs on its first twin (NVIDIA's two-Spark plan: .10, port 60991, box_paths.WEIGHTS_PORT);
+    # the worker's unit copies them from there, the hub's hashes checked all the same.
+    both = planned(fetching_cluster_pair("ray"))
+    head, worker = both.box("spark-1"), both.box("spark-2")
+    assert head.cluster is not None and worker.cluster is not None
+    on_head, on_worker = head.cluster.lane, worker.cluster.lane
+    assert on_head is not None and on_worker is not None
+    assert on_head.weights.fetch and on_head.weights.source is None
+    assert on_worker.weights.fetch and on_worker.weights.source == BIG_BLOBS
+    assert head.weights_share == "192.168.100.10" and worker.weights_share is None
+    # The head's lane starts once its fetch lands, queued after it (After=).
+    assert on_head.served is not None and on_head.served.fetch_unit == BIG_UNIT
+    # The room each box's fetch needs where the hub does not answer: the whole model, the
+    # catalog's weights_gib (spark/data/model-catalog.json: 115.28, twice seed 004's 57.64 GiB
+    # a node), in bytes: every box holds every file, each rank loading its share.
+    assert on_worker.weights.catalog_bytes == on_head.weights.catalog_bytes == int(115.28 * 2**30)
+    # The NCCL test waits for the model on every box (the copy shares the fabric it measures).
+    assert head.cluster.nccl_test is not None and worker.cluster.nccl_test is not None
+    assert head.cluster.nccl_test.waits_for == CLUSTER_LANE["model"]
+    assert worker.cluster.nccl_test.waits_for == CLUSTER_LANE["model"]
+    # make plan says where the worker's copy comes from.
+    assert f"its model copied over the fabric from {BIG_BLOBS}" in box_text(worker)
+    assert "copied over the fabric" not in box_text(head)
+
+
+def test_a_cluster_lanes_rank_on_mp_waits_for_its_own_boxs_fetch() -> None:
+    both = planned(fetching_cluster_pair("mp"))
+    worker = both.box("spark-2").cluster
+    assert worker is not None and worker.lane is not None and worker.lane.served is not None
+    assert worker.lane.served.fetch_unit == BIG_UNIT
+
+
+def test_without_the_fleet_copy_each_box_fetches_the_cluster_lanes_model_from_the_hub() -> None:
+    hosts = fetching_cluster_pair("ray")
+    for data in hosts.values():
+        data["fleet_copy_weights"] = False
+    both = planned(hosts)
+    for name in ("spark-1", "spark-2"):
+        cluster = both.box(name).cluster
+        assert cluster is not None and cluster.lane is not None
+        assert cluster.lane.weights.fetch and cluster.lane.weights.source is None
+        assert both.box(name).weights_share is None
+
+
+def test_the_head_fetches_the_cluster_lanes_model_first_wherever_the_inventory_lists_it() -> None:
+    hosts = fetching_cluster_pair("ray")
+    worker_first = {"spark-2": hosts["spark-2"], "spark-1": hosts["spark-1"]}
+    spark = load_from_dicts(worker_first)
+    assert [box.name for box in fetching(spark, CLUSTER_LANE["model"])] == ["spark-1", "spark-2"]
+    # A model no lane loads is fetched by no box; without fetch_weights neither is the cluster's.
+    assert fetching(spark, "org/other") == []
+    assert fetching(load_from_dicts(cluster_pair("ray")), CLUSTER_LANE["model"]) == []
+
+
+def test_without_fetch_weights_the_nccl_test_waits_for_nothing() -> None:
+    both = planned(cluster_pair("ray"))
+    for name in ("spark-1", "spark-2"):
+        cluster = both.box(name).cluster
+        assert cluster is not None and cluster.nccl_test is not None
+        assert cluster.nccl_test.waits_for is None
+    # Nor with fetch_weights but no cluster lane: group_data's own lanes only.
+    hosts = merged(TWO_SPARKS)
+    for data in hosts.values():
+        data["fetch_weights"] = True
+    cluster = box(hosts, "spark-2").cluster
+    assert cluster is not None and cluster.nccl_test is not None
+    assert cluster.nccl_test.waits_for is None
+
+
 # The plan as data.
 
 
 def test_the_plans_json_reads_back_as_the_same_plan() -> None:
     independent = {name: {"fabric_topology": "independent"} for name in ("a", "b")}
-    for hosts in (merged(TWO_SPARKS), cluster_pair("mp"), ring(), merged(independent)):
+    fetching = fetching_cluster_pair("ray")
+    for hosts in (merged(TWO_SPARKS), cluster_pair("mp"), fetching, ring(), merged(independent)):
         whole = planned(hosts)
         assert Plan.model_validate_json(whole.model_dump_json()) == whole
 

@@ -206,32 +206,22 @@ def test_a_model_missing_is_refused_with_the_command_that_fetches_it() -> None:
     assert message.endswith(FETCH_COMMAND)
 
 
-def test_with_fetch_a_missing_model_is_fetched_with_the_token_as_a_mounted_file() -> None:
-    host = FakeHost({preflight.ModelWeights: ""})
-    assert run_op(preflight.model_present, host=host, fetch=True, **MODEL_ARGS) == [FETCH_COMMAND]
-
-
-def test_with_fetch_a_model_on_the_box_yields_nothing() -> None:
-    host = FakeHost({preflight.ModelWeights: "present\n"})
-    assert run_op(preflight.model_present, host=host, fetch=True, **MODEL_ARGS) == []
-    assert host.noops == [f"{MODEL} is on this box"]
-
-
-def test_without_a_token_file_nothing_is_mounted_for_it() -> None:
+def test_without_a_token_file_the_command_shown_mounts_nothing_for_it() -> None:
     host = FakeHost({preflight.ModelWeights: ""})
     args = MODEL_ARGS | {"token_path": None}
-    (command,) = run_op(preflight.model_present, host=host, fetch=True, **args)
+    message = refusal(run_op(preflight.model_present, host=host, **args))
+    command = message.rpartition(": ")[2]
     assert "hf-token" not in command and "HF_TOKEN" not in command
     assert command.endswith(f"nvcr.io/nvidia/vllm:26.04-py3 hf download {MODEL}")
 
 
-def test_a_model_path_missing_is_refused_even_with_fetch() -> None:
+def test_a_model_path_missing_is_refused_with_the_way_to_copy_it() -> None:
     host = FakeHost({preflight.ModelWeights: ""})
     host.name = "spark-2"
     args = MODEL_ARGS | {"model": "/models/big"}
     assert re.search(
         r"^spark-2: /models/big has no config.json; copy",
-        refusal(run_op(preflight.model_present, host=host, fetch=True, **args)),
+        refusal(run_op(preflight.model_present, host=host, **args)),
     )
 
 
@@ -261,10 +251,10 @@ def test_a_gguf_is_present_when_every_part_is_in_the_snapshot_refs_main_names(
     assert answer() is True
 
 
-def test_with_fetch_a_missing_gguf_fetches_its_files_only() -> None:
+def test_a_missing_ggufs_command_fetches_its_files_only() -> None:
     host = FakeHost({preflight.ModelWeights: ""})
     args = MODEL_ARGS | {"model": "unsloth/Big-GGUF", "files": ("a.gguf",), "token_path": None}
-    (command,) = run_op(preflight.model_present, host=host, fetch=True, **args)
+    command = refusal(run_op(preflight.model_present, host=host, **args))
     assert command.endswith("nvcr.io/nvidia/vllm:26.04-py3 hf download unsloth/Big-GGUF a.gguf")
 
 
