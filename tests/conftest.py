@@ -85,7 +85,7 @@ def pytest_runtest_logreport(report: pytest.TestReport) -> None:
 
 
 def pytest_terminal_summary(terminalreporter, exitstatus: int, config: pytest.Config) -> None:
-    if _unit_seconds:
+    if _unit_seconds and config.getoption("dist", None) == "loadgroup":
         terminalreporter.section("work units by worker, seconds")
         for worker in sorted({worker for worker, _ in _unit_seconds}):
             units = {u: t for (w, u), t in _unit_seconds.items() if w == worker}
