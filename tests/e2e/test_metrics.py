@@ -59,10 +59,24 @@ def key_of(host: simlab.Host) -> str:
     return run_on(host, f"sudo cat {metrics.KEY_PATH}").strip()
 
 
+def collect(host: simlab.Host) -> None:
+    """One collection now, as the timer starts it."""
+    run_on(host, f"sudo systemctl start {metrics.SERVICE}")
+
+
+def collected_fresh(host: simlab.Host) -> None:
+    """A test or module before may have restarted a lane after the collector's last run (every
+    30 s): once every lane of the box is active again, one collection now."""
+    lanes = "spark-lane-coder spark-lane-fast"
+    run_on(host, f"timeout 300 sh -c 'until systemctl is-active -q {lanes}; do sleep 2; done'")
+    collect(host)
+
+
 def test_the_endpoint_asks_the_key_and_serves_the_collectors_figures(
     deployed_lab: Deployed,
 ) -> None:
     for host in deployed_lab.lab.hosts:
+        collected_fresh(host)
         assert scrape(host, None)[0] == 401
         assert scrape(host, "not-the-key")[0] == 401
         code, text = scrape(host, key_of(host))
@@ -97,18 +111,9 @@ def status_row(keys: Path, host: simlab.Host) -> str:
     return next(line for line in lines if line.startswith(f"{host.name} "))
 
 
-def collect(host: simlab.Host) -> None:
-    """One collection now, as the timer starts it."""
-    run_on(host, f"sudo systemctl start {metrics.SERVICE}")
-
-
 def test_make_status_reads_every_box_without_ssh(deployed_lab: Deployed, keys: Path) -> None:
     for host in deployed_lab.lab.hosts:
-        # A test before this one may have restarted a lane after the collector's last run (every
-        # 30 s): once every lane of the box is active again, one collection now.
-        lanes = "spark-lane-coder spark-lane-fast"
-        run_on(host, f"timeout 300 sh -c 'until systemctl is-active -q {lanes}; do sleep 2; done'")
-        collect(host)
+        collected_fresh(host)
         # Its cost: the CPU systemd counted for that run (the commands it ran included).
         cpu = run_on(host, f"systemctl show {metrics.SERVICE} -p CPUUsageNSec --value").strip()
         print(f"{host.name}: one collection, {int(cpu) / 1e6:.0f} ms of CPU")
