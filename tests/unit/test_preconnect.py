@@ -21,7 +21,7 @@ from spark.inventory import load_from_dicts, unknown_pyinfra_keys
 from stages import preconnect, settings
 from stages.settings import pyinfra_keys
 
-from .test_config import REPO, TWO_SPARKS, merged
+from .test_config import REPO, TWO_SPARKS, group_defaults, merged
 
 # Keys of pyinfra 3.10's SSH connector (pyinfra/connectors/ssh.py connector_data_meta) and of
 # its global arguments (pyinfra/api/arguments.py auth_argument_meta), as host data may set them.
@@ -54,7 +54,7 @@ def test_pyinfras_keys_from_its_own_definitions_pass_and_a_typo_is_listed_with_t
     assert load_from_dicts(hosts, pyinfra_keys()).head.name == "spark-1"
 
     hosts["spark-2"] |= {"ssh_usr": "nvidia", "fabric_mtu": "9000"}
-    problem = settings.refusal(hosts)
+    problem = settings.refusal(hosts, group_defaults())
 
     assert problem is not None
     assert (
@@ -63,7 +63,7 @@ def test_pyinfras_keys_from_its_own_definitions_pass_and_a_typo_is_listed_with_t
     )
     assert "spark-2: fabric_mtu: Input should be a valid integer" in problem
     assert "hunter2" not in problem
-    assert settings.refusal(merged(TWO_SPARKS)) is None
+    assert settings.refusal(merged(TWO_SPARKS), group_defaults()) is None
 
 
 def test_box_data_is_each_boxs_data_over_the_group_datas_names() -> None:
