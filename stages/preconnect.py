@@ -54,13 +54,14 @@ def unmatched_patterns(inventory: Inventory) -> list[str]:
     command = click.get_current_context(silent=True)
     names = [host.name for host in inventory]
     groups = sorted(name for name, hosts in inventory.groups.items() if hosts)
+    shown = ", ".join(group for group in groups if group != "all")  # every box's: no news
     problems = []
     for option in ("limit", "exclude"):
         for pattern in (command.params.get(option) or ()) if command else ():
             if pattern not in groups and not fnmatch.filter(names, pattern):
                 problems.append(
                     f"--{option} {pattern}: no box or group of the inventory matches; the boxes:"
-                    f" {', '.join(names)} (groups: {', '.join(groups)}); give one of them"
+                    f" {', '.join(names)} (groups: {shown}); give one of them"
                 )
     return problems
 
