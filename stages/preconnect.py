@@ -82,10 +82,11 @@ def box_data(defaults: dict[str, Any]) -> dict[str, dict[str, Any]]:
 
 def check(defaults: dict[str, Any]) -> None:
     """Stop the pyinfra run now, before it connects, when the inventory over ``defaults``
-    has problems, or a `--limit` or `--exclude` matches no box: each on its own line, named by box and key, and no traceback (a SystemExit
-    passes pyinfra's file loader and its CLI, which catch Exception only: pyinfra_cli/util.py
-    `exec_file`, pyinfra_cli/cli.py `cli`). Outside pyinfra's command line (a test, `make
-    plan`, compliance reading the inventory; each validates it itself) it does nothing."""
+    has problems, or a `--limit` or `--exclude` matches no box: each on its own line, named by
+    box and key, and no traceback (a SystemExit passes pyinfra's file loader and its CLI, which
+    catch Exception only: pyinfra_cli/util.py `exec_file`, pyinfra_cli/cli.py `cli`). Outside
+    pyinfra's command line (a test, `make plan`, compliance reading the inventory; each
+    validates it itself) it does nothing."""
     if not (pyinfra.is_cli and ctx_inventory.isset()):
         return
     reasons = unmatched_patterns(ctx_inventory.get())
