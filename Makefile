@@ -68,19 +68,24 @@ compliance: $(STAMP)
 	$(PY) -m pytest -p no:cacheprovider tests/compliance --inventory $(INVENTORY) -n 4 --dist loadgroup
 
 # A Prometheus configuration for the inventory's boxes (README: Watching the fleet): OUT/prometheus.yml
-# (a scrape job per box) and OUT/spark-rules.yml (the alerts); no box is contacted.
+# (a scrape job per box, its key read from KEYS=<dir>, else where make clients puts it) and
+# OUT/spark-rules.yml (the alerts); no box is contacted.
 prometheus-config: $(STAMP)
-	$(PY) -m stages.prometheus_config --inventory $(INVENTORY) --out $(or $(OUT),prometheus)
+	$(PY) -m stages.prometheus_config --inventory $(INVENTORY) --out $(or $(OUT),prometheus) \
+	  $(if $(KEYS),--keys-dir $(KEYS))
 
 # One table for the whole inventory from the boxes' metrics endpoints (no SSH); exit 1 when anything
-# is red. KEYS=<dir> where the boxes' metrics keys are (<box>.key; README: Watching the fleet).
+# is red. KEYS=<dir> where the boxes' metrics keys are, if not where make clients puts them
+# (<box>.key; README: Watching the fleet).
 status: $(STAMP)
 	@$(PY) -m stages.status --inventory $(INVENTORY) $(if $(KEYS),--keys-dir $(KEYS))
 
 # Every lane's key copied from its box into OpenCode's configuration directory (DIR=<dir>, else
-# ~/.config/opencode), 0600, and one opencode.json for the whole fleet (README: Keys to clients).
+# ~/.config/opencode), 0600, and one opencode.json for the whole fleet (README: Keys to clients);
+# each box's metrics key, 0600 too, where make status and make prometheus-config read it (KEYS).
 clients: $(STAMP)
-	$(PY) -m stages.clients --inventory $(INVENTORY) $(if $(DIR),--dir $(DIR))
+	$(PY) -m stages.clients --inventory $(INVENTORY) $(if $(DIR),--dir $(DIR)) \
+	  $(if $(KEYS),--metrics-keys-dir $(KEYS))
 
 # Every lane of every box measured against the field's figures (README: Lanes). It loads each
 # lane for about a minute, one lane of one box at a time: run it deliberately (deploy.py never

@@ -76,6 +76,7 @@ SECRET_KEYS = frozenset({"api_key", "hf_token_file", "front_tls_key_file"})
 # GiB of it. No value of unified_memory_gib or of the guard's floor can be above that.
 SPARK_MEMORY_GIB = 128
 PEM_PRIVATE_KEY = re.compile(r"-----BEGIN (RSA |EC )?PRIVATE KEY-----")
+SPARK_TWINS = frozenset(ifname for twins in topology.PORT_TWINS.values() for ifname in twins)
 
 
 class ConfigError(Exception):
@@ -366,6 +367,15 @@ class HostSettings(BaseModel):
                 f"{version} is not a build of driver branch {SUPPORTED_BRANCH}; the deploy moves"
                 f" a box within the branch only: use a {SUPPORTED_BRANCH}.x version"
             )
+        if "-" not in version:
+            # A version without a hyphen has no Debian revision (deb-version(5): "If there is no
+            # debian-revision then hyphens are not allowed"); Ubuntu's driver packages all have
+            # one, so apt would find no such version on the box.
+            raise ValueError(
+                f"{version} has no Debian revision (it is the driver's own version, as nvidia-smi"
+                " prints it), and apt has no such version; use the version `apt-cache madison"
+                f" nvidia-driver-{SUPPORTED_BRANCH}-open` lists for it, e.g. {version}-0ubuntu1"
+            )
         return version
 
     @field_validator("toolkit_repo_url", "toolkit_repo_key_url")
@@ -450,7 +460,17 @@ class HostSettings(BaseModel):
         ssh_port = (info.context or {}).get("ssh_port", 22)
         box = memory.budget(self.lanes, self.unified_memory_gib)  # a worker's rank: cross-host
         problems = {
-            "fabric_hcas": _device_problems(self.fabric_addresses, self.fabric_hcas),
+            "fabric_addresses": _not_twins(
+                self.fabric_addresses, self.fabric_topology, self.fabric_switch_ports
+            ),
+            "fabric_hcas": _device_problems(
+                {
+                    ifname: text
+                    for ifname, text in self.fabric_addresses.items()
+                    if ifname in SPARK_TWINS
+                },
+                self.fabric_hcas,
+            ),
             "fabric_link_speed_mbps": _speed_problems(
                 self.fabric_link_speed_mbps, self.fabric_topology
             ),
@@ -510,6 +530,24 @@ def _metrics_port_problems(
         for lane in lanes
         for port in dict.fromkeys((lane.port, lane.backend_port))
         if port in taken
+    ]
+
+
+def _not_twins(fabric: dict[str, str], shape: str, switch_ports: list[int]) -> list[str]:
+    """Each fabric interface a Spark's twin: a misspelt one (enp1s0f1np0 for enp1s0f1np1) is
+    named with the twins the box's cabling uses, not as a missing RDMA device. (A twin of the
+    other port is the cross-host check's, topology.problems; independent boxes use no fabric.)"""
+    if topology.SHAPES[shape].independent:
+        return []
+    ports = topology.ports(shape, tuple(switch_ports))
+    twins = [ifname for port in ports for ifname in topology.PORT_TWINS[port]]
+    where = f"port{'s' if len(ports) > 1 else ''} {' and '.join(map(str, ports))}"
+    return [
+        f"{ifname!r} is not one of the box's twins for its cabling ({shape}, {where}:"
+        f" {', '.join(twins)}); use those names, as `ip link` shows them, or give no"
+        " fabric_addresses (they are derived from the boxes' order)"
+        for ifname in fabric
+        if ifname not in SPARK_TWINS
     ]
 
 
@@ -934,9 +972,16 @@ def _joined_problems(hosts: tuple[HostConfig, ...]) -> list[str]:
     problems = []
     heads = [host for host in hosts if host.role == "head"]
     if not heads:
+        # A box holding a cluster lane is the one meant to serve it: the head.
+        serving = [(host, lane) for host in hosts for lane in host.lanes if lane.is_cluster]
         problems.append(
-            f"{_names(hosts)}: spark_role: no host is the head;"
-            " set spark_role = 'head' on exactly one host"
+            f"{_names(hosts)}: spark_role: no host is the head; "
+            + (
+                f"set spark_role = 'head' on {serving[0][0].name}, whose lanes hold the cluster"
+                f" lane {serving[0][1].name} (served from the head), and 'worker' on the others"
+                if len(serving) == 1
+                else "set spark_role = 'head' on exactly one host"
+            )
         )
     elif len(heads) > 1:
         problems.append(
@@ -978,6 +1023,7 @@ def _cluster_lane_problems(hosts: tuple[HostConfig, ...]) -> list[str]:
     """A cluster lane runs on the head and on every box: one of them, as wide as the cluster,
     and room for its share next to each worker's own lanes."""
     problems = []
+    heads = [host for host in hosts if host.role == "head"]
     cluster_lanes = [(host, lane) for host in hosts for lane in host.lanes if lane.is_cluster]
     for host, lane in cluster_lanes:
         where = f"{host.name}: lanes: {lane.name}: tensor_parallel_size"
@@ -987,10 +1033,12 @@ def _cluster_lane_problems(hosts: tuple[HostConfig, ...]) -> list[str]:
                 f"{where}: {size} makes a cluster lane, but the inventory has one box; set 1,"
                 " or add the other boxes (a head and its workers)"
             )
+        elif host.role != "head" and not heads:
+            continue  # the missing head's problem names this box (_joined_problems)
         elif host.role != "head":
             problems.append(
                 f"{where}: {size} makes a cluster lane, which is served from the head; move the"
-                " lane to the head's lanes"
+                f" lane to the head's lanes ({_names(heads)}'s), or make this box the head"
             )
         elif lane.cluster_executor == "ray" and lane.image != host.ray.image:
             problems.append(
@@ -1016,7 +1064,6 @@ def _cluster_lane_problems(hosts: tuple[HostConfig, ...]) -> list[str]:
             f" {' and '.join(lane.name for _, lane in cluster_lanes)} are cluster lanes; keep"
             " one (each holds the one GPU of every box)"
         )
-    heads = [host for host in hosts if host.role == "head"]
     if problems or not cluster_lanes or len(heads) != 1:
         return problems
     lane = cluster_lanes[0][1]
@@ -1201,32 +1248,101 @@ def unknown_pyinfra_keys(name: str, data: dict[str, Any], pyinfra_keys: Iterable
     ]
 
 
+def ssh_key_problems(name: str, data: dict[str, Any], cwd: str | None) -> list[str]:
+    """The box's `ssh_key` a file on this machine where pyinfra 3.10 looks for it (the path with
+    ~ expanded, then under ``cwd``: pyinfra/connectors/ssh_util.py `_resolve_key_paths`); else
+    pyinfra fails at connecting, with a traceback for every box. (Without ssh_key, pyinfra lets
+    paramiko try the agent and ~/.ssh's keys: pyinfra/connectors/ssh.py `make_paramiko_kwargs`.)"""
+    key = data.get("ssh_key")
+    if not key:
+        return []
+    if isinstance(key, str):
+        candidates = [Path(key).expanduser()]
+        candidates += [Path(cwd) / Path(key).expanduser()] if cwd else []
+        if any(path.is_file() for path in candidates):
+            return []
+    # A private key pasted in place of its path is never shown.
+    shown = "(not shown: not a path)" if not isinstance(key, str) or "\n" in key else repr(key)
+    return [
+        f"{name}: ssh_key: no file {shown} on this machine"
+        + (f" (nor under {cwd})" if cwd and isinstance(key, str) else "")
+        + "; give the path of the private key that logs in to the box, e.g. ~/.ssh/id_ed25519"
+        " (`ls ~/.ssh`), or leave ssh_key out: pyinfra then tries your SSH agent and ~/.ssh's keys"
+    ]
+
+
+def _mentions(problem: str, keys: Iterable[str]) -> bool:
+    return any(re.search(rf"(?<![\w-]){re.escape(key)}(?![\w-])", problem) for key in keys)
+
+
+def _host_settings(
+    name: str,
+    data: dict[str, Any],
+    pyinfra_keys: list[str],
+    defaults: dict[str, Any],
+) -> tuple[HostSettings | None, list[str], set[str]]:
+    """A box's own settings and every problem of its own, and the keys set aside: where a key is
+    refused, the box is validated again with it at its default (``defaults``, group_data's, else
+    the model's), so that the checks of one key against another still run, and the box has a
+    stand-in for the checks across boxes. What a later round says naming a key set aside is a
+    consequence of that key, not news: left out. None: no stand-in validates."""
+    own = {
+        key: value
+        for key, value in data.items()
+        if not key.startswith(PYINFRA_KEY_PREFIXES) and key not in TEARDOWN_KEYS
+    }
+    context = {"ssh_port": _ssh_port(data.get("ssh_port"))}
+    problems: list[str] = []
+    aside: set[str] = set()
+    values = own
+    while True:
+        try:
+            return HostSettings.model_validate(values, context=context), problems, aside
+        except ValidationError as error:
+            found = _problems(name, error, data, pyinfra_keys)
+            problems += [problem for problem in found if not _mentions(problem, aside)]
+            refused_keys = {str(item["loc"][0]) for item in error.errors()}
+            if refused_keys <= aside:  # the defaults themselves are refused
+                return None, problems, aside
+            aside |= refused_keys
+            values = {key: value for key, value in own.items() if key not in aside} | {
+                key: defaults[key]
+                for key in aside
+                if key in defaults and key in HostSettings.model_fields
+            }
+
+
+def _consequence(problem: str, aside: dict[str, set[str]]) -> bool:
+    """A problem across boxes that names a box and one of its keys set aside (_host_settings)."""
+    return any(
+        _mentions(problem, [name]) and _mentions(problem, keys) for name, keys in aside.items()
+    )
+
+
 def load_from_dicts(
-    hosts: dict[str, dict[str, Any]], pyinfra_keys: Iterable[str] = ()
+    hosts: dict[str, dict[str, Any]],
+    pyinfra_keys: Iterable[str] = (),
+    defaults: dict[str, Any] | None = None,
+    cwd: str | None = None,
 ) -> SparkConfig:
     """Validate every host's data (as host.data.dict() gives it); raise ConfigError listing
-        every problem; what is allowed but risky is in the result's warnings. ``pyinfra_keys``: the
+    every problem; what is allowed but risky is in the result's warnings. ``pyinfra_keys``: the
     keys pyinfra itself reads, offered where a key is misspelt; given, a host's `ssh_` and `_`
-    keys must be among them (without them, as for data no pyinfra reads, those pass).
-    Cross-host checks run once each host is valid on its own: before that they would mostly
-    report the consequences of per-host mistakes."""
+    keys must be among them and its `ssh_key` a file (under ``cwd``, pyinfra's, when relative);
+    without them, as for data no pyinfra reads, those pass. ``defaults``: group_data's values,
+    which stand in for a box's refused keys, so that every independent problem is listed at
+    once (_host_settings); the checks across boxes run over the stand-ins too."""
     pyinfra_keys = list(pyinfra_keys)
     problems: list[str] = []
     configs = []
+    aside: dict[str, set[str]] = {}
     for name, data in hosts.items():
         if pyinfra_keys:
             problems += unknown_pyinfra_keys(name, data, pyinfra_keys)
-        try:
-            settings = HostSettings.model_validate(
-                {
-                    key: value
-                    for key, value in data.items()
-                    if not key.startswith(PYINFRA_KEY_PREFIXES) and key not in TEARDOWN_KEYS
-                },
-                context={"ssh_port": _ssh_port(data.get("ssh_port"))},
-            )
-        except ValidationError as error:
-            problems += _problems(name, error, data, pyinfra_keys)
+            problems += ssh_key_problems(name, data, cwd)
+        settings, found, aside[name] = _host_settings(name, data, pyinfra_keys, defaults or {})
+        problems += found
+        if settings is None:
             continue
         if len(hosts) > 1 and not settings.fabric_addresses:
             # None given: the topology's scheme, by the box's place in the inventory.
@@ -1241,11 +1357,13 @@ def load_from_dicts(
         alone = len(hosts) == 1 or topology.SHAPES[settings.fabric_topology].independent
         role = settings.spark_role or ("head" if alone else None)
         if role is None:
-            problems.append(
-                f"{name}: spark_role: missing in a cluster of {len(hosts)} hosts;"
-                " set 'head' on one host and 'worker' on the others"
-            )
-            continue
+            if "spark_role" not in aside[name]:  # else its own problem says it
+                problems.append(
+                    f"{name}: spark_role: missing in a cluster of {len(hosts)} hosts;"
+                    " set 'head' on one host and 'worker' on the others"
+                )
+            aside[name].add("spark_role")
+            role = "worker"  # a stand-in for the checks across boxes
         # Where pyinfra reaches the box (its ssh_hostname, else its name): clients reach the
         # lanes there, and its SSH port stays open through the cluster's firewall.
         reached = (str(data.get("ssh_hostname") or name), _ssh_port(data.get("ssh_port")))
@@ -1253,6 +1371,9 @@ def load_from_dicts(
     if not hosts:
         problems.append("inventory: hosts: empty; list at least one Spark")
     if problems:
+        if configs and len(configs) == len(hosts):
+            across = _cluster_problems(tuple(configs))
+            problems += [problem for problem in across if not _consequence(problem, aside)]
         raise ConfigError(problems)
     # A cluster lane takes its share of every box: the workers' totals count it too.
     cluster = next(

@@ -14,9 +14,11 @@ import json
 from spark.plan import BoxPlan, Plan
 
 RULES_FILE = "spark-rules.yml"
-# Where the keys are on the Prometheus machine: one file per box, <box>.key, each that box's
-# /etc/spark/secrets/_metrics.key (operations/metrics.py), readable by Prometheus only.
-KEYS_DIR = "/etc/prometheus/spark-keys"
+# Where `make clients` copies each box's metrics key on this machine: one file per box,
+# <box>.key (0600, in a 0700 directory), each that box's /etc/spark/secrets/_metrics.key
+# (operations/metrics.py). `make status` reads them there, and the prometheus.yml of `make
+# prometheus-config` names them there, as an absolute path (no shell expands its ~).
+KEYS_DIR = "~/.config/spark-provisioning/metrics-keys"
 NCCL_MAX_AGE_S = 7 * 24 * 3600  # a verdict older than a week: run the test again (issue 28)
 # Alerts wait this many collections before firing, so one late or slow collection is no page.
 FOR_COLLECTIONS = 2
@@ -46,7 +48,7 @@ def scrape_job(
     }
 
 
-def scrape_config(plan: Plan, keys_dir: str = KEYS_DIR) -> dict:
+def scrape_config(plan: Plan, keys_dir: str) -> dict:
     """prometheus.yml: a job per box with a metrics endpoint, scraped every collection
     interval (the collector writes no oftener), its key as the bearer token from a file
     (Prometheus' scrape_config: authorization.credentials_file) and https with the front's

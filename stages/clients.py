@@ -1,15 +1,19 @@
 """Every lane's key and one OpenCode configuration for the whole fleet, on this machine.
 
     .venv/bin/python -m stages.clients [--inventory inventories/lab.py] [--dir DIR]
+        [--metrics-keys-dir KEYS]
 
 `make clients` runs it (DIR: OpenCode's ~/.config/opencode unless given). Each box is reached
 over the SSH connection pyinfra opens for it (as compliance does); each lane's key is read with
 `sudo -n cat` (sudo without a password: README, step 2) into memory, never into a command line
 or a log, and written to DIR/<box>-<lane>.key, mode 0600 from the start. DIR/opencode.json then
 gets one provider per lane of every box (endpoints.opencode_config), the owner's other settings
-and providers kept. DIR/spark-clients.json lists what this command wrote: a provider or key file
-written before whose lane or box the inventory no longer has is removed. A box that cannot be
-reached keeps what it had; any problem makes the command exit 1.
+and providers kept, and never an empty provider. DIR/spark-clients.json lists what this command
+wrote: a provider or key file written before whose lane or box the inventory no longer has is
+removed. Each box's metrics key is read the same way into KEYS/<box>.key (spark/prometheus.py
+KEYS_DIR unless given), where `make status` and the generated prometheus.yml read it. A box
+that cannot be reached keeps what it had; with none reached nothing is written; any problem
+makes the command exit 1.
 """
 
 from __future__ import annotations
@@ -29,6 +33,8 @@ from pyinfra.api.exceptions import PyinfraError
 from pyinfra.api.host import Host
 
 from endpoints import OPENCODE_DIR, Endpoint, endpoints_of, key_file, opencode_config
+from operations.metrics import KEY_NAME as METRICS_KEY
+from spark import prometheus
 from spark.box_paths import key_path
 from stages.settings import COLLECTION, InventoryRefused, load, plan, read_inventory
 
@@ -45,6 +51,14 @@ class Keys(NamedTuple):
 
 # A box's name and the lanes whose keys to read -> its keys, or why it could not be reached.
 KeyReader = Callable[[str, list[str]], Keys | str]
+
+
+class MetricsKeys(NamedTuple):
+    """The boxes whose metrics key to copy, and where: <directory>/<box>.key, which `make status`
+    and the generated prometheus.yml read (spark/prometheus.py KEYS_DIR)."""
+
+    boxes: frozenset[str]
+    directory: Path
 
 
 def read_keys(host: Host, lanes: Iterable[str]) -> Keys | str:
@@ -90,29 +104,52 @@ def read_json(path: Path) -> dict:
 
 
 def update_clients(
-    fleet: dict[str, list[Endpoint]], read: KeyReader, directory: Path, keys_dir: str
+    fleet: dict[str, list[Endpoint]],
+    read: KeyReader,
+    directory: Path,
+    keys_dir: str,
+    metrics: MetricsKeys | None = None,
 ) -> list[str]:
     """Write every lane's key and the merged configuration into ``directory`` (which
-    ``keys_dir`` names in the configuration), remove what an earlier run wrote for lanes and
-    boxes no longer in ``fleet``; the problems, one line each."""
+    ``keys_dir`` names in the configuration), and the metrics key of each of ``metrics``' boxes
+    into its directory; remove what an earlier run wrote for lanes and boxes no longer in
+    ``fleet``; the problems, one line each. Where no box could be read, nothing is written: the
+    configuration would have lost no provider, and gained none."""
     config_path, manifest_path = directory / CONFIG, directory / MANIFEST
     try:
         config, before = read_json(config_path), read_json(manifest_path)
     except ValueError as error:
         return [f"{config_path} or {manifest_path}: {error}; nothing written (merge by hand)"]
+    metrics = metrics or MetricsKeys(frozenset(), directory)
+    asked = {
+        box: [endpoint.lane for endpoint in endpoints if endpoint.api_key]
+        + ([METRICS_KEY] if box in metrics.boxes else [])
+        for box, endpoints in fleet.items()
+    }
+    found_by_box = {
+        box: read(box, lanes) if lanes else Keys({}, []) for box, lanes in asked.items()
+    }
+    unreached = {box: found for box, found in found_by_box.items() if isinstance(found, str)}
+    if unreached and len(unreached) == len([box for box in asked if asked[box]]):
+        return [f"{box}: {why}" for box, why in unreached.items()] + [
+            f"no box was reached ({', '.join(unreached)}); nothing written in {directory}: make"
+            " clients again once they answer over SSH"
+        ]
     directory.mkdir(mode=0o700, parents=True, exist_ok=True)
     problems: list[str] = []
     written: dict[str, dict[str, list[str]]] = {}
     providers: dict[str, dict] = {}
     for box, endpoints in fleet.items():
-        keyed = [endpoint.lane for endpoint in endpoints if endpoint.api_key]
-        found = read(box, keyed) if keyed else Keys({}, [])
+        found = found_by_box[box]
         if isinstance(found, str):  # unreachable: what it had stays
             problems.append(f"{box}: {found}; its providers and keys are kept as they were")
             if box in before:
                 written[box] = before[box]
             continue
         problems += [f"{box}: {problem}" for problem in found.problems]
+        if METRICS_KEY in found.keys:
+            metrics.directory.mkdir(mode=0o700, parents=True, exist_ok=True)
+            write_private(metrics.directory / f"{box}.key", found.keys.pop(METRICS_KEY) + "\n")
         for lane, key in found.keys.items():
             write_private(directory / key_file(box, lane), key + "\n")
         served = [e for e in endpoints if not e.api_key or e.lane in found.keys]
@@ -133,6 +170,8 @@ def update_clients(
         for name, provider in config.get("provider", {}).items()
         if name not in stale and name not in providers
     } | providers
+    if not config["provider"]:
+        del config["provider"]  # no empty provider: every lane gone, or none with its key yet
     write_private(config_path, json.dumps(config, indent=2) + "\n")
     write_private(manifest_path, json.dumps(written, indent=2, sort_keys=True) + "\n")
     return problems
@@ -142,6 +181,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="make clients", description=__doc__.splitlines()[0])
     parser.add_argument("--inventory", default="inventories/lab.py")
     parser.add_argument("--dir", default=OPENCODE_DIR, help="OpenCode's configuration directory")
+    parser.add_argument(
+        "--metrics-keys-dir", default=prometheus.KEYS_DIR, help="where each box's metrics key goes"
+    )
     args = parser.parse_args(argv)
     state = State()
     state.cwd = str(COLLECTION)  # relative ssh_key paths resolve as for the deploy
@@ -158,17 +200,24 @@ def main(argv: list[str] | None = None) -> int:
     # OpenCode reads a relative {file:...} from the configuration's directory, ~ from home
     # (https://opencode.ai/docs/config/#variables): an absolute path, or ~ as given.
     keys_dir = args.dir if args.dir.startswith("~") else str(directory)
+    metrics = MetricsKeys(
+        frozenset(box.name for box in planned.boxes if box.metrics is not None),
+        Path(args.metrics_keys_dir).expanduser(),
+    )
     try:
         problems = update_clients(
-            fleet, lambda box, lanes: read_keys(hosts[box], lanes), directory, keys_dir
+            fleet, lambda box, lanes: read_keys(hosts[box], lanes), directory, keys_dir, metrics
         )
     finally:
         for host in hosts.values():
             host.disconnect()
     for problem in problems:
         print(problem, file=sys.stderr)
-    lanes = sum(len(endpoints) for endpoints in fleet.values())
-    print(f"{directory / CONFIG}: {lanes} lanes of {len(fleet)} boxes in the inventory")
+    if (directory / CONFIG).exists():
+        lanes = sum(len(endpoints) for endpoints in fleet.values())
+        print(f"{directory / CONFIG}: {lanes} lanes of {len(fleet)} boxes in the inventory")
+    if any(metrics.directory.glob("*.key")):
+        print(f"{metrics.directory}: the metrics keys (<box>.key), read by make status")
     return 1 if problems else 0
 
 

@@ -1,11 +1,11 @@
 """Write a Prometheus configuration for the inventory's boxes, contacting no box.
 
     .venv/bin/python -m stages.prometheus_config [--inventory inventories/lab.py] [--out DIR]
-        [--keys-dir /etc/prometheus/spark-keys]
+        [--keys-dir ~/.config/spark-provisioning/metrics-keys]
 
 `make prometheus-config` runs it: DIR/prometheus.yml (a scrape job per box) and
-DIR/spark-rules.yml (the alert rules), from spark/prometheus.py. Each box's metrics key goes in
-KEYS_DIR/<box>.key on the Prometheus machine (README: Watching the fleet).
+DIR/spark-rules.yml (the alert rules), from spark/prometheus.py. Each box's metrics key is read
+from KEYS_DIR/<box>.key, where `make clients` copies it (README: Watching the fleet).
 """
 
 from __future__ import annotations
@@ -27,13 +27,14 @@ def main(argv: list[str] | None = None) -> int:
     if (plan := plan_or_say_why(args.inventory)) is None:
         return 2
     args.out.mkdir(parents=True, exist_ok=True)
-    config = prometheus.scrape_config(plan, args.keys_dir)
+    keys_dir = str(Path(args.keys_dir).expanduser().absolute())  # as Prometheus reads it
+    config = prometheus.scrape_config(plan, keys_dir)
     (args.out / "prometheus.yml").write_text(prometheus.dump(config))
     (args.out / prometheus.RULES_FILE).write_text(prometheus.dump(prometheus.rules(plan)))
     boxes = sum(1 for box in plan.boxes if box.metrics is not None)
     lanes = len(config["scrape_configs"]) - boxes
     print(f"{args.out}/prometheus.yml: {boxes} box(es) and {lanes} lane(s);"
-          f" their keys in {args.keys_dir}/<box>.key")  # fmt: skip
+          f" their keys in {keys_dir}/<box>.key")  # fmt: skip
     return 0
 
 

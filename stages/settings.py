@@ -51,11 +51,12 @@ def pyinfra_keys() -> list[str]:
     return [*all_argument_meta, *(key for connector in connectors for key in connector.data_meta)]
 
 
-def refusal(hosts: dict[str, dict[str, Any]]) -> str | None:
-    """Every problem of these boxes' data (as host.data.dict() gives it), None without any:
-    the deploy's own validation, for data read before pyinfra's inventory is complete."""
+def refusal(hosts: dict[str, dict[str, Any]], defaults: dict[str, Any]) -> str | None:
+    """Every problem of these boxes' data (as host.data.dict() gives it) over ``defaults``
+    (group_data's), None without any: the deploy's own validation, for data read before
+    pyinfra's inventory is complete."""
     try:
-        load_from_dicts(hosts, pyinfra_keys())
+        load_from_dicts(hosts, pyinfra_keys(), defaults, str(COLLECTION))
     except ConfigError as error:
         return str(error)
     return None
@@ -73,7 +74,10 @@ def load(inventory: Inventory) -> SparkConfig:
     if inventory not in _loaded:
         try:
             result = load_from_dicts(
-                {host.name: host.data.dict() for host in inventory}, pyinfra_keys()
+                {host.name: host.data.dict() for host in inventory},
+                pyinfra_keys(),
+                inventory.get_data(),  # group_data's: pyinfra_cli/inventory.py, group "all"
+                str(COLLECTION),  # where pyinfra resolves a relative ssh_key (its state's cwd)
             )
         except ConfigError as error:
             _loaded[inventory] = error

@@ -7,7 +7,8 @@ floor, each twin (rate, MTU, RoCE v2 GID index), the NCCL test's verdict and its
 pulls running, and every drift from the plan. A box is red when its endpoint does not answer, a
 lane is down or failed its canary, memory is below the floor, anything drifted, or the NCCL test
 failed or is older than a week; the command then exits 1. Each box's metrics key is read from
-KEYS_DIR/<box>.key (its /etc/spark/secrets/_metrics.key; README: Watching the fleet).
+KEYS_DIR/<box>.key, where `make clients` copies its /etc/spark/secrets/_metrics.key (README:
+Watching the fleet).
 """
 
 from __future__ import annotations
@@ -25,10 +26,9 @@ from pathlib import Path
 from prometheus_client.parser import text_string_to_metric_families
 
 from spark.plan import BoxPlan
-from spark.prometheus import NCCL_MAX_AGE_S
+from spark.prometheus import KEYS_DIR, NCCL_MAX_AGE_S
 from stages.settings import plan_or_say_why
 
-KEYS_DIR = "~/.config/spark-provisioning/metrics-keys"
 TIMEOUT_S = 1.5  # every box at once: the table in under 2 s (issue 28)
 GIB = 1024**3
 RED, GREEN, RESET = "\033[31m", "\033[32m", "\033[0m"

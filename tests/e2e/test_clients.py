@@ -43,11 +43,12 @@ def run(home: Path, *command: str) -> subprocess.CompletedProcess:
     )  # fmt: skip
 
 
-def make_clients(home: Path) -> subprocess.CompletedProcess:
-    # What `make clients INVENTORY=inventories/sim.py` runs, from the repository.
+def make(home: Path, module: str) -> subprocess.CompletedProcess:
+    # What `make clients INVENTORY=inventories/sim.py` (stages.clients) or `make status`
+    # (stages.status) runs, from the repository, as an owner whose home is ``home``.
     env = dict(os.environ, HOME=str(home), SIMLAB_STATE=str(STATE))
     return subprocess.run(
-        [f"{REPO}/.venv/bin/python", "-m", "stages.clients", "--inventory", "inventories/sim.py"],
+        [f"{REPO}/.venv/bin/python", "-m", module, "--inventory", "inventories/sim.py"],
         cwd=REPO, env=env, capture_output=True, text=True, timeout=300, stdin=subprocess.DEVNULL,
     )  # fmt: skip
 
@@ -68,7 +69,7 @@ def test_make_clients_then_opencode_lists_answers_and_is_refused_a_wrong_key(
     (directory / "opencode.json").write_text(
         json.dumps({"provider": {"spark-9-coder": mine, "mine": mine}})
     )
-    result = make_clients(tmp_path)
+    result = make(tmp_path, "stages.clients")
     assert result.returncode == 0, result.stdout + result.stderr
     boxes = [host.name for host in deployed_lab.lab.hosts]
     for host in deployed_lab.lab.hosts:
@@ -79,6 +80,19 @@ def test_make_clients_then_opencode_lists_answers_and_is_refused_a_wrong_key(
             assert stat.S_IMODE(copied.stat().st_mode) == 0o600
             assert key not in result.stdout + result.stderr
     assert not (directory / "spark-9-coder.key").exists()
+    # Each box's metrics key too, where make status reads it by default (spark/prometheus.py).
+    metrics_keys = tmp_path / ".config/spark-provisioning/metrics-keys"
+    for host in deployed_lab.lab.hosts:
+        key = run_on(host, "sudo cat /etc/spark/secrets/_metrics.key").strip()
+        copied = metrics_keys / f"{host.name}.key"
+        assert copied.read_text() == key + "\n"
+        assert stat.S_IMODE(copied.stat().st_mode) == 0o600
+        assert key not in result.stdout + result.stderr
+    assert stat.S_IMODE(metrics_keys.stat().st_mode) == 0o700
+    status = make(tmp_path, "stages.status")
+    rows = {line.split()[0]: line for line in status.stdout.splitlines() if line.strip()}
+    for box in boxes:
+        assert "no answer" not in rows[box], status.stdout + status.stderr
     config = json.loads((directory / "opencode.json").read_text())
     assert sorted(config["provider"]) == sorted(
         ["mine", *(f"{box}-{lane}" for box in boxes for lane in LANES)]

@@ -7,13 +7,19 @@ import io
 import json
 import os
 import stat
+import subprocess
+import sys
 from pathlib import Path
 from types import SimpleNamespace
 
 import paramiko
+import pytest
 
 from endpoints import Endpoint
-from stages import clients
+from stages import clients, prometheus_config, status
+
+from .test_config import REPO, TWO_SPARKS
+from .test_preconnect import closed_port
 
 CODER = Endpoint(
     "coder", "vllm", "qwen3-coder-next", "http://10.0.0.5:10101/v1", 0.45, 131072, True
@@ -96,10 +102,12 @@ def test_a_removed_lane_and_a_removed_box_leave_neither_provider_nor_key(tmp_pat
     assert sorted(path.name for path in tmp_path.glob("*.key")) == ["spark-1-coder.key"]
     config = json.loads((tmp_path / "opencode.json").read_text())
     assert sorted(config["provider"]) == ["spark-1-coder"]
-    # A box whose every lane was removed: nothing of it either.
+    # A box whose every lane was removed: nothing of it either, and no empty provider left.
     assert clients.update_clients({"spark-1": []}, reader(keys), tmp_path, KEYS) == []
     assert list(tmp_path.glob("*.key")) == []
-    assert json.loads((tmp_path / "opencode.json").read_text())["provider"] == {}
+    assert json.loads((tmp_path / "opencode.json").read_text()) == {
+        "$schema": "https://opencode.ai/config.json"
+    }
 
 
 def test_an_unreachable_box_keeps_what_it_had_and_a_missing_key_is_named(tmp_path: Path) -> None:
@@ -208,3 +216,120 @@ def test_read_keys_with_sudo_without_a_password_the_key_never_in_the_command() -
 def test_read_keys_of_an_unreachable_box() -> None:
     host = host_with(None, {}, paramiko.SSHException("No existing session"))
     assert clients.read_keys(host, ["coder"]) == "cannot connect: No existing session"
+
+
+def test_no_box_reached_writes_nothing_and_names_every_box(tmp_path: Path) -> None:
+    """Issue 37: with no box reached, an opencode.json with an empty provider was written."""
+    directory = tmp_path / "opencode"
+    fleet = {"spark-1": [CODER], "spark-2": [CODER, OPEN]}
+    metrics = clients.MetricsKeys(frozenset(fleet), tmp_path / "metrics-keys")
+
+    problems = clients.update_clients(
+        fleet, reader({}, unreachable=("spark-1", "spark-2")), directory, KEYS, metrics
+    )
+
+    assert problems == [
+        "spark-1: cannot connect: timed out",
+        "spark-2: cannot connect: timed out",
+        f"no box was reached (spark-1, spark-2); nothing written in {directory}: make clients"
+        " again once they answer over SSH",
+    ]
+    assert not directory.exists() and not metrics.directory.exists()
+
+
+def test_no_box_reached_leaves_the_owners_configuration_as_it_was(tmp_path: Path) -> None:
+    (tmp_path / "opencode.json").write_text(json.dumps(OWNERS))
+
+    problems = clients.update_clients(
+        {"spark-1": [CODER]}, reader({}, unreachable=("spark-1",)), tmp_path, KEYS
+    )
+
+    assert problems[-1].startswith("no box was reached (spark-1); nothing written")
+    assert json.loads((tmp_path / "opencode.json").read_text()) == OWNERS
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["opencode.json"]
+
+
+def test_each_boxs_metrics_key_is_copied_0600_beside_the_others(tmp_path: Path) -> None:
+    """Read as a lane's key is (operations/metrics.py KEY_NAME: /etc/spark/secrets/_metrics.key),
+    written as <box>.key, where make status and prometheus.yml read it; a box without metrics
+    is not asked for one. Under umask 0 the file is still 0600 and its directory 0700."""
+    metrics = clients.MetricsKeys(frozenset({"spark-1", "spark-2"}), tmp_path / "metrics-keys")
+    fleet = {"spark-1": [CODER], "spark-2": [OPEN], "spark-3": [OPEN]}
+    read = reader({"spark-1": {"coder": "sk-coder", "_metrics": "mk-1"}, "spark-2": {}})
+
+    old = os.umask(0)
+    try:
+        problems = clients.update_clients(fleet, read, tmp_path / "opencode", KEYS, metrics)
+    finally:
+        os.umask(old)
+
+    assert read.asked == [("spark-1", ["coder", "_metrics"]), ("spark-2", ["_metrics"])]
+    assert problems == ["spark-2: _metrics: no key read (No such file)"]
+    assert (metrics.directory / "spark-1.key").read_text() == "mk-1\n"
+    assert mode(metrics.directory / "spark-1.key") == 0o600
+    assert mode(metrics.directory) == 0o700
+    assert sorted(path.name for path in metrics.directory.iterdir()) == ["spark-1.key"]
+    # Not a lane: no provider and no key file of it in OpenCode's directory.
+    config = json.loads((tmp_path / "opencode" / "opencode.json").read_text())
+    assert sorted(config["provider"]) == ["spark-1-coder", "spark-2-open", "spark-3-open"]
+    assert sorted(path.name for path in (tmp_path / "opencode").glob("*.key")) == [
+        "spark-1-coder.key"
+    ]
+
+
+def test_make_status_and_prometheus_config_read_the_metrics_keys_where_clients_puts_them(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """inventories/lab.py's boxes, each command with its default place, under one home; the
+    boxes' keys as read_keys would return them (no box contacted)."""
+    monkeypatch.setenv("HOME", str(tmp_path))
+    keys = tmp_path / ".config/spark-provisioning/metrics-keys"
+    boxes = ("spark-1.local", "spark-2.local")
+
+    assert status.main(["--inventory", "inventories/lab.py"]) == 1  # no key yet: red
+    said = capsys.readouterr().out
+    for box in boxes:
+        assert f"no key (No such file or directory: {keys}/{box}.key)" in said
+
+    monkeypatch.setattr(
+        clients,
+        "read_keys",
+        lambda host, lanes: clients.Keys({lane: f"{host.name}-{lane}" for lane in lanes}, []),
+    )
+    assert clients.main(["--inventory", "inventories/lab.py", "--dir", str(tmp_path / "oc")]) == 0
+    for box in boxes:
+        assert (keys / f"{box}.key").read_text() == f"{box}-_metrics\n"
+        assert mode(keys / f"{box}.key") == 0o600
+
+    out = tmp_path / "prometheus"
+    assert prometheus_config.main(["--inventory", "inventories/lab.py", "--out", str(out)]) == 0
+    config = json.loads((out / "prometheus.yml").read_text())
+    assert {job["authorization"]["credentials_file"] for job in config["scrape_configs"]} == {
+        f"{keys}/{box}.key" for box in boxes
+    }
+
+
+def test_make_clients_with_every_box_down_writes_nothing_and_exits_1(tmp_path: Path) -> None:
+    """The real command over SSH to boxes at a port that refuses: each box named, no file."""
+    reached = {"ssh_hostname": "127.0.0.1", "ssh_port": closed_port(), "ssh_connect_retries": 0}
+    inventory = tmp_path / "inventory.py"
+    inventory.write_text(f"spark = {[(n, reached | d) for n, d in TWO_SPARKS.items()]!r}\n")
+
+    run = subprocess.run(
+        [sys.executable, "-m", "stages.clients", "--inventory", str(inventory)],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=os.environ | {"HOME": str(tmp_path)},
+    )
+
+    assert run.returncode == 1
+    for box in TWO_SPARKS:
+        assert f"{box}: cannot connect: " in run.stderr
+    assert (
+        f"no box was reached (spark-1, spark-2); nothing written in {tmp_path}/.config/opencode:"
+        " make clients again once they answer over SSH"
+    ) in run.stderr
+    assert "Traceback" not in run.stdout + run.stderr
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["inventory.py"]

@@ -261,7 +261,9 @@ def test_bad_input_is_refused_naming_host_and_key(path: Path) -> None:
     case = read_case(path)
 
     with pytest.raises(ConfigError) as caught:
-        load_from_dicts(merged(case["hosts"], tuple(case.get("drop", ()))), pyinfra_keys())
+        load_from_dicts(
+            merged(case["hosts"], tuple(case.get("drop", ()))), pyinfra_keys(), group_defaults()
+        )
 
     message = str(caught.value)
     for expected in case["expect"]:
@@ -281,7 +283,7 @@ def test_load_reads_host_data_from_a_pyinfra_inventory_once(
     calls = []
     done = SimpleNamespace(warnings=())
     monkeypatch.setattr(
-        settings, "load_from_dicts", lambda hosts, keys: calls.append(hosts) or done
+        settings, "load_from_dicts", lambda hosts, *given: calls.append(hosts) or done
     )
     hosts = merged(TWO_SPARKS)
     hosts["spark-2"]["ssh_port"] = 2222
@@ -297,7 +299,9 @@ def test_load_caches_the_error_too(monkeypatch: pytest.MonkeyPatch) -> None:
     loaded = inventory(hosts)
     calls = []
     real = config.load_from_dicts
-    monkeypatch.setattr(settings, "load_from_dicts", lambda h, k: calls.append(h) or real(h, k))
+    monkeypatch.setattr(
+        settings, "load_from_dicts", lambda h, *given: calls.append(h) or real(h, *given)
+    )
 
     errors = []
     for _ in range(2):
@@ -407,7 +411,7 @@ def test_a_cluster_lane_on_the_head_at_the_clusters_size_is_accepted() -> None:
 def test_a_cluster_lane_is_refused_on_a_worker_a_lone_box_or_at_another_size() -> None:
     assert cluster_problems([], [BIG]) == [
         "spark-2: lanes: big: tensor_parallel_size: 2 makes a cluster lane, which is served from"
-        " the head; move the lane to the head's lanes"
+        " the head; move the lane to the head's lanes (spark-1's), or make this box the head"
     ]
     lone = {"spark-1": {"spark_role": "head"}}
     assert cluster_problems([BIG], [], lone)[0].startswith(

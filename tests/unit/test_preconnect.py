@@ -21,7 +21,7 @@ from spark.inventory import load_from_dicts, unknown_pyinfra_keys
 from stages import preconnect, settings
 from stages.settings import pyinfra_keys
 
-from .test_config import REPO, TWO_SPARKS, merged
+from .test_config import REPO, TWO_SPARKS, group_defaults, merged
 
 # Keys of pyinfra 3.10's SSH connector (pyinfra/connectors/ssh.py connector_data_meta) and of
 # its global arguments (pyinfra/api/arguments.py auth_argument_meta), as host data may set them.
@@ -54,7 +54,7 @@ def test_pyinfras_keys_from_its_own_definitions_pass_and_a_typo_is_listed_with_t
     assert load_from_dicts(hosts, pyinfra_keys()).head.name == "spark-1"
 
     hosts["spark-2"] |= {"ssh_usr": "nvidia", "fabric_mtu": "9000"}
-    problem = settings.refusal(hosts)
+    problem = settings.refusal(hosts, group_defaults())
 
     assert problem is not None
     assert (
@@ -63,7 +63,7 @@ def test_pyinfras_keys_from_its_own_definitions_pass_and_a_typo_is_listed_with_t
     )
     assert "spark-2: fabric_mtu: Input should be a valid integer" in problem
     assert "hunter2" not in problem
-    assert settings.refusal(merged(TWO_SPARKS)) is None
+    assert settings.refusal(merged(TWO_SPARKS), group_defaults()) is None
 
 
 def test_box_data_is_each_boxs_data_over_the_group_datas_names() -> None:
@@ -217,3 +217,87 @@ def test_a_typo_given_with_data_is_shown_before_connecting(tmp_path: Path) -> No
     assert "spark-2: fabric_mtu: " in output
     assert "No box was contacted." in output
     assert "Connecting to hosts" not in output
+
+
+# --- a new user's slips (issue 37), every box unreachable --------------------------------------
+
+MISSING_KEY = "/nonexistent/id_ed25519"
+
+
+def test_a_limit_that_matches_no_box_is_refused_naming_the_boxes(tmp_path: Path) -> None:
+    """pyinfra 3.10 only warns ("No host matches found for --limit pattern") and exits 0."""
+    run = pyinfra_cli(tmp_path / "inventory.py", TWO_SPARKS, "--limit", "spark-2.local")
+    output = run.stdout + run.stderr
+
+    assert run.returncode == 1
+    # Groups: the inventory file's `spark` and the file's own name (pyinfra_cli/inventory.py).
+    assert (
+        "--limit spark-2.local: no box or group of the inventory matches; the boxes: spark-1,"
+        " spark-2 (groups: inventory, spark); give one of them"
+    ) in output
+    assert "No box was contacted." in output
+    assert "Connecting to hosts" not in output
+
+
+def test_a_limit_that_matches_a_box_goes_on_to_that_box_alone(tmp_path: Path) -> None:
+    run = pyinfra_cli(tmp_path / "inventory.py", TWO_SPARKS, "--limit", "spark-2*")
+    output = run.stdout + run.stderr
+
+    assert "[spark-2] Could not connect" in output
+    assert "[spark-1]" not in output
+    assert "No box was contacted." not in output
+
+
+def test_an_exclude_that_matches_no_box_is_refused(tmp_path: Path) -> None:
+    """A misspelt --exclude would deploy the box meant to be left alone."""
+    run = pyinfra_cli(tmp_path / "inventory.py", TWO_SPARKS, "--exclude", "spark-3")
+    output = run.stdout + run.stderr
+
+    assert run.returncode == 1
+    assert "--exclude spark-3: no box or group of the inventory matches; the boxes:" in output
+    assert "Connecting to hosts" not in output
+
+
+def test_an_ssh_key_that_is_no_file_is_refused_without_a_traceback(tmp_path: Path) -> None:
+    """pyinfra 3.10 accepts it and fails at connecting ("No such private key file"), a
+    traceback per box; given with --key it goes over every box, as pyinfra applies it."""
+    run = pyinfra_cli(tmp_path / "inventory.py", TWO_SPARKS, "--key", MISSING_KEY)
+    output = run.stdout + run.stderr
+
+    assert run.returncode == 1
+    for box in TWO_SPARKS:
+        assert (
+            f"{box}: ssh_key: no file '{MISSING_KEY}' on this machine (nor under {REPO}); give"
+            " the path of the private key that logs in to the box, e.g. ~/.ssh/id_ed25519"
+            " (`ls ~/.ssh`), or leave ssh_key out: pyinfra then tries your SSH agent and"
+            " ~/.ssh's keys"
+        ) in output
+    assert "Connecting to hosts" not in output
+    assert "Traceback" not in output
+
+
+def test_a_new_users_slips_are_all_shown_in_one_round(tmp_path: Path) -> None:
+    """Five slips that took five rounds: each is shown the first time, none hides another."""
+    slips = {
+        "spark-1": TWO_SPARKS["spark-1"]
+        | {"spark_role": "worker", "ssh_key": MISSING_KEY, "driver_version": "580.159.03"},
+        "spark-2": TWO_SPARKS["spark-2"]
+        | {"fabric_addresses": {"enp1s0f1np0": "192.168.100.11/24"}, "fabric_mtu": 1500},
+    }
+
+    run = pyinfra_cli(tmp_path / "inventory.py", slips, "--limit", "spark-2.local")
+    output = run.stdout + run.stderr
+
+    assert run.returncode == 1
+    for slip in (
+        "--limit spark-2.local: no box or group of the inventory matches",
+        f"spark-1: ssh_key: no file '{MISSING_KEY}' on this machine",
+        "spark-1: driver_version: 580.159.03 has no Debian revision",
+        "spark-2: fabric_addresses: 'enp1s0f1np0' is not one of the box's twins",
+        "spark-2: fabric_mtu: 1500 is below 9000",
+        "spark-1, spark-2: spark_role: no host is the head; set spark_role = 'head' on exactly",
+    ):
+        assert slip in output
+    assert "the inventory data has 5 problem(s)" in output
+    assert "Connecting to hosts" not in output
+    assert "Traceback" not in output

@@ -63,12 +63,6 @@ RUN_BY = (
     RunBy(r"ssh -t \S+ sudo spark-nccl-test", "tests/unit/test_nccl.py", "spark-nccl-test"),
     # The throughput probe as the deploy writes it, against a loopback server.
     RunBy(r"sudo spark-lane-bench \w+ \d+", "tests/unit/test_lane_bench.py", "spark-lane-bench"),
-    # The box's metrics key read from its root-only file.
-    RunBy(
-        r"ssh \S+ sudo cat /etc/spark/secrets/_metrics\.key \| sudo tee \S+ >/dev/null",
-        "tests/e2e/test_metrics.py",
-        "sudo cat {metrics.KEY_PATH}",
-    ),
     # Re-provisioning after a reimage: the section's block, run line by line on the lab.
     RunBy(r"ssh-keygen -R \S+", "tests/e2e/test_reprovision.py", "readme_commands()"),
     RunBy(
