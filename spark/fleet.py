@@ -250,5 +250,6 @@ def replica_problems(hosts: tuple[HostConfig, ...]) -> list[str]:
 
 
 def _shown(value: Any) -> str:
+    """A value in a message, cut where long (a model's id shown whole)."""
     text = repr(value)
-    return text if len(text) <= 40 else f"{text[:37]}..."
+    return text if len(text) <= 100 else f"{text[:97]}..."

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from functools import cached_property
 from typing import TYPE_CHECKING
 
 from pydantic import BaseModel, ConfigDict
@@ -186,7 +187,7 @@ class Budget:
             if round(first.lane.memory_fraction + second.lane.memory_fraction, 6) > self.room
         )
 
-    @property
+    @cached_property  # every total reads it; each set of a few lanes is looked at once
     def largest_set(self) -> tuple[Share, ...]:
         """The on-demand lanes that can be up at once (no two in conflict) holding the most
         memory; of equal ones the one with more lanes, then the one earlier in the list."""
