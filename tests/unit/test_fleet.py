@@ -21,7 +21,7 @@ from spark.memory import budget
 from spark.plan import Backend, Plan, RouterBox, plan
 from stages.show_plan import text
 
-from .test_config import PROBLEM_LINE, TWO_SPARKS, merged
+from .test_config import BIG, PROBLEM_LINE, TWO_SPARKS, merged
 
 IMAGE = "nvcr.io/nvidia/vllm:26.04-py3"
 
@@ -154,20 +154,8 @@ def test_an_idle_time_of_zero_or_below_is_refused(idle: int) -> None:
 
 
 def test_a_cluster_lane_is_never_on_demand() -> None:
-    big = {
-        "name": "big",
-        "image": IMAGE,
-        "model": "Qwen/Qwen3-235B-A22B-GPTQ-Int4",
-        "served_name": "big",
-        "port": 10103,
-        "memory_fraction": 0.8,
-        "max_model_len": 40960,
-        "kv_cache_dtype": "fp8",
-        "tensor_parallel_size": 2,
-        "on_demand_idle_s": 900,
-    }
     hosts = {
-        "spark-1": TWO_SPARKS["spark-1"] | {"lanes": [big]},
+        "spark-1": TWO_SPARKS["spark-1"] | {"lanes": [BIG | {"on_demand_idle_s": 900}]},
         "spark-2": TWO_SPARKS["spark-2"] | {"lanes": []},
     }
 
@@ -291,6 +279,21 @@ def test_identical_lanes_of_one_served_name_are_replicas_in_one_route() -> None:
         Backend(box="b", address="b", port=10105, lane="coder-b", key=True, tls=False,
                 on_demand=True),
     )  # fmt: skip
+
+
+def test_a_cluster_lane_is_routed_to_the_head_that_serves_it() -> None:
+    # Seed 004's cluster lane on the head of a pair (a rank on the worker serves nothing), the
+    # worker's own lane beside it: two routes, each one backend.
+    hosts = {
+        "spark-1": TWO_SPARKS["spark-1"] | {"lanes": [BIG]},
+        "spark-2": TWO_SPARKS["spark-2"] | {"lanes": [small("small", 10102, 0.07)]},
+    }
+    routes = plan(load_from_dicts(merged(hosts))).fleet.routes
+
+    assert [(route.served_name, [(b.box, b.port) for b in route.backends]) for route in routes] == [
+        ("big", [("spark-1", 10103)]),
+        ("small", [("spark-2", 10102)]),
+    ]
 
 
 def test_replicas_that_would_answer_differently_are_refused_naming_both_boxes() -> None:
