@@ -169,11 +169,15 @@ def port_problems(host: HostConfig, endpoint: Router) -> list[str]:
     the distributed back-end's, the ephemeral range, SSH's (spark/ports.py)."""
     owners = port_owners(host.ray.port, host.ssh_port)
     for lane in host.lanes:
-        owners.append((lane.port, lane.port, f"lane {lane.name}'s port"))
-        owners.append((lane.backend_port, lane.backend_port, f"lane {lane.name}'s loopback_port"))
+        owners.append((lane.port, lane.port, f"the port of lane {lane.name} (lanes)"))
+        owners.append(
+            (lane.backend_port, lane.backend_port, f"the loopback_port of lane {lane.name} (lanes)")
+        )
     if host.metrics:
         exporter = metrics_exporter_port(host.metrics_port)
-        owners.append((host.metrics_port, host.metrics_port, "the metrics endpoint's"))
+        owners.append(
+            (host.metrics_port, host.metrics_port, "the metrics endpoint's (metrics_port)")
+        )
         owners.append((exporter, exporter, "the node exporter's (metrics_port + 1)"))
     ours = {
         endpoint.port: "the router's",

@@ -1368,17 +1368,17 @@ def load_from_dicts(
         configs.append(HostConfig.from_settings(name, role, settings, reached))
     if not hosts:
         problems.append("inventory: hosts: empty; list at least one Spark")
-    if problems:
-        if configs and len(configs) == len(hosts):
-            across = _cluster_problems(tuple(configs))
-            problems += [problem for problem in across if not _consequence(problem, aside)]
-        raise ConfigError(problems)
     # A cluster lane takes its share of every box: the workers' totals count it too, and the
     # router's box its share.
     cluster = next(
         (lane for host in configs if host.role == "head" for lane in host.lanes if lane.is_cluster),
         None,
     )
+    if problems:
+        if configs and len(configs) == len(hosts):
+            across = _cluster_problems(tuple(configs)) + fleet.problems(tuple(configs), cluster)
+            problems += [problem for problem in across if not _consequence(problem, aside)]
+        raise ConfigError(problems)
     router = fleet.router(tuple(configs))
     warnings = tuple(
         f"{host.name}: lanes: {warning}"

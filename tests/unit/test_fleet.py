@@ -21,7 +21,7 @@ from spark.memory import budget
 from spark.plan import Backend, Plan, RouterBox, plan
 from stages.show_plan import text
 
-from .test_config import BIG, PROBLEM_LINE, TWO_SPARKS, merged
+from .test_config import BIG, PROBLEM_LINE, TWO_SPARKS, group_defaults, merged
 
 IMAGE = "nvcr.io/nvidia/vllm:26.04-py3"
 
@@ -225,14 +225,14 @@ def test_router_keys_that_differ_between_boxes_are_refused_against_the_heads() -
     ("port", "problem"),
     [
         # the default lanes: coder on 10101 (its server on 11101), fast on 10102 (11102)
-        (10101, "10101 (the router's) is lane coder's port"),
+        (10101, "10101 (the router's) is the port of lane coder (lanes)"),
         # the router's own port is router_port + 1000: 10102 + 1000 = 11102, fast's server
         (
             10102,
-            "11102 (the router's own, on 127.0.0.1 (router_port + 1000)) is lane fast's"
-            " loopback_port",
+            "11102 (the router's own, on 127.0.0.1 (router_port + 1000)) is the loopback_port of"
+            " lane fast (lanes)",
         ),
-        (9100, "9100 (the router's) is the metrics endpoint's"),
+        (9100, "9100 (the router's) is the metrics endpoint's (metrics_port)"),
         (9101, "9101 (the router's) is the node exporter's (metrics_port + 1)"),
         # Ray's GCS 6379 and the six ports after it (spark/ports.py)
         (6380, "6380 (the router's) is Ray's (6379-6385, 8265, 10001, 20000-20999)"),
@@ -255,10 +255,10 @@ def test_a_router_port_is_checked_on_the_routers_box_only() -> None:
     moved = {name: data | {"router_box": "spark-2"} for name, data in hosts.items()}
     # and both ports' servers behind the front: the lane's on 11100, the router's own too
     assert refused(moved) == [
-        "spark-2: router_port: 10100 (the router's) is lane other's port; give router_port"
-        " another port",
+        "spark-2: router_port: 10100 (the router's) is the port of lane other (lanes); give"
+        " router_port another port",
         "spark-2: router_port: 11100 (the router's own, on 127.0.0.1 (router_port + 1000)) is"
-        " lane other's loopback_port; give router_port another port",
+        " the loopback_port of lane other (lanes); give router_port another port",
     ]
 
 
@@ -385,3 +385,17 @@ def test_make_plan_shows_the_router_and_every_route_with_its_replicas() -> None:
         "              qwen3.6-35b-a3b -> a:10102 (fast), b:10102 (fast), c:10102 (fast);"
         " 3 replicas\n"
     ) in shown
+
+
+def test_a_boxs_own_problem_does_not_hide_the_fleets() -> None:
+    # spark-2's driver branch is its own problem (group_data's stands in for the checks across
+    # the boxes); the router on a box the inventory lacks is listed in the same round.
+    hosts = {name: data | {"router_box": "spark-9"} for name, data in TWO_SPARKS.items()}
+    hosts["spark-2"] = hosts["spark-2"] | {"driver_branch": 590}
+
+    with pytest.raises(ConfigError) as caught:
+        load_from_dicts(merged(hosts), defaults=group_defaults())
+    assert [line.split(": ")[:2] for line in caught.value.problems] == [
+        ["spark-2", "driver_branch"],
+        ["spark-1, spark-2", "router_box"],
+    ]
