@@ -149,33 +149,34 @@ class Budget:
     unified_memory_gib: float
     shares: tuple[Share, ...]
     router_gib: float = 0.0
+    # The figures below are read by every total and message: each is worked out once.
 
-    @property
+    @cached_property
     def resident(self) -> tuple[Share, ...]:
         return tuple(share for share in self.shares if not share.on_demand)
 
-    @property
+    @cached_property
     def on_demand(self) -> tuple[Share, ...]:
         return tuple(share for share in self.shares if share.on_demand)
 
-    @property
+    @cached_property
     def base_fraction(self) -> float:
         """What the box always holds: the resident shares' fractions and the router's GiB as a
         fraction of the box."""
         resident = sum(share.lane.memory_fraction for share in self.resident)
         return round(resident + self.router_gib / self.unified_memory_gib, 6)
 
-    @property
+    @cached_property
     def room(self) -> float:
         """The fraction left to on-demand lanes: FRACTION_LIMIT less what is always held."""
         return round(FRACTION_LIMIT - self.base_fraction, 6)
 
-    @property
+    @cached_property
     def startable(self) -> tuple[Share, ...]:
         """The on-demand lanes that fit beside what is always held (the others are refused)."""
         return tuple(share for share in self.on_demand if share.lane.memory_fraction <= self.room)
 
-    @property
+    @cached_property
     def conflicts(self) -> tuple[tuple[str, str], ...]:
         """The pairs of on-demand lanes whose fractions add up above the room: never up
         together (the other is stopped before one starts)."""
@@ -187,7 +188,7 @@ class Budget:
             if round(first.lane.memory_fraction + second.lane.memory_fraction, 6) > self.room
         )
 
-    @cached_property  # every total reads it; each set of a few lanes is looked at once
+    @cached_property
     def largest_set(self) -> tuple[Share, ...]:
         """The on-demand lanes that can be up at once (no two in conflict) holding the most
         memory; of equal ones the one with more lanes, then the one earlier in the list."""
@@ -245,6 +246,8 @@ class Budget:
     def on_demand_problems(self) -> list[str]:
         """An on-demand lane that can never be up beside what the box always holds, and a set
         of them with no conflict in it (all may be up at once) that does not fit."""
+        if not self.on_demand:
+            return []
         held = f"{self.base_fraction:g} ({self.listing(())})" if self.base_fraction else "nothing"
         problems = [
             f"{share.lane.name}: on demand at memory_fraction {share.lane.memory_fraction:g},"
