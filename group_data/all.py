@@ -264,5 +264,23 @@ metrics_port = 9100
 metrics_interval_s = 30
 metrics_allow_networks = []
 
+# The fleet as one endpoint (spark/fleet.py, issue 38): one router serves every lane of every box
+# under one URL and one fleet key (/etc/spark/secrets/_fleet.key, root 0600 as a lane's); the
+# lanes of one served_name on several boxes are its replicas. Planned and checked now (`make
+# plan`); the router's deployment follows. Its box: None runs it on the head (of independent
+# boxes, the first: where clients already go); a second box for failover, None for none.
+router_box = None
+router_failover_box = None
+# Beside the lanes' ports (10101, 10102: seed 003), outside Ray's and the back-end's
+# (spark/ports.py); the router itself listens on 127.0.0.1 at router_port + 1000, as a lane does.
+router_port = 10100
+# How often the router checks each lane: a lane down is skipped within one interval. 10 s is
+# Kubernetes' own for its probes (periodSeconds, "Configure Liveness, Readiness and Startup
+# Probes"), what seed 000's swap behind a Kubernetes service got.
+router_health_interval_s = 10
+# Its share of its box's unified memory, counted in the box's budget beside the lanes: 1.0 GiB
+# is a placeholder until the router's own measurement lands (the lead sets the measured figure).
+router_memory_gib = 1.0
+
 # Last: every box's data over the values above, checked before pyinfra connects to any box.
 preconnect.check(globals())

@@ -20,6 +20,11 @@ def key_path(lane: str) -> str:
     return f"{SECRETS_DIR}/{lane}.key"
 
 
+# The fleet key clients send the router (spark/fleet.py), kept as a lane's; the "_" keeps its
+# name apart from every lane's (a slug: spark/lane.py), as the metrics key's (_metrics).
+FLEET_KEY = key_path("_fleet")
+
+
 def fetch_unit(model: str) -> str:
     """The unit that fetches a Hugging Face model (``org/name``) into MODELS_DIR: characters a
     unit name takes, the slash written ``--`` as huggingface_hub's cache writes it."""

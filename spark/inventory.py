@@ -30,7 +30,7 @@ from pydantic import (
 )
 from pydantic_core import InitErrorDetails
 
-from spark import memory, topology
+from spark import fleet, memory, topology
 from spark.catalog import ModelSpec
 from spark.checks import matching, refused
 from spark.lane import (
@@ -41,7 +41,8 @@ from spark.lane import (
     context_warnings,
     image_with_ray,
 )
-from spark.ports import port_owners
+from spark.memory import box_budget
+from spark.ports import metrics_exporter_port, port_owners
 
 # host.data keys that pyinfra and its connectors read themselves: they pass unchecked and
 # are never echoed (`_sudo_password`, `ssh_password` are secrets).
@@ -267,6 +268,12 @@ class HostSettings(BaseModel):
         description='scraper networks the metrics endpoint admits, e.g. ["192.168.1.0/24"];'
         " [] admits any (the metrics key is still asked)"
     )
+    # The fleet endpoint (spark/fleet.py), checked across the boxes in load_from_dicts.
+    router_box: fleet.RouterBox
+    router_failover_box: fleet.FailoverBox
+    router_port: fleet.RouterPort
+    router_health_interval_s: fleet.HealthInterval
+    router_memory_gib: fleet.RouterMemory
 
     @field_validator("fabric_addresses")
     @classmethod
@@ -506,11 +513,6 @@ class HostSettings(BaseModel):
         return self
 
 
-def metrics_exporter_port(metrics_port: int) -> int:
-    """Where the node exporter listens on 127.0.0.1: the port after the one nginx serves."""
-    return metrics_port + 1
-
-
 def _metrics_port_problems(
     metrics_port: int, lanes: list[Lane], owners: list[tuple[int, int, str]]
 ) -> list[str]:
@@ -724,6 +726,7 @@ class HostConfig(Frozen):
     metrics_port: int
     metrics_interval_s: int
     metrics_allow_networks: tuple[str, ...]
+    router: fleet.RouterKeys  # the same on every box (fleet.key_problems)
 
     @classmethod
     def from_settings(
@@ -803,6 +806,7 @@ class HostConfig(Frozen):
             metrics_port=data.metrics_port,
             metrics_interval_s=data.metrics_interval_s,
             metrics_allow_networks=tuple(str(network) for network in data.metrics_allow_networks),
+            router=fleet.RouterKeys.of(data),
         )
 
     def cluster_environment(self, head: HostConfig) -> dict[str, str]:
@@ -1077,12 +1081,6 @@ def _cluster_lane_problems(hosts: tuple[HostConfig, ...]) -> list[str]:
             for problem in box.guard_problems(host.memory_guard_min_available_gib)
         ]
     return problems
-
-
-def box_budget(host: HostConfig, cluster: Lane | None) -> memory.Budget:
-    """A box's memory: its own lanes and, on a worker, the cluster lane's rank."""
-    rank = cluster if host.role != "head" else None
-    return memory.budget(host.lanes, host.unified_memory_gib, rank)
 
 
 def _independent_problems(hosts: tuple[HostConfig, ...]) -> list[str]:
@@ -1370,19 +1368,30 @@ def load_from_dicts(
         configs.append(HostConfig.from_settings(name, role, settings, reached))
     if not hosts:
         problems.append("inventory: hosts: empty; list at least one Spark")
-    if problems:
-        if configs and len(configs) == len(hosts):
-            across = _cluster_problems(tuple(configs))
-            problems += [problem for problem in across if not _consequence(problem, aside)]
-        raise ConfigError(problems)
-    # A cluster lane takes its share of every box: the workers' totals count it too.
+    # A cluster lane takes its share of every box: the workers' totals count it too, and the
+    # router's box its share.
     cluster = next(
         (lane for host in configs if host.role == "head" for lane in host.lanes if lane.is_cluster),
         None,
     )
+    if problems:
+        if configs and len(configs) == len(hosts):
+            across = _cluster_problems(tuple(configs)) + fleet.problems(tuple(configs), cluster)
+            problems += [problem for problem in across if not _consequence(problem, aside)]
+        raise ConfigError(problems)
+    router = fleet.router(tuple(configs))
     warnings = tuple(
         f"{host.name}: lanes: {warning}"
         for host in configs
-        for warning in box_budget(host, cluster).warnings() + context_warnings(host.lanes)
+        for warning in box_budget(host, cluster, router.memory_gib_on(host.name)).warnings()
+        + context_warnings(host.lanes)
     )
-    return SparkConfig(hosts=tuple(configs), warnings=warnings)
+    # The fleet endpoint's problems beside the cluster's: each stands on its own.
+    problems = fleet.problems(tuple(configs), cluster)
+    try:
+        spark = SparkConfig(hosts=tuple(configs), warnings=warnings)
+    except ConfigError as error:
+        raise ConfigError(error.problems + problems) from None
+    if problems:
+        raise ConfigError(problems)
+    return spark

@@ -239,6 +239,13 @@ class Lane(BaseModel):
         " with Ray) or mp (vLLM's own multi-node mode, one unit per box, no Ray); None: ray on"
         " an image with Ray, mp on one without (NGC's from 26.05)",
     )
+    on_demand_idle_s: int | None = Field(
+        None,
+        gt=0,
+        description="None: resident (started by the deploy, always up); seconds above 0: on"
+        " demand, started by the first request for its served_name and stopped after this many"
+        " seconds without one, e.g. 900 (spark/fleet.py)",
+    )
 
     @field_validator("extra_args", mode="before")
     @classmethod
@@ -405,6 +412,11 @@ def _vllm_problems(lane: Lane) -> list[str]:
         )
     elif lane.cluster_executor == "ray":
         problems += [f"executor: ray: {problem}" for problem in _without_ray(lane.image)]
+    if lane.is_cluster and lane.on_demand_idle_s is not None:
+        problems.append(
+            "on_demand_idle_s: a cluster lane holds a rank on every box of the cluster, which"
+            " start together; keep it resident (leave on_demand_idle_s out)"
+        )
     return problems
 
 

@@ -5,12 +5,18 @@ against the share its memory_fraction gives it; the shares on one box, its own l
 cluster lane's rank, from one function (budget), which every total, warning and refusal reads:
 a total above the limit, a lane that does not fit its share (with the context or the fraction
 that would), a memory guard floor at or above what the lanes leave free.
+
+A lane on demand (on_demand_idle_s) is not resident: the box holds its resident lanes, the
+fleet's router where it runs (spark/fleet.py), and at most the largest set of on-demand lanes
+that can be up at once: two that do not fit together beside the rest conflict (never up
+together), and a set with no conflict in it must fit.
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from functools import cached_property
 from typing import TYPE_CHECKING
 
 from pydantic import BaseModel, ConfigDict
@@ -18,8 +24,9 @@ from pydantic import BaseModel, ConfigDict
 from spark import llamacpp
 
 if TYPE_CHECKING:
-    from collections.abc import Iterable
+    from collections.abc import Iterable, Iterator
 
+    from spark.inventory import HostConfig
     from spark.lane import Lane
 
 # The sum of the lanes' fractions: never above 0.90, 0.85-0.87 safe (seed 001). vLLM checks at
@@ -128,48 +135,138 @@ class Share:
     def label(self) -> str:
         return f"the cluster lane {self.lane.name}" if self.rank else self.lane.name
 
+    @property
+    def on_demand(self) -> bool:
+        """Started by a request, stopped when idle (a cluster lane is never: spark/lane.py)."""
+        return self.lane.on_demand_idle_s is not None and not self.rank
+
 
 @dataclass(frozen=True)
 class Budget:
-    """A box's unified memory (GiB, as CUDA reports it) and every share of it."""
+    """A box's unified memory (GiB, as CUDA reports it), every share of it, and the fleet's
+    router where it runs on the box."""
 
     unified_memory_gib: float
     shares: tuple[Share, ...]
+    router_gib: float = 0.0
+    # The figures below are read by every total and message: each is worked out once.
+
+    @cached_property
+    def resident(self) -> tuple[Share, ...]:
+        return tuple(share for share in self.shares if not share.on_demand)
+
+    @cached_property
+    def on_demand(self) -> tuple[Share, ...]:
+        return tuple(share for share in self.shares if share.on_demand)
+
+    @cached_property
+    def base_fraction(self) -> float:
+        """What the box always holds: the resident shares' fractions and the router's GiB as a
+        fraction of the box."""
+        resident = sum(share.lane.memory_fraction for share in self.resident)
+        return round(resident + self.router_gib / self.unified_memory_gib, 6)
+
+    @cached_property
+    def room(self) -> float:
+        """The fraction left to on-demand lanes: FRACTION_LIMIT less what is always held."""
+        return round(FRACTION_LIMIT - self.base_fraction, 6)
+
+    @cached_property
+    def startable(self) -> tuple[Share, ...]:
+        """The on-demand lanes that fit beside what is always held (the others are refused)."""
+        return tuple(share for share in self.on_demand if share.lane.memory_fraction <= self.room)
+
+    @cached_property
+    def conflicts(self) -> tuple[tuple[str, str], ...]:
+        """The pairs of on-demand lanes whose fractions add up above the room: never up
+        together (the other is stopped before one starts)."""
+        lanes = self.startable
+        return tuple(
+            (first.lane.name, second.lane.name)
+            for n, first in enumerate(lanes)
+            for second in lanes[n + 1 :]
+            if round(first.lane.memory_fraction + second.lane.memory_fraction, 6) > self.room
+        )
+
+    @cached_property
+    def largest_set(self) -> tuple[Share, ...]:
+        """The on-demand lanes that can be up at once (no two in conflict) holding the most
+        memory; of equal ones the one with more lanes, then the one earlier in the list."""
+        conflicts = {frozenset(pair) for pair in self.conflicts}
+        return max(
+            _co_resident(self.startable, conflicts),
+            key=lambda lanes: (_fraction(lanes), len(lanes)),
+        )
 
     @property
     def fraction(self) -> float:
-        """The shares' memory fractions added up."""
-        return round(sum(share.lane.memory_fraction for share in self.shares), 6)
+        """The most the box holds at once: what is always held and the largest on-demand set."""
+        return round(self.base_fraction + _fraction(self.largest_set), 6)
 
     @property
     def free_gib(self) -> float:
-        """What the lanes leave of the box once every one is loaded."""
+        """What the box leaves free with every resident lane and the largest on-demand set
+        loaded."""
         return self.unified_memory_gib * (1 - self.fraction)
 
     @property
     def has_rank(self) -> bool:
         return any(share.rank for share in self.shares)
 
-    def listing(self) -> str:
-        return ", ".join(f"{share.label} {share.lane.memory_fraction:g}" for share in self.shares)
+    def listing(self, on_demand: Iterable[Share] | None = None) -> str:
+        """The shares that count: the resident ones, the router's, ``on_demand`` (None: the
+        largest set)."""
+        shown = [f"{share.label} {share.lane.memory_fraction:g}" for share in self.resident]
+        if self.router_gib:
+            shown.append(f"the router {self.router_gib:g} GiB")
+        lanes = self.largest_set if on_demand is None else on_demand
+        shown += [f"{share.label} {share.lane.memory_fraction:g} on demand" for share in lanes]
+        return ", ".join(shown)
 
     def problems(self) -> list[str]:
         """What the box cannot hold: a total above FRACTION_LIMIT, a share its lane does not
         fit in."""
         problems = []
-        if self.fraction > FRACTION_LIMIT:
+        if self.base_fraction > FRACTION_LIMIT:
             why, remedy = (
                 ("the cluster lane takes its memory_fraction of every box", ", or remove lanes")
                 if self.has_rank
                 else ("an out-of-memory on unified memory freezes the whole box", "")
             )
             problems.append(
-                f"the memory fractions add up to {self.fraction:g} ({self.listing()}), above"
-                f" {FRACTION_LIMIT}: {why}; lower them to a total of {FRACTION_WARNING} or"
+                f"the memory fractions add up to {self.base_fraction:g} ({self.listing(())}),"
+                f" above {FRACTION_LIMIT}: {why}; lower them to a total of {FRACTION_WARNING} or"
                 f" less{remedy}"
             )
+        else:
+            problems += self.on_demand_problems()
         fits = (_fit_problem(share, self.unified_memory_gib) for share in self.shares)
         return problems + [problem for problem in fits if problem]
+
+    def on_demand_problems(self) -> list[str]:
+        """An on-demand lane that can never be up beside what the box always holds, and a set
+        of them with no conflict in it (all may be up at once) that does not fit."""
+        if not self.on_demand:
+            return []
+        held = f"{self.base_fraction:g} ({self.listing(())})" if self.base_fraction else "nothing"
+        problems = [
+            f"{share.lane.name}: on demand at memory_fraction {share.lane.memory_fraction:g},"
+            f" but the box always holds {held}: above {FRACTION_LIMIT} with it, it could never"
+            f" start; lower its memory_fraction to {self.room:g} or less, or serve it from"
+            " another box"
+            for share in self.on_demand
+            if share not in self.startable
+        ]
+        most = self.largest_set
+        if _fraction(most) > self.room:
+            names = " and ".join(share.lane.name for share in most)
+            problems.append(
+                f"{names}: on demand, no two in conflict, so all may be up at once:"
+                f" {_fraction(most):g} beside the {held} always held is above {FRACTION_LIMIT};"
+                f" lower their memory_fraction to a total of {self.room:g} or less, or serve one"
+                " from another box"
+            )
+        return problems
 
     def warnings(self) -> list[str]:
         """What is allowed but risky: a total above the 0.85-0.87 the field runs safely."""
@@ -201,13 +298,45 @@ class Budget:
         ]
 
 
-def budget(lanes: Iterable[Lane], unified_memory_gib: float, rank: Lane | None = None) -> Budget:
+def budget(
+    lanes: Iterable[Lane],
+    unified_memory_gib: float,
+    rank: Lane | None = None,
+    router_gib: float = 0.0,
+) -> Budget:
     """The shares on a box of ``unified_memory_gib``: each of its own ``lanes`` and, on a box
-    other than the head, the ``rank`` of the cluster lane served from there."""
+    other than the head, the ``rank`` of the cluster lane served from there; ``router_gib`` where
+    the fleet's router runs on the box."""
     shares = [Share(lane, estimate(lane, unified_memory_gib), rank=False) for lane in lanes]
     if rank is not None:
         shares.append(Share(rank, estimate(rank, unified_memory_gib), rank=True))
-    return Budget(unified_memory_gib, tuple(shares))
+    return Budget(unified_memory_gib, tuple(shares), router_gib)
+
+
+def box_budget(host: HostConfig, cluster: Lane | None, router_gib: float = 0.0) -> Budget:
+    """A box's memory: its own lanes, on a worker the cluster lane's rank, and the router's
+    share where it runs there."""
+    rank = cluster if host.role != "head" else None
+    return budget(host.lanes, host.unified_memory_gib, rank, router_gib)
+
+
+def _fraction(shares: Iterable[Share]) -> float:
+    return round(sum(share.lane.memory_fraction for share in shares), 6)
+
+
+def _co_resident(
+    shares: tuple[Share, ...], conflicts: set[frozenset[str]]
+) -> Iterator[tuple[Share, ...]]:
+    """Every set of ``shares`` with no two in conflict, those with the first lane first (a box
+    has a few lanes: every set is looked at)."""
+    if not shares:
+        yield ()
+        return
+    first, rest = shares[0], shares[1:]
+    beside = tuple(s for s in rest if frozenset((first.lane.name, s.lane.name)) not in conflicts)
+    for others in _co_resident(beside, conflicts):
+        yield (first, *others)
+    yield from _co_resident(rest, conflicts)
 
 
 def _fit_problem(share: Share, unified_memory_gib: float) -> str:

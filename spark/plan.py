@@ -12,8 +12,10 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict
 
+from spark import fleet
 from spark import kernel as kernel_rules
 from spark.box_paths import (
+    FLEET_KEY,
     HF_CACHE_IN_CONTAINER,
     HF_TOKEN,
     MODELS_DIR,
@@ -27,11 +29,10 @@ from spark.inventory import (
     HostConfig,
     SparkConfig,
     Toolkit,
-    box_budget,
-    metrics_exporter_port,
 )
 from spark.lane import Lane, MpRank
-from spark.ports import listen_ports
+from spark.memory import box_budget
+from spark.ports import listen_ports, metrics_exporter_port
 
 
 class Record(BaseModel):
@@ -149,12 +150,17 @@ class Share(Record):
     fraction: float
     share_gib: float
     needs_gib: float  # weights, one sequence's KV cache and vLLM's overhead (spark/memory.py)
+    on_demand_idle_s: int | None  # on demand: stopped after this many idle seconds; None resident
 
 
 class Memory(Record):
     unified_gib: float
     shares: tuple[Share, ...]
-    free_gib: float  # what the lanes leave once every one is loaded
+    router_gib: float  # the fleet's router, where it runs on the box
+    # On-demand lanes that do not fit together beside the rest: never up together.
+    conflicts: tuple[tuple[str, str], ...]
+    largest_on_demand: tuple[str, ...]  # the on-demand lanes that may be up at once, the most
+    free_gib: float  # what the box leaves with every resident lane and that set loaded
 
 
 class MemoryGuard(Record):
@@ -281,6 +287,43 @@ class Metrics(Record):
     lanes: tuple[ScrapedLane, ...]
 
 
+class Backend(Record):
+    """A lane as the router reaches it: through its box's front, with the lane's own key."""
+
+    box: str
+    address: str  # where clients reach the box
+    port: int  # the lane's port on the front
+    lane: str
+    key: bool  # the router sends the lane's key
+    tls: bool  # the front speaks HTTPS (front_tls_certificate_file)
+    on_demand: bool  # started by a request, stopped when idle
+
+
+class Route(Record):
+    """A served name and every lane serving it: more than one are its replicas."""
+
+    served_name: str
+    backends: tuple[Backend, ...]
+
+
+class RouterBox(Record):
+    name: str
+    address: str  # where clients reach the router
+
+
+class FleetEndpoint(Record):
+    """The fleet as one endpoint (spark/fleet.py): the router on its box (then the failover's),
+    asking the fleet key, and the route table it serves from."""
+
+    boxes: tuple[RouterBox, ...]
+    port: int  # on the box's front
+    loopback_port: int  # the router's own, on 127.0.0.1
+    key_path: str  # the fleet key on each router box (root 0600)
+    health_interval_s: int
+    memory_gib: float
+    routes: tuple[Route, ...]
+
+
 class BoxPlan(Record):
     """Everything the deploy does to one box, in the order of its stages."""
 
@@ -318,6 +361,7 @@ class Plan(Record):
     """Every box's plan, in the inventory's order."""
 
     boxes: tuple[BoxPlan, ...]
+    fleet: FleetEndpoint
     warnings: tuple[str, ...]
 
     def box(self, name: str) -> BoxPlan:
@@ -617,8 +661,10 @@ def cluster(me: HostConfig, spark: SparkConfig, after: str | None) -> Cluster | 
     )
 
 
-def memory(me: HostConfig, spark: SparkConfig) -> Memory:
-    budget = box_budget(me, spark.cluster_lane)
+def memory(me: HostConfig, spark: SparkConfig, router_gib: float) -> Memory:
+    """The box's shares, the router's where it runs here (``router_gib``), and its on-demand
+    lanes: which conflict, which may be up at once."""
+    budget = box_budget(me, spark.cluster_lane, router_gib)
     return Memory(
         unified_gib=budget.unified_memory_gib,
         shares=tuple(
@@ -628,9 +674,13 @@ def memory(me: HostConfig, spark: SparkConfig) -> Memory:
                 fraction=share.lane.memory_fraction,
                 share_gib=round(share.estimate.share_gib, 2),
                 needs_gib=round(share.estimate.total_gib, 2),
+                on_demand_idle_s=share.lane.on_demand_idle_s if share.on_demand else None,
             )
             for share in budget.shares
         ),
+        router_gib=router_gib,
+        conflicts=budget.conflicts,
+        largest_on_demand=tuple(share.lane.name for share in budget.largest_set),
         free_gib=round(budget.free_gib, 2),
     )
 
@@ -695,7 +745,39 @@ def scraped_lane(lane: Lane) -> ScrapedLane:
     )
 
 
-def box_plan(me: HostConfig, spark: SparkConfig) -> BoxPlan:
+def fleet_endpoint(spark: SparkConfig) -> FleetEndpoint:
+    """The router of the whole inventory (independent boxes' too) and its route table: every
+    served name of every box, its replicas together, in the inventory's order."""
+    router = fleet.router(spark.hosts)
+    return FleetEndpoint(
+        boxes=tuple(RouterBox(name=box, address=spark.host(box).address) for box in router.boxes),
+        port=router.port,
+        loopback_port=router.loopback_port,
+        key_path=FLEET_KEY,
+        health_interval_s=router.health_interval_s,
+        memory_gib=router.memory_gib,
+        routes=tuple(
+            Route(
+                served_name=name,
+                backends=tuple(
+                    Backend(
+                        box=box.name,
+                        address=box.address,
+                        port=lane.port,
+                        lane=lane.name,
+                        key=lane.api_key,
+                        tls=box.front_tls is not None,
+                        on_demand=lane.on_demand_idle_s is not None,
+                    )
+                    for box, lane in lanes
+                ),
+            )
+            for name, lanes in fleet.served(spark.hosts).items()
+        ),
+    )
+
+
+def box_plan(me: HostConfig, spark: SparkConfig, router_gib: float) -> BoxPlan:
     lanes = own_lanes(me, spark)
     units = spark.units(me.name)
     return BoxPlan(
@@ -712,7 +794,7 @@ def box_plan(me: HostConfig, spark: SparkConfig) -> BoxPlan:
             variables=me.cluster_environment(spark.head),
             notes=me.environment_notes(),
         ),
-        memory=memory(me, spark),
+        memory=memory(me, spark, router_gib),
         memory_guard=MemoryGuard(
             floor_gib=me.memory_guard_min_available_gib,
             lanes=tuple((lane.name, lane.priority or 0) for lane in units),
@@ -731,10 +813,18 @@ def box_plan(me: HostConfig, spark: SparkConfig) -> BoxPlan:
 
 
 def plan(spark: SparkConfig) -> Plan:
-    """Every box's plan; an independent box's as if the inventory held it alone."""
+    """Every box's plan, an independent box's as if the inventory held it alone; the fleet's
+    endpoint over them all."""
+    router = fleet.router(spark.hosts)
     return Plan(
         boxes=tuple(
-            box_plan(me, spark.alone(me.name) if spark.independent else spark) for me in spark.hosts
+            box_plan(
+                me,
+                spark.alone(me.name) if spark.independent else spark,
+                router.memory_gib_on(me.name),
+            )
+            for me in spark.hosts
         ),
+        fleet=fleet_endpoint(spark),
         warnings=spark.warnings,
     )

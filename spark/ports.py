@@ -68,3 +68,8 @@ def port_owners(ray_port: int, ssh_port: int = 22) -> list[tuple[int, int, str]]
         ),
         (ssh_port, ssh_port, "SSH's (ssh_port)"),
     ]
+
+
+def metrics_exporter_port(metrics_port: int) -> int:
+    """Where the node exporter listens on 127.0.0.1: the port after the one nginx serves."""
+    return metrics_port + 1

@@ -10,7 +10,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from spark.plan import BoxPlan, Cluster, Plan, ServedLane
+from spark.plan import BoxPlan, Cluster, FleetEndpoint, Memory, Plan, Route, ServedLane
 from stages.settings import plan_or_say_why
 
 
@@ -70,6 +70,55 @@ def cluster_lines(cluster: Cluster) -> list[str]:
 INDEPENDENT = "none: an independent server (fabric_topology independent)"
 
 
+def memory_lines(memory: Memory, floor_gib: float) -> list[str]:
+    lines = [
+        f"{memory.unified_gib:g} GiB; the lanes leave {memory.free_gib:g} GiB free; the"
+        f" guard stops a lane below {floor_gib:g} GiB available"
+    ]
+    for share in memory.shares:
+        idle = share.on_demand_idle_s
+        lines.append(
+            f"{'rank of ' if share.rank else ''}{share.lane}: {share.fraction:g} ="
+            f" {share.share_gib:g} GiB, needs ~{share.needs_gib:g} GiB"
+            + (f"; on demand, stopped after {idle} s idle" if idle is not None else "")
+        )
+    if memory.router_gib:
+        lines.append(f"the fleet's router: {memory.router_gib:g} GiB")
+    if any(share.on_demand_idle_s is not None for share in memory.shares):
+        conflicts = ", ".join(f"{a} and {b}" for a, b in memory.conflicts) or "none"
+        lines.append(f"on demand: never up together: {conflicts}")
+        most = ", ".join(memory.largest_on_demand) or "none"
+        lines.append(f"on demand: the most up at once (counted above): {most}")
+    return lines
+
+
+def route_line(route: Route) -> str:
+    backends = ", ".join(
+        f"{backend.box}:{backend.port} ({backend.lane}{', on demand' if backend.on_demand else ''})"
+        for backend in route.backends
+    )
+    replicas = f"; {len(route.backends)} replicas" if len(route.backends) > 1 else ""
+    return f"{route.served_name} -> {backends}{replicas}"
+
+
+def fleet_text(endpoint: FleetEndpoint) -> str:
+    first, *failover = endpoint.boxes
+    where = f"{first.name} ({first.address})" + "".join(
+        f", failover {box.name} ({box.address})" for box in failover
+    )
+    out = ["the fleet endpoint (planned; the router's deployment follows)"]
+    out += rows(
+        "router",
+        [
+            f"on {where}, port {endpoint.port} (the router on 127.0.0.1:{endpoint.loopback_port})",
+            f"fleet key {endpoint.key_path}; each lane checked every"
+            f" {endpoint.health_interval_s} s; {endpoint.memory_gib:g} GiB of its box",
+        ],
+    )
+    out += rows("routes", [route_line(route) for route in endpoint.routes])
+    return "\n".join(out)
+
+
 def box_text(box: BoxPlan) -> str:
     role = "independent" if box.independent else box.role
     out = [f"{box.name} ({role}), reached at {box.address}"]
@@ -108,19 +157,7 @@ def box_text(box: BoxPlan) -> str:
         [box.environment.path]
         + [f"{key}={value}" for key, value in sorted(box.environment.variables.items())],
     )
-    memory = box.memory
-    out += rows(
-        "memory",
-        [
-            f"{memory.unified_gib:g} GiB; the lanes leave {memory.free_gib:g} GiB free; the"
-            f" guard stops a lane below {box.memory_guard.floor_gib:g} GiB available"
-        ]
-        + [
-            f"{'rank of ' if share.rank else ''}{share.lane}: {share.fraction:g} ="
-            f" {share.share_gib:g} GiB, needs ~{share.needs_gib:g} GiB"
-            for share in memory.shares
-        ],
-    )
+    out += rows("memory", memory_lines(box.memory, box.memory_guard.floor_gib))
     out += rows("lanes", [served_line(lane.served) for lane in box.lanes])
     front = box.front
     out += rows(
@@ -149,7 +186,7 @@ def box_text(box: BoxPlan) -> str:
 
 
 def text(plan: Plan) -> str:
-    parts = [box_text(box) for box in plan.boxes]
+    parts = [box_text(box) for box in plan.boxes] + [fleet_text(plan.fleet)]
     if plan.warnings:
         parts.append("warnings:\n" + "\n".join(f"  {warning}" for warning in plan.warnings))
     return "\n\n".join(parts) + "\n"

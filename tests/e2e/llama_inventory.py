@@ -17,9 +17,10 @@ GGUF_LANE = {
     "gguf_file": "Qwen3-Coder-Next-UD-Q4_K_XL.gguf",
     "served_name": "qwen3-coder-next-gguf",
     "port": 10103,
-    # With the coder's 0.45: 0.90, the most the deploy admits; the GGUF's 46.2 GiB, its q8_0
-    # cache of 131K (1.6 GiB) and 4 GiB beside them take 51.8 of the 54.8 GiB this gives.
-    "memory_fraction": 0.45,
+    # With the coder's 0.45 and the fleet's router on the head (1 GiB of 121.69: 0.008):
+    # 0.898, under the 0.90 the deploy admits; the GGUF's 46.2 GiB, its q8_0 cache of 131K
+    # (1.6 GiB) and 4 GiB beside them take 51.8 of the 53.5 GiB this gives.
+    "memory_fraction": 0.44,
     "max_model_len": 131072,  # seed 002
 }
 

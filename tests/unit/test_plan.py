@@ -236,7 +236,14 @@ def test_a_cluster_lane_on_ray_runs_from_the_head_and_its_rank_counts_on_the_wor
     # 2 (K and V) x 94 layers x 2 KV heads (4 over 2 ranks) x 128 x 1 byte = 48128 B a token,
     # 1.836 GiB; and 4 GiB beside them (spark/memory.py OVERHEAD_GIB): 63.48 GiB.
     assert worker.memory.shares == (
-        Share(lane="big", rank=True, fraction=0.87, share_gib=105.87, needs_gib=63.48),
+        Share(
+            lane="big",
+            rank=True,
+            fraction=0.87,
+            share_gib=105.87,
+            needs_gib=63.48,
+            on_demand_idle_s=None,
+        ),
     )
     # 121.69 x (1 - 0.87) = 15.82 GiB free once loaded.
     assert worker.memory.free_gib == 15.82
@@ -475,6 +482,12 @@ def test_the_readmes_model_outside_the_catalog_planned_from_its_model_spec() -> 
     # bytes (bf16) = 114688 B a token, 4.375 GiB for 40960 tokens; with its 1.5 GiB of weights
     # and 4 GiB beside them (spark/memory.py OVERHEAD_GIB): 9.875 GiB. Its share: 0.1 of the
     # Spark's 121.69 GiB (the planner's unified memory, as in the cluster lane's test above).
-    assert Share(lane="small", rank=False, fraction=0.1, share_gib=12.17, needs_gib=9.88) in (
-        lone.memory.shares
+    small_share = Share(
+        lane="small",
+        rank=False,
+        fraction=0.1,
+        share_gib=12.17,
+        needs_gib=9.88,
+        on_demand_idle_s=None,
     )
+    assert small_share in (lone.memory.shares)
