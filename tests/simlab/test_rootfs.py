@@ -103,6 +103,8 @@ def test_an_image_without_ray_is_the_default_tree_less_ray_and_with_its_release(
     for gone in serving.RAY_PATHS:
         assert not (image / gone).exists(), gone
     assert (image / release_file).read_text() == "0.31.0\n"
+    # The table knows no NCCL of 26.10: the stand-in carries CUDA DL 26.03's, 2.29.7.
+    assert (image / serving.TORCH_NCCL_FILE).read_text() == "2.29.7\n"
     assert not list(image.rglob(".wh.*"))
     assert rootfs.image_layers("nvcr.io/nvidia/vllm:26.10-py3") == layers  # built once
     assert rootfs.image_layers(serving.SERVING_IMAGE_TAG) == [base]
