@@ -16,7 +16,6 @@ import shlex
 import socket
 import subprocess
 import time
-from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
@@ -35,6 +34,7 @@ from tests.e2e.test_weights import hub
 from tests.simlab import lab as simlab
 from tests.simlab.paths import STATE
 from tests.simlab.serving import hf_standin
+from tests.simlab.waits import until
 
 pytestmark = pytest.mark.lab
 
@@ -57,14 +57,6 @@ def changes(result: subprocess.CompletedProcess) -> int:
     assert total, f"no results table in pyinfra's output:\n{text}"
     assert total[3] == "-", f"pyinfra reported errors:\n{text}"
     return 0 if total[2] == "-" else int(total[2])
-
-
-def until(condition: Callable[[], bool], seconds: float, what: str) -> None:
-    deadline = time.monotonic() + seconds
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"not within {seconds:g} s: {what}")
-        time.sleep(2)
 
 
 def alive(head: simlab.Host) -> str:
