@@ -49,7 +49,11 @@ HOST_TOOLS = {
     "ssh": "openssh-client",
     "ssh-keygen": "openssh-client",
     "nft": "nftables",
+    "unshare": "util-linux",  # the unit tests' nft check runs in a namespace of its own
 }
+# Modules this machine's python3 needs (tests/unit/test_nmcli.py runs the box's netplan reader
+# with it, as a Spark's python3 with netplan's python3-yaml does).
+HOST_MODULES = {"yaml": "python3-yaml"}
 ADMIN_USER = "spark"
 
 
@@ -67,7 +71,13 @@ def ensure_host_tools() -> None:
 
 
 def _missing_host_packages() -> list[str]:
-    return sorted({pkg for tool, pkg in HOST_TOOLS.items() if shutil.which(tool) is None})
+    tools = {pkg for tool, pkg in HOST_TOOLS.items() if shutil.which(tool) is None}
+    modules = {
+        pkg
+        for module, pkg in HOST_MODULES.items()
+        if subprocess.run(["python3", "-c", f"import {module}"], capture_output=True).returncode
+    }
+    return sorted(tools | modules)
 
 
 def _install_host_packages(missing: list[str]) -> None:
