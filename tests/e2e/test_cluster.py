@@ -34,7 +34,7 @@ from tests.e2e.test_weights import hub
 from tests.simlab import lab as simlab
 from tests.simlab.paths import STATE
 from tests.simlab.serving import hf_standin
-from tests.simlab.waits import until
+from tests.simlab.waits import patiently, until
 
 pytestmark = pytest.mark.lab
 
@@ -318,12 +318,12 @@ def test_the_cluster_lane_serves_with_one_bundle_on_each_box(cluster: simlab.Lab
     body = json.dumps(
         {"model": CLUSTER_LANE["served_name"], "messages": [{"role": "user", "content": "hi"}]}
     )
-    answer = subprocess.run(
+    answer = patiently(lambda: subprocess.run(
         ["curl", "-fsS", "--noproxy", "*", "-H", f"Authorization: Bearer {key}",
          "-H", "Content-Type: application/json", "-d", body,
          f"http://{head.mgmt_ip}:{PORT}/v1/chat/completions"],
         capture_output=True, text=True, timeout=20, check=True,
-    )  # fmt: skip
+    ), 120, "a chat completion")  # fmt: skip
     assert json.loads(answer.stdout)["choices"][0]["message"]["content"].endswith("got: hi")
     # The workers serve no lane of their own: the cluster lane runs there as Ray's ranks.
     assert "spark-lane-" not in run_on(cluster.hosts[1], "sudo docker ps --format '{{.Names}}'")
@@ -606,12 +606,12 @@ def answers(head: simlab.Host) -> int:
     body = json.dumps(
         {"model": CLUSTER_LANE["served_name"], "messages": [{"role": "user", "content": "hi"}]}
     )
-    status = subprocess.run(
+    status = patiently(lambda: subprocess.run(
         ["curl", "-sS", "--noproxy", "*", "-o", "/dev/null", "-w", "%{http_code}",
          "-H", f"Authorization: Bearer {key}", "-H", "Content-Type: application/json",
          "-d", body, f"http://{head.mgmt_ip}:{PORT}/v1/chat/completions"],
         capture_output=True, text=True, timeout=20,
-    )  # fmt: skip
+    ), 120, "a chat completion's status")  # fmt: skip
     return int(status.stdout or 0)
 
 

@@ -28,7 +28,7 @@ from tests.e2e.test_metrics import key_of as metrics_key_of
 from tests.e2e.test_metrics import scrape
 from tests.simlab import lab as simlab
 from tests.simlab.paths import REPO, STATE
-from tests.simlab.waits import until
+from tests.simlab.waits import patiently, until
 
 pytestmark = pytest.mark.lab
 
@@ -47,12 +47,16 @@ def request(url: str, key: str | None = None, body: Any = None) -> tuple[int, An
     req = urllib.request.Request(url, data=None if body is None else json.dumps(body).encode())
     if key is not None:
         req.add_header("Authorization", f"Bearer {key}")
-    try:
-        with HTTP.open(req, timeout=10) as response:
-            text = response.read().decode()
-            return response.status, json.loads(text) if text else None
-    except urllib.error.HTTPError as error:
-        return error.code, json.loads(error.read().decode() or "null")
+
+    def ask() -> tuple[int, Any]:
+        try:
+            with HTTP.open(req, timeout=10) as response:
+                text = response.read().decode()
+                return response.status, json.loads(text) if text else None
+        except urllib.error.HTTPError as error:
+            return error.code, json.loads(error.read().decode() or "null")
+
+    return patiently(ask, 60, url)
 
 
 def key_of(host: simlab.Host, lane: dict[str, Any]) -> str:

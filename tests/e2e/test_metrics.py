@@ -34,7 +34,7 @@ from tests.simlab import lab as simlab
 from tests.simlab.loopback import free_port
 from tests.simlab.paths import REPO, STATE
 from tests.simlab.rootfs import prometheus_binaries
-from tests.simlab.waits import until
+from tests.simlab.waits import patiently, until
 
 pytestmark = pytest.mark.lab
 
@@ -49,11 +49,15 @@ def scrape(host: simlab.Host, key: str | None, path: str = "/metrics") -> tuple[
     request = urllib.request.Request(f"http://{host.mgmt_ip}:9100{path}")
     if key is not None:
         request.add_header("Authorization", f"Bearer {key}")
-    try:
-        with urllib.request.urlopen(request, timeout=10) as response:
-            return response.status, response.read().decode()
-    except urllib.error.HTTPError as error:
-        return error.code, error.read().decode()
+
+    def ask() -> tuple[int, str]:
+        try:
+            with urllib.request.urlopen(request, timeout=10) as response:
+                return response.status, response.read().decode()
+        except urllib.error.HTTPError as error:
+            return error.code, error.read().decode()
+
+    return patiently(ask, 60, request.full_url)
 
 
 def key_of(host: simlab.Host) -> str:
@@ -156,8 +160,11 @@ class Prometheus:
     log: Path
 
     def get(self, path: str) -> dict:
-        with urllib.request.urlopen(f"{self.url}{path}", timeout=10) as response:
-            return json.load(response)["data"]
+        def ask() -> dict:
+            with urllib.request.urlopen(f"{self.url}{path}", timeout=10) as response:
+                return json.load(response)["data"]
+
+        return patiently(ask, 60, f"{self.url}{path}")
 
     def targets(self) -> dict[str, dict]:
         return {t["labels"]["job"]: t for t in self.get("/api/v1/targets")["activeTargets"]}

@@ -19,7 +19,7 @@ from tests.e2e.runs import INVENTORY, output_of
 from tests.e2e.test_host_layer import changes
 from tests.simlab import lab as simlab
 from tests.simlab.serving import hf_standin
-from tests.simlab.waits import until
+from tests.simlab.waits import patiently, until
 
 pytestmark = pytest.mark.lab
 
@@ -43,8 +43,12 @@ def hub(path: str, data: bytes | None = None) -> dict:
     request = urllib.request.Request(
         f"{simlab.hub_url()}/_simlab/{path}", data=data, method="PUT" if data else "GET"
     )
-    with HTTP.open(request, timeout=10) as answer:
-        return json.load(answer)
+
+    def ask() -> dict:
+        with HTTP.open(request, timeout=10) as answer:
+            return json.load(answer)
+
+    return patiently(ask, 60, request.full_url)
 
 
 def models_removed_from(host: simlab.Host, *lanes: str) -> None:

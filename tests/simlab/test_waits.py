@@ -5,11 +5,12 @@ OpenSSH's ssh prints them, written by hand)."""
 from __future__ import annotations
 
 import subprocess
+import urllib.error
 
 import pytest
 
 from tests.simlab import lab
-from tests.simlab.waits import until
+from tests.simlab.waits import patiently, until
 
 
 def answers(*given: object):
@@ -48,6 +49,17 @@ def test_a_hopeless_wait_fails_at_once() -> None:
 def test_errors_not_retried_go_through() -> None:
     with pytest.raises(subprocess.TimeoutExpired):
         until(answers(subprocess.TimeoutExpired(["ssh"], 1)), 60, "x", every=0, retried=())
+
+
+def test_a_request_that_timed_out_is_sent_again_and_any_other_answer_is_the_answer() -> None:
+    slow = urllib.error.URLError(TimeoutError("timed out"))
+    assert patiently(answers(slow, TimeoutError("read"), (200, "")), 60, "/health") == (200, "")
+    assert patiently(answers(None), 60, "/health") is None  # an answer, though falsy
+    refused = urllib.error.URLError(ConnectionRefusedError(111, "Connection refused"))
+    with pytest.raises(urllib.error.URLError, match="Connection refused"):
+        patiently(answers(refused), 60, "/health")
+    with pytest.raises(TimeoutError, match=r"^/health: an answer in time: not within 0 s"):
+        patiently(answers(subprocess.TimeoutExpired(["curl"], 20)), 0, "/health")
 
 
 HOST = lab.Host(name="spark-1", index=1)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import subprocess
 import time
+import urllib.error
 from collections.abc import Callable
 from typing import TypeVar
 
@@ -53,3 +54,21 @@ def until(
             waited = f"{seconds:g} s" if seconds is not None else "the deadline"
             raise TimeoutError(f"{what}: not within {waited} (last answer: {last})")
         time.sleep(every)
+
+
+def patiently(ask: Callable[[], T], seconds: float, what: str) -> T:
+    """``ask()``, once more each time its answer was too slow (a timeout: the machine is busy
+    with other labs), until ``seconds``; any other answer or error is the answer (a refused
+    connection, an HTTP error, a failed command: what tests of those look for)."""
+
+    def asked() -> tuple[T] | None:
+        try:
+            return (ask(),)  # answered, whatever the answer
+        except (TimeoutError, subprocess.TimeoutExpired):
+            return None
+        except urllib.error.URLError as error:
+            if isinstance(error.reason, TimeoutError):
+                return None
+            raise
+
+    return until(asked, seconds, f"{what}: an answer in time", retried=())[0]
