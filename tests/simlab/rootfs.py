@@ -76,6 +76,7 @@ def _missing_host_packages() -> list[str]:
         pkg
         for module, pkg in HOST_MODULES.items()
         if subprocess.run(["python3", "-c", f"import {module}"], capture_output=True).returncode
+        != 0
     }
     return sorted(tools | modules)
 
