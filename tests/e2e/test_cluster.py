@@ -11,6 +11,7 @@ nodes joined).
 from __future__ import annotations
 
 import json
+import platform
 import re
 import shlex
 import socket
@@ -534,6 +535,9 @@ def test_the_nccl_test_passed_over_both_twins_and_compliance_says_so(cluster: si
             assert (me["rank"], me["host"], me["network"]) == (rank, its_box.name, "IB")
             assert sorted(me["ib_devices"]) == sorted(TWINS)
             assert me["channels"] == {"NET/IB/0": 2, "NET/IB/1": 2}  # send, receive per twin
+            # The image's NCCL (the table knows none of 26.04's: the stand-in's 2.29.7) on the
+            # lab's own architecture, which the rank read in its container (a Spark's: aarch64).
+            assert (me["version"], me["machine"]) == ("2.29.7+simlab", platform.machine())
         assert [(row["op"], row["bytes"], row["wrong"]) for row in kept["rows"]] == [
             (op, size, 0) for op in ("all_gather", "all_reduce") for size in (1 << 20, 4 << 20)
         ]
