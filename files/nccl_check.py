@@ -9,14 +9,17 @@ is the standard library alone, so the verdict can be read anywhere.
     nccl_check.py local  --ranks N --out DIR [...]   # N ranks on this host, one per GPU
     nccl_check.py report --out DIR [--expect-hca A,B] [--min-busbw GBPS] [--transport NET/IB]
                                                     # [--key K]: K kept in DIR/verdict.json
+                                                    # [--image I]: the image the ranks ran in
 
 Each rank runs all_gather and all_reduce (float32) from 1 MiB to --max-bytes, 4x apart, times
 them as nccl-tests does (warm-up, then the mean of timed iterations, averaged over the ranks),
 checks every result (nccl-tests' "#wrong"), and every rank writes DIR/timings.json. NCCL writes its
-INFO log to DIR/nccl.<host>.<pid>.log (NCCL_DEBUG_FILE); at the end every rank hands its log to
-the others, so every rank's DIR holds them all. `report` reads them and prints, per size,
-NCCL's algorithm and the bus bandwidth; per rank, the transport of every channel; and the
-cluster's verdict (every rank judged), exit status 0 only on a pass.
+INFO log to DIR/nccl.<host>.<pid>.log (NCCL_DEBUG_FILE), and the rank the architecture it runs on
+to DIR/rank.<host>.<pid>.json; at the end every rank hands both to the others, so every rank's
+DIR holds them all. `report` reads them and prints, per size, NCCL's algorithm and the bus
+bandwidth; per rank, the transport of every channel; and the cluster's verdict (every rank
+judged: an NCCL known to deadlock on the rank's architecture fails it too), exit status 0 only
+on a pass.
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import platform
 import re
 import socket
 import subprocess
@@ -50,6 +54,23 @@ NCCL_LOG_ENV = {
     "NCCL_DEBUG_SUBSYS": "INIT,NET,ENV,TUNING",
 }
 LOG_GLOB = "nccl.*.log"
+# What a rank says of itself beside NCCL's log: the architecture it runs on ({"machine": ...}).
+RANK_GLOB = "rank.*.json"
+
+# NCCL before 2.29.3 deadlocks silently on aarch64 (a Spark's Grace CPU): ncclProxyGetPostedOps
+# hands freed proxy-op slots back with a weak compare-exchange whose loop tests the value, not
+# the result, so a spurious failure loses them; once a rank's pool is empty it spins forever in
+# ncclLocalOpAppend, no error, no timeout (marin-community/marin#7344, bisected on the aarch64
+# nvidia-nccl-cu13 wheels: 2.28.9 and 2.29.2 deadlock, 2.29.3 and 2.30.7 do not; NVIDIA/nccl#2353;
+# NCCL v2.29.3-1 release notes: "Fixes CAS usage in case of weak failure which was causing a hang
+# on ARM"). Our check's few thousand operations rarely reach it: the version decides.
+DEADLOCK_MACHINE = "aarch64"
+DEADLOCK_FIXED_IN = (2, 29, 3)
+DEADLOCK_WHY = (
+    "NCCL before 2.29.3 deadlocks silently on aarch64: a weak compare-exchange in its proxy-op"
+    " pool leaks slots until a rank spins forever, no error, no timeout (NVIDIA/nccl#2353,"
+    " marin-community/marin#7344; fixed in NCCL 2.29.3)"
+)
 
 # Bus bandwidth from algorithm bandwidth: nccl-tests doc/PERFORMANCE.md. S is the size of the
 # whole result (for all_gather: every rank's share together).
@@ -82,6 +103,9 @@ def run_rank(out: Path, max_bytes: int) -> None:
     import torch.distributed as dist
 
     os.environ.update(rank_environment(out))  # before NCCL starts: it reads them once
+    # Where NCCL runs: the container's architecture is the box's (an image runs natively).
+    rank_file = out / RANK_GLOB.replace("*", f"{socket.gethostname()}.{os.getpid()}")
+    rank_file.write_text(json.dumps({"machine": platform.machine()}))
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
     dist.init_process_group("nccl", rank=rank, world_size=world)
@@ -144,11 +168,11 @@ def run_rank(out: Path, max_bytes: int) -> None:
 
 
 def share_logs(dist, out: Path, world: int) -> None:
-    """Every rank's NCCL log into every rank's ``out``: each box's report then judges the whole
-    cluster's run, so a box whose own rank did well does not pass when a peer's did not (a
-    twin left out on one box, a fallback on one side). NCCL writes its log line by line
-    (NVIDIA/nccl src/debug.cc: setvbuf _IOLBF), so it is whole up to here."""
-    mine = {path.name: path.read_text(errors="replace") for path in _own_logs(out)}
+    """Every rank's NCCL log (and its rank file) into every rank's ``out``: each box's report
+    then judges the whole cluster's run, so a box whose own rank did well does not pass when a
+    peer's did not (a twin left out on one box, a fallback on one side). NCCL writes its log
+    line by line (NVIDIA/nccl src/debug.cc: setvbuf _IOLBF), so it is whole up to here."""
+    mine = {path.name: path.read_text(errors="replace") for path in _own_files(out)}
     everyone: list[dict[str, str] | None] = [None] * world
     dist.all_gather_object(everyone, mine)
     for logs in everyone:
@@ -157,9 +181,14 @@ def share_logs(dist, out: Path, world: int) -> None:
                 (out / name).write_text(text)
 
 
-def _own_logs(out: Path) -> list[Path]:
-    """This process's NCCL log: NCCL_DEBUG_FILE's %p is the process id (rank_environment)."""
-    return sorted(out.glob(LOG_GLOB.replace("*", f"*.{os.getpid()}")))
+def _own_files(out: Path) -> list[Path]:
+    """This process's NCCL log and rank file: NCCL_DEBUG_FILE's %p is the process id
+    (rank_environment)."""
+    return sorted(
+        path
+        for glob in (LOG_GLOB, RANK_GLOB)
+        for path in out.glob(glob.replace("*", f"*.{os.getpid()}"))
+    )
 
 
 def _hosts(dist, world: int) -> list[str]:
@@ -239,6 +268,7 @@ class RankLog:
     channels: dict[str, int] = field(default_factory=dict)  # transport -> channel count
     algorithms: dict[tuple[str, int], str] = field(default_factory=dict)  # (func, bytes) ->
     warnings: list[str] = field(default_factory=list)
+    machine: str | None = None  # the rank's architecture (its rank file), not NCCL's log
 
     def transports(self) -> set[str]:
         """Each channel's transport family: NET/IB, NET/Socket, P2P, SHM..."""
@@ -299,6 +329,18 @@ def parse_log(text: str) -> RankLog:
     return log or RankLog(host="?")
 
 
+def read_rank(log_path: Path) -> RankLog:
+    """A rank's NCCL log, with the architecture its rank file (beside it, same host and pid)
+    gives; none where a rank wrote none (a check from before the rank files)."""
+    log = parse_log(log_path.read_text(errors="replace"))
+    rank_file = log_path.with_name(
+        RANK_GLOB.replace("*", log_path.name.removeprefix("nccl.").removesuffix(".log"))
+    )
+    if rank_file.exists():
+        log.machine = json.loads(rank_file.read_text()).get("machine")
+    return log
+
+
 # --- the verdict ----------------------------------------------------------------------------
 
 
@@ -337,14 +379,22 @@ def verdict(
     transport: str | None,
     expect_hcas: list[str],
     min_busbw: float | None,
+    image: str | None = None,
 ) -> list[str]:
-    """Every reason the fabric fails the check; empty when it passes."""
+    """Every reason the fabric fails the check; empty when it passes. ``image``: the image the
+    ranks ran in, named where its NCCL is what fails."""
     problems = []
     if not rows:
         said = "; ".join(warning for log in logs for warning in log.warnings) or "nothing"
         problems.append(f"no timings: the collective did not complete (NCCL warned: {said})")
     for log in logs:
         who = f"rank {log.rank} ({log.host})"
+        if deadlocks(log.version, log.machine):
+            problems.append(
+                f"{who}: NCCL {log.version} on {log.machine}{f' in {image}' if image else ''}:"
+                f" {DEADLOCK_WHY}; use an image with NCCL"
+                f" {'.'.join(map(str, DEADLOCK_FIXED_IN))} or later"
+            )
         if transport and (problem := transport_problem(log, transport)):
             problems.append(f"{who}: {problem}")
         if missing := [hca for hca in expect_hcas if hca not in log.ib_devices]:
@@ -362,6 +412,19 @@ def verdict(
                 f" pass mark {min_busbw:g} GB/s"
             )
     return problems
+
+
+def release(version: str) -> tuple[int, ...] | None:
+    """NCCL's version as it logs it ("2.28.9+cuda13.0") as numbers; None where it is no
+    version."""
+    match = re.match(r"(\d+)\.(\d+)\.(\d+)", version)
+    return tuple(int(part) for part in match.groups()) if match else None
+
+
+def deadlocks(version: str | None, machine: str | None) -> bool:
+    """Whether this NCCL on this architecture has the proxy-op pool's silent deadlock."""
+    number = release(version) if version else None
+    return machine == DEADLOCK_MACHINE and number is not None and number < DEADLOCK_FIXED_IN
 
 
 def transport_problem(log: RankLog, transport: str) -> str | None:
@@ -397,13 +460,14 @@ def report(
     expect_hcas: list[str],
     min_busbw: float | None,
     key: str | None = None,
+    image: str | None = None,
 ) -> int:
-    logs = [parse_log(path.read_text(errors="replace")) for path in sorted(out.glob(LOG_GLOB))]
+    logs = [read_rank(path) for path in sorted(out.glob(LOG_GLOB))]
     timings_file = out / "timings.json"
     timings = json.loads(timings_file.read_text()) if timings_file.exists() else None
     rows = rows_of(timings, logs) if timings else []
     problems = verdict(
-        rows, logs, transport=transport, expect_hcas=expect_hcas, min_busbw=min_busbw
+        rows, logs, transport=transport, expect_hcas=expect_hcas, min_busbw=min_busbw, image=image
     )
     if timings:
         print(f"NCCL {timings['nccl']} (torch {timings['torch']}), {timings['ranks']} ranks on "
@@ -415,7 +479,8 @@ def report(
               f"{row.algbw:>12.2f}{row.busbw:>12.2f}{row.wrong:>8}")  # fmt: skip
     for log in logs:
         channels = ", ".join(f"{count} via {via}" for via, count in sorted(log.channels.items()))
-        print(f"rank {log.rank} ({log.host}, NCCL {log.version}): network {log.network}; "
+        print(f"rank {log.rank} ({log.host}, {log.machine or '?'}, NCCL {log.version}): "
+              f"network {log.network}; "
               f"IB devices {log.ib_devices or '-'}; channels: {channels or 'none'}")  # fmt: skip
     summary = {
         "key": key,  # what the run depended on (the deploy's spark-nccl-test --key)
@@ -447,6 +512,7 @@ def main(argv: list[str] | None = None) -> int:
     steps.choices["report"].add_argument("--expect-hca", default="")
     steps.choices["report"].add_argument("--min-busbw", type=float)
     steps.choices["report"].add_argument("--key")
+    steps.choices["report"].add_argument("--image")
     args = parser.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
     if args.step == "rank":
@@ -456,7 +522,7 @@ def main(argv: list[str] | None = None) -> int:
         return run_local(args.ranks, args.out, args.max_bytes, args.port)
     hcas = [hca for hca in args.expect_hca.split(",") if hca]
     transport = None if args.transport == "any" else args.transport
-    return report(args.out, transport, hcas, args.min_busbw, args.key)
+    return report(args.out, transport, hcas, args.min_busbw, args.key, args.image)
 
 
 if __name__ == "__main__":

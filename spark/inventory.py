@@ -43,6 +43,7 @@ from spark.lane import (
 )
 from spark.memory import box_budget
 from spark.ports import metrics_exporter_port, port_owners
+from spark.vllm_release import nccl_deadlock_warning
 
 # host.data keys that pyinfra and its connectors read themselves: they pass unchecked and
 # are never echoed (`_sudo_password`, `ssh_password` are secrets).
@@ -1385,7 +1386,7 @@ def load_from_dicts(
         for host in configs
         for warning in box_budget(host, cluster, router.memory_gib_on(host.name)).warnings()
         + context_warnings(host.lanes)
-    )
+    ) + tuple(nccl_warnings(configs, cluster))
     # The fleet endpoint's problems beside the cluster's: each stands on its own.
     problems = fleet.problems(tuple(configs), cluster)
     try:
@@ -1395,3 +1396,21 @@ def load_from_dicts(
     if problems:
         raise ConfigError(problems)
     return spark
+
+
+def nccl_warnings(hosts: list[HostConfig], cluster: Lane | None) -> list[str]:
+    """A cluster whose ranks run NCCL in an image known to carry one that deadlocks on a
+    Spark's aarch64: the cluster lane's image (on the head, which names it), else the NCCL
+    test's (Ray's image, on every box that runs the test). An image whose NCCL is not known is
+    left to the test's verdict, which reads NCCL's own log."""
+    if len(hosts) < 2 or hosts[0].shape.independent:
+        return []
+    if cluster is not None:
+        head = next(host for host in hosts if host.role == "head")
+        warning = nccl_deadlock_warning(cluster.image)
+        return [f"{head.name}: lanes: {cluster.name}: {warning}"] if warning else []
+    return [
+        f"{host.name}: ray_image: {warning}"
+        for host in hosts
+        if host.nccl_test is not None and (warning := nccl_deadlock_warning(host.ray.image))
+    ]

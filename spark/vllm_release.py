@@ -15,28 +15,47 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
+from files.nccl_check import DEADLOCK_FIXED_IN, DEADLOCK_MACHINE, DEADLOCK_WHY, deadlocks
+
 DATA = Path(__file__).parent / "data"
 
 
 @dataclass(frozen=True)
 class Image:
-    """What an NGC vLLM image carries: its vLLM release and whether Ray is in it."""
+    """What an NGC vLLM image carries: its vLLM release, whether Ray is in it, and its NCCL
+    (None where no public source says: then the NCCL test's verdict, which reads NCCL's own
+    log, is what judges it)."""
 
     vllm: str
     ray: bool
     source: str
+    nccl: str | None = None
+    nccl_source: str = ""
 
 
 # NGC's vLLM images by tag. Only releases with data in operations/data/ can be listed.
+# Their NCCL: each vLLM release note lists the vLLM stack only and defers to "the CUDA section
+# for the list of libraries inherited from the CUDA container" (docs.nvidia.com vLLM release
+# notes 26.05, 26.10); the CUDA DL release notes name NCCL, but only 26.03's were found (NCCL
+# 2.29.7, CUDA 13.2.0), none for 26.04, 26.05 or 26.10: their NCCL is left unknown here.
+NCCL_UNKNOWN = "unknown: no CUDA DL release note of this month found"
 IMAGES = {
     "nvcr.io/nvidia/vllm:26.04-py3": Image(
-        "0.19.0", True, "seed 004: vLLM 0.19.0, its two-box cluster on Ray"
+        "0.19.0", True, "seed 004: vLLM 0.19.0, its two-box cluster on Ray", None, NCCL_UNKNOWN
     ),
     "nvcr.io/nvidia/vllm:26.05-py3": Image(
-        "0.20.1", False, "NGC vLLM release notes 26.05; no Ray: NVIDIA/dgx-spark-playbooks#109"
+        "0.20.1",
+        False,
+        "NGC vLLM release notes 26.05; no Ray: NVIDIA/dgx-spark-playbooks#109",
+        None,
+        NCCL_UNKNOWN,
     ),
     "nvcr.io/nvidia/vllm:26.10-py3": Image(
-        "0.31.0", False, "NGC vLLM release notes 26.10; no Ray in the images since 26.05"
+        "0.31.0",
+        False,
+        "NGC vLLM release notes 26.10; no Ray in the images since 26.05",
+        None,
+        NCCL_UNKNOWN,
     ),
 }
 DEFAULT_IMAGE = "nvcr.io/nvidia/vllm:26.04-py3"
@@ -136,6 +155,19 @@ def image_has_ray(image: str) -> bool | None:
     """Whether the image carries Ray; None where the table does not know the image."""
     known = IMAGES.get(_without_digest(image))
     return known.ray if known else None
+
+
+def nccl_deadlock_warning(image: str) -> str | None:
+    """Why an image whose NCCL is known to deadlock on a Spark (aarch64) is a risk for a
+    cluster; None where its NCCL is good or not known (the NCCL test's verdict decides)."""
+    known = IMAGES.get(_without_digest(image))
+    if known is None or not deadlocks(known.nccl, DEADLOCK_MACHINE):
+        return None
+    return (
+        f"{image} carries NCCL {known.nccl} ({known.nccl_source}): {DEADLOCK_WHY}; the NCCL"
+        f" test fails it on a Spark: choose an image with NCCL"
+        f" {'.'.join(map(str, DEADLOCK_FIXED_IN))} or later"
+    )
 
 
 def _without_digest(image: str) -> str:

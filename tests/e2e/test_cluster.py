@@ -11,12 +11,12 @@ nodes joined).
 from __future__ import annotations
 
 import json
+import platform
 import re
 import shlex
 import socket
 import subprocess
 import time
-from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
@@ -35,6 +35,7 @@ from tests.e2e.test_weights import hub
 from tests.simlab import lab as simlab
 from tests.simlab.paths import STATE
 from tests.simlab.serving import hf_standin
+from tests.simlab.waits import patiently, until
 
 pytestmark = pytest.mark.lab
 
@@ -57,14 +58,6 @@ def changes(result: subprocess.CompletedProcess) -> int:
     assert total, f"no results table in pyinfra's output:\n{text}"
     assert total[3] == "-", f"pyinfra reported errors:\n{text}"
     return 0 if total[2] == "-" else int(total[2])
-
-
-def until(condition: Callable[[], bool], seconds: float, what: str) -> None:
-    deadline = time.monotonic() + seconds
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"not within {seconds:g} s: {what}")
-        time.sleep(2)
 
 
 def alive(head: simlab.Host) -> str:
@@ -326,12 +319,12 @@ def test_the_cluster_lane_serves_with_one_bundle_on_each_box(cluster: simlab.Lab
     body = json.dumps(
         {"model": CLUSTER_LANE["served_name"], "messages": [{"role": "user", "content": "hi"}]}
     )
-    answer = subprocess.run(
+    answer = patiently(lambda: subprocess.run(
         ["curl", "-fsS", "--noproxy", "*", "-H", f"Authorization: Bearer {key}",
          "-H", "Content-Type: application/json", "-d", body,
          f"http://{head.mgmt_ip}:{PORT}/v1/chat/completions"],
         capture_output=True, text=True, timeout=20, check=True,
-    )  # fmt: skip
+    ), 120, "a chat completion")  # fmt: skip
     assert json.loads(answer.stdout)["choices"][0]["message"]["content"].endswith("got: hi")
     # The workers serve no lane of their own: the cluster lane runs there as Ray's ranks.
     assert "spark-lane-" not in run_on(cluster.hosts[1], "sudo docker ps --format '{{.Names}}'")
@@ -542,6 +535,9 @@ def test_the_nccl_test_passed_over_both_twins_and_compliance_says_so(cluster: si
             assert (me["rank"], me["host"], me["network"]) == (rank, its_box.name, "IB")
             assert sorted(me["ib_devices"]) == sorted(TWINS)
             assert me["channels"] == {"NET/IB/0": 2, "NET/IB/1": 2}  # send, receive per twin
+            # The image's NCCL (the table knows none of 26.04's: the stand-in's 2.29.7) on the
+            # lab's own architecture, which the rank read in its container (a Spark's: aarch64).
+            assert (me["version"], me["machine"]) == ("2.29.7+simlab", platform.machine())
         assert [(row["op"], row["bytes"], row["wrong"]) for row in kept["rows"]] == [
             (op, size, 0) for op in ("all_gather", "all_reduce") for size in (1 << 20, 4 << 20)
         ]
@@ -614,12 +610,12 @@ def answers(head: simlab.Host) -> int:
     body = json.dumps(
         {"model": CLUSTER_LANE["served_name"], "messages": [{"role": "user", "content": "hi"}]}
     )
-    status = subprocess.run(
+    status = patiently(lambda: subprocess.run(
         ["curl", "-sS", "--noproxy", "*", "-o", "/dev/null", "-w", "%{http_code}",
          "-H", f"Authorization: Bearer {key}", "-H", "Content-Type: application/json",
          "-d", body, f"http://{head.mgmt_ip}:{PORT}/v1/chat/completions"],
         capture_output=True, text=True, timeout=20,
-    )  # fmt: skip
+    ), 120, "a chat completion's status")  # fmt: skip
     return int(status.stdout or 0)
 
 

@@ -10,7 +10,6 @@ from __future__ import annotations
 import os
 import re
 import subprocess
-import time
 from pathlib import Path
 
 import pytest
@@ -18,6 +17,7 @@ import pytest
 from tests.conftest import Deployed, pyinfra, run_on
 from tests.simlab import lab as simlab
 from tests.simlab.paths import REPO, STATE
+from tests.simlab.waits import until
 
 pytestmark = pytest.mark.lab
 
@@ -94,10 +94,8 @@ def test_drift_is_named_with_box_check_and_value(deployed: simlab.Lab) -> None:
     run_on(spark_1, "sudo chmod 666 /etc/spark/cluster.env")
     # Re-activating the profile rewrote its GID entries: let them settle (within a second).
     gid_type = f"/sys/class/infiniband/{HCA}/ports/1/gid_attrs/types/3"
-    for _ in range(15):
-        if run_on(spark_1, f"cat {gid_type} 2>/dev/null", check=False).strip() == "RoCE v2":
-            break
-        time.sleep(1)
+    until(lambda: run_on(spark_1, f"cat {gid_type} 2>/dev/null", check=False).strip()
+          == "RoCE v2", 15, "the RoCE v2 entry back")  # fmt: skip
 
     code, table, output = compliance(*PARALLEL)
     assert code == 1, output

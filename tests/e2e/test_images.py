@@ -14,7 +14,6 @@ import json
 import re
 import runpy
 import subprocess
-import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -29,6 +28,7 @@ from tests.simlab import registry
 from tests.simlab.paths import REPO
 from tests.simlab.rootfs import image_layers, layer_blob
 from tests.simlab.serving import SERVING_IMAGE_TAG
+from tests.simlab.waits import until
 
 pytestmark = pytest.mark.lab
 
@@ -93,11 +93,12 @@ def test_a_pull_cut_half_way_leaves_no_image_and_the_next_deploy_converges(
             cut = pool.submit(
                 pyinfra, INVENTORY, "deploy.py", "--limit", host.name, *data, check=False
             )
-            deadline = time.monotonic() + 120
             # The base layer counts whole at once (on the box already): CUT_AT of the filler in.
-            while (status := pulled(host, pinned)).get("done", 0) < base + CUT_AT:
-                assert not cut.done() and time.monotonic() < deadline, output_of(cut.result())
-                time.sleep(0.5)
+            status = until(
+                lambda: (now := pulled(host, pinned)).get("done", 0) >= base + CUT_AT and now,
+                120, "the pull at its cut", every=0.5,
+                hopeless=lambda: cut.done() and output_of(cut.result()),
+            )  # fmt: skip
             simlab.reboot(host.name)
             result = cut.result()
     finally:

@@ -28,6 +28,7 @@ from tests.e2e.test_metrics import key_of as metrics_key_of
 from tests.e2e.test_metrics import scrape
 from tests.simlab import lab as simlab
 from tests.simlab.paths import REPO, STATE
+from tests.simlab.waits import patiently, until
 
 pytestmark = pytest.mark.lab
 
@@ -46,12 +47,16 @@ def request(url: str, key: str | None = None, body: Any = None) -> tuple[int, An
     req = urllib.request.Request(url, data=None if body is None else json.dumps(body).encode())
     if key is not None:
         req.add_header("Authorization", f"Bearer {key}")
-    try:
-        with HTTP.open(req, timeout=10) as response:
-            text = response.read().decode()
-            return response.status, json.loads(text) if text else None
-    except urllib.error.HTTPError as error:
-        return error.code, json.loads(error.read().decode() or "null")
+
+    def ask() -> tuple[int, Any]:
+        try:
+            with HTTP.open(req, timeout=10) as response:
+                text = response.read().decode()
+                return response.status, json.loads(text) if text else None
+        except urllib.error.HTTPError as error:
+            return error.code, json.loads(error.read().decode() or "null")
+
+    return patiently(ask, 60, url)
 
 
 def key_of(host: simlab.Host, lane: dict[str, Any]) -> str:
@@ -76,13 +81,6 @@ def vllm_version(host: simlab.Host, lane: dict[str, Any]) -> str:
 def container_id(host: simlab.Host, lane: dict[str, Any]) -> str:
     name = f"spark-lane-{lane['name']}"
     return run_on(host, f"sudo docker inspect -f '{{{{.Id}}}}' {name}", check=False).strip()
-
-
-def wait_for(predicate: Any, timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        assert time.monotonic() < deadline, f"{what}: not within {timeout:g} s"
-        time.sleep(0.5)
 
 
 def deploy(*data: str) -> subprocess.CompletedProcess:
@@ -119,7 +117,7 @@ def test_lanes_come_up_in_order_and_serving(deployed: dict[str, Any]) -> None:
     run_on(
         host, f"sudo systemctl stop {unit(A)} {unit(B)} && sudo systemctl start multi-user.target"
     )
-    wait_for(
+    until(
         lambda: all(show(host, lane, "ActiveState")["ActiveState"] == "active" for lane in (A, B)),
         60,
         "both lanes serving again",
@@ -393,7 +391,7 @@ def test_a_killed_container_is_brought_back_by_systemd(deployed: dict[str, Any])
         state = show(host, A, "ActiveState", "NRestarts")
         return state["ActiveState"] == "active" and int(state["NRestarts"]) == restarts + 1
 
-    wait_for(back, 60, f"{unit(A)} restarted by systemd")
+    until(back, 60, f"{unit(A)} restarted by systemd")
     assert container_id(host, A) not in ("", before)
     assert request(f"http://{host.mgmt_ip}:{A['port']}/health", key_of(host, A))[0] == 200
 
@@ -422,9 +420,9 @@ def test_a_lane_restarted_while_another_loads_waits_its_turn(deployed: dict[str,
                 "start-post",
             )
 
-        wait_for(b_loading, 60, f"{unit(B)} restarted and loading")
+        until(b_loading, 60, f"{unit(B)} restarted and loading")
         run_on(host, f"sudo docker kill spark-lane-{A['name']}")  # A restarts 10 s later
-        wait_for(
+        until(
             lambda: all(show(host, lane, "ActiveState")["ActiveState"] == "active"
                         for lane in (A, B)),
             120,
@@ -510,7 +508,7 @@ def test_memory_guard_stops_the_lowest_priority_lane_first(deployed: dict[str, A
     # A threshold above all the memory this lab has, as an operator could set it on the box.
     run_on(host, "sudo sed -i 's/\"min_available_gib\": .*,/\"min_available_gib\": 100000,/'"
                  " /etc/spark/memguard.json && sudo systemctl restart spark-memguard")  # fmt: skip
-    wait_for(
+    until(
         lambda: show(host, B, "ActiveState")["ActiveState"] in ("inactive", "failed"),
         30,
         f"the guard stopping {unit(B)}",

@@ -34,6 +34,7 @@ from tests.simlab import lab as simlab
 from tests.simlab.loopback import free_port
 from tests.simlab.paths import REPO, STATE
 from tests.simlab.rootfs import prometheus_binaries
+from tests.simlab.waits import patiently, until
 
 pytestmark = pytest.mark.lab
 
@@ -48,11 +49,15 @@ def scrape(host: simlab.Host, key: str | None, path: str = "/metrics") -> tuple[
     request = urllib.request.Request(f"http://{host.mgmt_ip}:9100{path}")
     if key is not None:
         request.add_header("Authorization", f"Bearer {key}")
-    try:
-        with urllib.request.urlopen(request, timeout=10) as response:
-            return response.status, response.read().decode()
-    except urllib.error.HTTPError as error:
-        return error.code, error.read().decode()
+
+    def ask() -> tuple[int, str]:
+        try:
+            with urllib.request.urlopen(request, timeout=10) as response:
+                return response.status, response.read().decode()
+        except urllib.error.HTTPError as error:
+            return error.code, error.read().decode()
+
+    return patiently(ask, 60, request.full_url)
 
 
 def key_of(host: simlab.Host) -> str:
@@ -155,22 +160,17 @@ class Prometheus:
     log: Path
 
     def get(self, path: str) -> dict:
-        with urllib.request.urlopen(f"{self.url}{path}", timeout=10) as response:
-            return json.load(response)["data"]
+        def ask() -> dict:
+            with urllib.request.urlopen(f"{self.url}{path}", timeout=10) as response:
+                return json.load(response)["data"]
+
+        return patiently(ask, 60, f"{self.url}{path}")
 
     def targets(self) -> dict[str, dict]:
         return {t["labels"]["job"]: t for t in self.get("/api/v1/targets")["activeTargets"]}
 
     def alerts(self) -> list[dict]:
         return self.get("/api/v1/alerts")["alerts"]
-
-
-def until(predicate: Callable[[], object], timeout: float, what: str) -> object:
-    deadline = time.monotonic() + timeout
-    while not (found := predicate()):
-        assert time.monotonic() < deadline, f"{what}: not within {timeout:g} s"
-        time.sleep(0.25)
-    return found
 
 
 @pytest.fixture(scope="module")
@@ -228,7 +228,7 @@ def prometheus(
             return server.poll() is not None  # stopped: the assert below says so
 
     try:
-        until(ready, 60, "Prometheus ready")
+        until(ready, 60, "Prometheus ready", every=0.25)
         assert server.poll() is None, log.read_text()
         yield Prometheus(url, log)
     finally:
@@ -256,7 +256,7 @@ def test_prometheus_scrapes_every_box_and_lane_with_its_key_and_is_refused_witho
         done = spark_jobs | refused <= set(targets)
         return targets if done and all(targets[j]["health"] != "unknown" for j in targets) else None
 
-    targets = until(scraped, 30, "every target scraped once")
+    targets = until(scraped, 30, "every target scraped once", every=0.25)
     assert isinstance(targets, dict)
     for job in spark_jobs:
         assert targets[job]["health"] == "up", (job, targets[job]["lastError"])
@@ -372,7 +372,7 @@ def test_a_fault_is_a_series_a_red_status_and_an_alert_within_one_collection(
         fault.make(host)
         made = time.monotonic()
         collect(host)
-        alert = until(alerted, INTERVAL_S, f"{fault.alert} {fault.labels}")
+        alert = until(alerted, INTERVAL_S, f"{fault.alert} {fault.labels}", every=0.25)
         seen = time.monotonic()
         assert isinstance(alert, dict) and alert["state"] in ("pending", "firing")
         print(f"fault {name!r}: made in {made - started:.1f} s, {fault.alert} {alert['state']}"

@@ -14,8 +14,9 @@ import pytest
 
 from tests.conftest import Deployed, run_on
 from tests.e2e.runs import converged
-from tests.e2e.test_lanes import A, B, container_id, key_of, request, show, wait_for
+from tests.e2e.test_lanes import A, B, container_id, key_of, request, show
 from tests.simlab import lab as simlab
+from tests.simlab.waits import until
 
 pytestmark = pytest.mark.lab
 
@@ -66,7 +67,7 @@ def test_a_docker_restart_restarts_ray_and_the_lanes_in_order(deployed_lab: Depl
     def serving() -> bool:
         return all(show(worker, lane, "ActiveState")["ActiveState"] == "active" for lane in (A, B))
 
-    wait_for(serving, 180, "both lanes serving again after docker's restart")
+    until(serving, 180, "both lanes serving again after docker's restart")
     for lane in (A, B):
         assert container_id(worker, lane) not in ("", before[lane["name"]]), lane["name"]
     came_back(worker, head)

@@ -15,6 +15,7 @@ import pytest
 from tests.conftest import Deployed, pyinfra, run_on
 from tests.e2e.runs import INVENTORY
 from tests.e2e.test_lanes import A, key_of
+from tests.simlab.waits import patiently
 
 pytestmark = pytest.mark.lab
 
@@ -46,10 +47,10 @@ def lab_authority(directory: Path, ips: list[str]) -> tuple[Path, Path, Path]:
 
 def curl(url: str, key: str, *args: str) -> subprocess.CompletedProcess:
     # The key goes in on stdin (`-H @-`), never on the command line.
-    return subprocess.run(
+    return patiently(lambda: subprocess.run(
         ["curl", "-sS", "--no-buffer", "-H", "@-", *args, url],
         input=f"Authorization: Bearer {key}\n", capture_output=True, text=True, timeout=30,
-    )  # fmt: skip
+    ), 120, url)  # fmt: skip
 
 
 def test_clients_talk_to_a_lane_over_tls_and_refuse_an_untrusted_certificate(

@@ -19,6 +19,7 @@ from tests.e2e.runs import INVENTORY, output_of
 from tests.e2e.test_host_layer import changes
 from tests.simlab import lab as simlab
 from tests.simlab.serving import hf_standin
+from tests.simlab.waits import patiently, until
 
 pytestmark = pytest.mark.lab
 
@@ -42,8 +43,12 @@ def hub(path: str, data: bytes | None = None) -> dict:
     request = urllib.request.Request(
         f"{simlab.hub_url()}/_simlab/{path}", data=data, method="PUT" if data else "GET"
     )
-    with HTTP.open(request, timeout=10) as answer:
-        return json.load(answer)
+
+    def ask() -> dict:
+        with HTTP.open(request, timeout=10) as answer:
+            return json.load(answer)
+
+    return patiently(ask, 60, request.full_url)
 
 
 def models_removed_from(host: simlab.Host, *lanes: str) -> None:
@@ -64,11 +69,13 @@ def active(host: simlab.Host, lane: str) -> bool:
 
 
 def wait_active(deployed: Deployed, lanes: list[str], seconds: float) -> None:
-    deadline = time.monotonic() + seconds
     waiting = [(host, lane) for host in deployed.lab.hosts for lane in lanes]
-    while waiting := [(host, lane) for host, lane in waiting if not active(host, lane)]:
-        assert time.monotonic() < deadline, f"not serving after {seconds} s: {waiting}"
-        time.sleep(2)
+
+    def all_serving() -> bool:
+        waiting[:] = [(host, lane) for host, lane in waiting if not active(host, lane)]
+        return not waiting
+
+    until(all_serving, seconds, f"lanes {lanes} serving", every=2)
 
 
 @pytest.fixture
@@ -167,10 +174,10 @@ def test_a_fetch_cut_by_a_reboot_goes_on_from_where_it_was(
     pyinfra(INVENTORY, "deploy.py")
     blob = hf_standin.repo_file(LANES["coder"], "model.safetensors").blob
     partial = f"{MODELS}/hub/models--{LANES['coder'].replace('/', '--')}/blobs/{blob}.incomplete"
-    deadline = time.monotonic() + 120
-    while int(run_on(host, f"stat -c %s {partial} 2>/dev/null || echo 0").strip() or 0) < 2**26:
-        assert time.monotonic() < deadline, "the fetch did not reach 64 MiB in 120 s"
-        time.sleep(1)
+    until(
+        lambda: int(run_on(host, f"stat -c %s {partial} 2>/dev/null || echo 0").strip() or 0)
+        >= 2**26, 120, "the fetch at 64 MiB",
+    )  # fmt: skip
     simlab.reboot(host.name)
     # The partial file outlived the reboot; or the fetch, going on at boot, already finished
     # it (the hub's resumed offset below shows it went on from there, not from 0).
@@ -218,8 +225,5 @@ def test_a_box_without_room_is_stopped_naming_the_sizes_before_any_download(
     assert hub("stats")["downloads"].get(WEIGHTS, 0) == before  # nothing asked of the hub
     # With room (the tmpfs gone), the same deploy fetches it and the lane starts.
     pyinfra(INVENTORY, "deploy.py", "--limit", host.name)
-    deadline = time.monotonic() + 120
-    while not active(host, "coder"):
-        assert time.monotonic() < deadline, "the coder lane not serving after 120 s"
-        time.sleep(2)
+    until(lambda: active(host, "coder"), 120, "the coder lane serving", every=2)
     assert hub("stats")["downloads"][WEIGHTS] == before + 1

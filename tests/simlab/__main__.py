@@ -1,4 +1,5 @@
-"""python -m tests.simlab up|down|status|reimage HOST|reboot HOST|unplug HOST PORT|ssh HOST [CMD]"""
+"""python -m tests.simlab up|down|status|reimage HOST|reboot HOST|unplug HOST PORT|ssh HOST [CMD]|
+host-tools"""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ import sys
 from spark import box_paths
 from tests.simlab import lab
 from tests.simlab.paths import REPO, STATE, log
+from tests.simlab.rootfs import ensure_host_tools
 
 
 def demo() -> int:
@@ -106,6 +108,9 @@ def main(argv: list[str] | None = None) -> int:
         " fabric_switch_ports",
     )
     commands.add_parser("down", help="stop every host and remove all the lab made")
+    commands.add_parser(
+        "host-tools", help="install the Debian packages the lab and the tests need (make test)"
+    )
     commands.add_parser("demo", help="boot a lab (unless one is up), deploy to it, show the result")
     commands.add_parser("status", help="the hosts and how to reach them")
     reimage = commands.add_parser("reimage", help="return a host to the bare image (new host keys)")
@@ -138,6 +143,8 @@ def main(argv: list[str] | None = None) -> int:
         print("Tear down: python -m tests.simlab down")
     elif args.command == "down":
         lab.down()
+    elif args.command == "host-tools":
+        ensure_host_tools()
     elif args.command == "demo":
         return demo()
     elif args.command == "status":

@@ -22,6 +22,7 @@ import subprocess
 import sys
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -33,6 +34,7 @@ from tests.simlab.rootfs import (
     spark_base,
     stand_in_repositories,
 )
+from tests.simlab.waits import until
 
 MGMT_BRIDGE = PREFIX
 MGMT_PREFIX = f"10.77.{LAB_ID}"  # this machine's side is .1; hosts are .11, .12, ...
@@ -65,7 +67,7 @@ HARDWARE_FILE = "/usr/local/lib/simlab/hardware.json"
 # A host boots in under a second on an idle machine (systemd-analyze critical-chain: multi-user
 # at 0.7 s, docker the slowest unit); the suite once saw a boot pass 90 s while other labs loaded
 # the 2 cores. The limit is there to catch a hung boot, not a slow one: a host whose container
-# has exited fails at once (boot_failed), one still booting gets five minutes.
+# has exited fails at once (boot_wait), one still booting gets five minutes.
 BOOT_TIMEOUT = 300
 
 
@@ -186,11 +188,41 @@ def write_ssh_files(lab: Lab) -> None:
     (STATE / "ssh_config").write_text("\n".join(config))
 
 
+# What ssh says when it never reached the host's shell (it exits 255 on its own errors, ssh(1)):
+# the connection timed out, was refused, or closed before the session began (an sshd slow to
+# answer on a loaded machine, or still starting). A session that began and lost its connection
+# says "Connection to ... closed": its command may have run, and is not run again.
+NOT_CONNECTED = (
+    "ssh: connect to host",
+    "during banner exchange",
+    "kex_exchange_identification",
+    "Connection closed by",
+)
+
+
 def ssh(host: Host, command: str, check: bool = True, timeout: float = 120) -> str:
-    result = subprocess.run(
-        ["ssh", "-F", str(STATE / "ssh_config"), "-o", "BatchMode=yes", host.name, command],
-        capture_output=True, text=True, stdin=subprocess.DEVNULL, timeout=timeout,
-    )  # fmt: skip
+    """The command's stdout on the host, as its admin. A connection ssh could not make is tried
+    again until ``timeout`` (one slow answer is no failure); after that, ssh's own last words."""
+    deadline = time.monotonic() + timeout
+    tried: list[subprocess.CompletedProcess[str]] = []
+
+    def connected() -> subprocess.CompletedProcess[str] | None:
+        argv = ["ssh", "-F", str(STATE / "ssh_config"), "-o", "BatchMode=yes", host.name, command]
+        left = max(1.0, deadline - time.monotonic())
+        tried.append(
+            subprocess.run(
+                argv, capture_output=True, text=True, stdin=subprocess.DEVNULL, timeout=left
+            )
+        )
+        unanswered = tried[-1].returncode == 255 and any(
+            words in tried[-1].stderr for words in NOT_CONNECTED
+        )
+        return None if unanswered else tried[-1]
+
+    try:  # no retry of an exception: a command past its timeout may have run
+        result = until(connected, timeout, f"{host.name}: ssh", deadline=deadline, retried=())
+    except TimeoutError:
+        result = tried[-1]
     if check and result.returncode != 0:
         raise RuntimeError(f"{host.name}: {command!r} exited {result.returncode}: {result.stderr}")
     return result.stdout
@@ -303,11 +335,10 @@ def start_hub() -> None:
         cwd=REPO, stdout=log_file, stderr=subprocess.STDOUT, start_new_session=True,
     )  # fmt: skip
     (STATE / "hub.pid").write_text(str(hub.pid))
-    deadline = time.monotonic() + 30
-    while "hub at" not in (STATE / "hub.log").read_text():
-        if hub.poll() is not None or time.monotonic() > deadline:
-            raise RuntimeError(f"the lab's hub did not start: {(STATE / 'hub.log').read_text()}")
-        time.sleep(0.1)
+    until(
+        lambda: "hub at" in (STATE / "hub.log").read_text(), 30, "the lab's hub did not start",
+        every=0.1, hopeless=lambda: None if hub.poll() is None else (STATE / "hub.log").read_text(),
+    )  # fmt: skip
 
 
 def stop_hub() -> None:
@@ -486,14 +517,23 @@ def _alive(pid: int) -> bool:
         return False
 
 
-def boot_failed(host: Host, deadline: float, waited_for: str, last_answer: str = "") -> None:
-    """Raise, with the console's end, if the host's container has exited or time is up."""
-    exited = bool(host.pid) and not _alive(host.pid)
-    if exited or time.monotonic() > deadline:
-        why = "its container exited" if exited else f"not in {BOOT_TIMEOUT}s"
-        tail = (host.dir / "console.log").read_text(errors="replace")[-2000:]
-        answer = f"\nits last answer:\n{last_answer}" if last_answer else ""
-        raise RuntimeError(f"{host.name}: {waited_for}: {why}; console:\n{tail}{answer}")
+def console(host: Host) -> str:
+    """The end of the host's console: what a boot that went wrong last said."""
+    return (host.dir / "console.log").read_text(errors="replace")[-2000:]
+
+
+def boot_wait(host: Host, answer: Callable[[], object], what: str, deadline: float) -> None:
+    """Ask ``answer`` until it is true, up to ``deadline``; fails at once where the host's
+    container has exited, and at the deadline, with its console's end either way."""
+
+    def exited() -> str | None:
+        return "its container exited" if host.pid and not _alive(host.pid) else None
+
+    try:
+        until(answer, BOOT_TIMEOUT, f"{host.name}: {what}", deadline=deadline, every=0.5,
+              hopeless=exited)  # fmt: skip
+    except (TimeoutError, RuntimeError) as error:
+        raise RuntimeError(f"{error}; console:\n{console(host)}") from None
 
 
 # What systemd says of the boot, then the jobs it still waits for: the console's end rarely
@@ -506,21 +546,22 @@ BOOTED = ("running", "degraded")
 
 
 def wait_ready(host: Host, deadline: float) -> None:
-    """Until sshd answers for the admin and systemd has finished starting up. A boot that
-    finished without letting the admin in fails at once, with what systemd says inside."""
-    while True:
-        try:
-            answer = ssh(host, BOOT_STATE, check=False, timeout=60)
-        except subprocess.TimeoutExpired:
-            answer = ""
-        if answer.split("\n", 1)[0] in BOOTED:
-            return
-        if not answer and inside(host, "systemctl is-system-running").strip() in BOOTED:
+    """Until sshd answers for the admin and systemd has finished starting up, asked again until
+    the deadline: on a loaded machine one answer may not come. A boot that finished without
+    letting the admin in by then says so, with what systemd says inside."""
+
+    def booted() -> bool:
+        answer = ssh(host, BOOT_STATE, check=False, timeout=60)
+        return answer.split("\n", 1)[0] in BOOTED
+
+    try:
+        boot_wait(host, booted, "did not come up", deadline)
+    except RuntimeError:
+        if inside(host, "systemctl is-system-running").strip() in BOOTED:
             raise RuntimeError(
                 f"{host.name}: booted, but the admin's ssh fails:\n{inside(host, FAILED_UNITS)}"
-            )
-        boot_failed(host, deadline, "did not come up", answer or "(none: ssh failed or timed out)")
-        time.sleep(0.5)
+            ) from None
+        raise
 
 
 # The failed units of a boot and their own words.
@@ -545,14 +586,13 @@ def inside(host: Host, command: str) -> str:
 
 def wait_for_sshd(host: Host, deadline: float) -> None:
     """Until the host's sshd accepts connections (its key may not be trusted yet)."""
-    while True:
-        try:
-            with socket.create_connection((host.mgmt_ip, 22), timeout=1) as conn:
-                if conn.recv(4).startswith(b"SSH-"):
-                    return
-        except OSError:
-            time.sleep(0.3)
-        boot_failed(host, deadline, "sshd did not answer")
+
+    def greets() -> bool:
+        with socket.create_connection((host.mgmt_ip, 22), timeout=10) as conn:
+            conn.settimeout(10)
+            return conn.recv(4).startswith(b"SSH-")
+
+    boot_wait(host, greets, "sshd did not answer", deadline)
 
 
 def _children(pid: int) -> list[int]:
@@ -695,11 +735,8 @@ def reboot(name: str) -> Host:
     lab = Lab.load()
     host = lab.host(name)
     ssh(host, "sudo systemctl reboot", check=False)  # the connection may drop before it answers
-    deadline = time.monotonic() + BOOT_TIMEOUT
-    while host.pid and _alive(host.pid):
-        if time.monotonic() > deadline:
-            raise RuntimeError(f"{name}: still running {BOOT_TIMEOUT}s after `systemctl reboot`")
-        time.sleep(0.5)
+    until(lambda: not (host.pid and _alive(host.pid)), BOOT_TIMEOUT,
+          f"{name}: still running after `systemctl reboot`", every=0.5)  # fmt: skip
     stop(host)  # reaps the container and unmounts its disk
     power_cycle_nics(host)
     boot(host, spark_base())

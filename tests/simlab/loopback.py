@@ -6,12 +6,13 @@ from __future__ import annotations
 import json
 import socket
 import subprocess
-import time
 import urllib.error
 import urllib.request
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+
+from tests.simlab.waits import until
 
 START_TIMEOUT = 15.0
 # Ignore any proxy of the environment: every request here goes to loopback.
@@ -49,24 +50,17 @@ class Server:
         self.port = port
         self.log = log
 
+    def exited(self) -> str | None:
+        """Why waiting for the server is over: it exited, with its log."""
+        return None if self.process.poll() is None else f"exited:\n{self.log.read_text()}"
+
     def wait_for_log(self, text: str) -> None:
-        deadline = time.monotonic() + START_TIMEOUT
-        while text not in self.log.read_text():
-            assert self.process.poll() is None, self.log.read_text()
-            assert time.monotonic() < deadline, f"no {text!r} in:\n{self.log.read_text()}"
-            time.sleep(0.05)
+        until(lambda: text in self.log.read_text(), START_TIMEOUT, f"{text!r} in its log",
+              every=0.05, hopeless=self.exited)  # fmt: skip
 
     def wait_healthy(self) -> None:
-        deadline = time.monotonic() + START_TIMEOUT
-        while True:
-            assert self.process.poll() is None, self.log.read_text()
-            try:
-                if request(f"{self.url}/health")[0] == 200:
-                    return
-            except OSError:
-                pass
-            assert time.monotonic() < deadline, self.log.read_text()
-            time.sleep(0.05)
+        until(lambda: request(f"{self.url}/health")[0] == 200, START_TIMEOUT, "healthy",
+              every=0.05, hopeless=self.exited)  # fmt: skip
 
 
 def stop_all(processes: list[subprocess.Popen[str]]) -> None:

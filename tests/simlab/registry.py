@@ -28,6 +28,7 @@ from pathlib import Path
 
 from tests.simlab.paths import STATE, log
 from tests.simlab.rootfs import image_layers, layer_blob, unpacked_package
+from tests.simlab.waits import until
 
 PORT = 443  # a name without a port is pulled from port 443 (docker pull's documentation)
 DIR = STATE / "registry"
@@ -126,18 +127,13 @@ def start(address: str) -> None:
                 stdout=logfile, stderr=subprocess.STDOUT, start_new_session=True,
             )  # fmt: skip
         (DIR / "pid").write_text(f"{process.pid}\n")
-    deadline = time.monotonic() + 30
-    while True:
-        try:
-            status, _headers, _body = request(address, "GET", "/v2/")
-            if status == 200:  # the API's version check: 200 where no authentication is set
-                break
-        except OSError:
-            pass
-        if time.monotonic() > deadline:
-            tail = (DIR / "registry.log").read_text(errors="replace")[-2000:]
-            raise RuntimeError(f"the lab's registry did not answer at {address}:{PORT}:\n{tail}")
-        time.sleep(0.2)
+    try:  # the API's version check: 200 where no authentication is set
+        until(lambda: request(address, "GET", "/v2/")[0] == 200, 30, "the registry", every=0.2)
+    except TimeoutError:
+        tail = (DIR / "registry.log").read_text(errors="replace")[-2000:]
+        raise RuntimeError(
+            f"the lab's registry did not answer at {address}:{PORT}:\n{tail}"
+        ) from None
     push_all(address)
 
 

@@ -49,7 +49,11 @@ HOST_TOOLS = {
     "ssh": "openssh-client",
     "ssh-keygen": "openssh-client",
     "nft": "nftables",
+    "unshare": "util-linux",  # the unit tests' nft check runs in a namespace of its own
 }
+# Modules this machine's python3 needs (tests/unit/test_nmcli.py runs the box's netplan reader
+# with it, as a Spark's python3 with netplan's python3-yaml does).
+HOST_MODULES = {"yaml": "python3-yaml"}
 ADMIN_USER = "spark"
 
 
@@ -67,7 +71,14 @@ def ensure_host_tools() -> None:
 
 
 def _missing_host_packages() -> list[str]:
-    return sorted({pkg for tool, pkg in HOST_TOOLS.items() if shutil.which(tool) is None})
+    tools = {pkg for tool, pkg in HOST_TOOLS.items() if shutil.which(tool) is None}
+    modules = {
+        pkg
+        for module, pkg in HOST_MODULES.items()
+        if subprocess.run(["python3", "-c", f"import {module}"], capture_output=True).returncode
+        != 0
+    }
+    return sorted(tools | modules)
 
 
 def _install_host_packages(missing: list[str]) -> None:
@@ -276,6 +287,7 @@ def serving_image_tar() -> Path:
     parts += [path.read_bytes() for path in sorted(source.rglob("*.py"))]
     parts += [path.read_bytes() for path in serving.RELEASE_DATA]  # the data the image holds
     parts += [serving.LLAMA_DATA.read_bytes()]  # the llama.cpp image's
+    parts += [serving.nccl_of(serving.SERVING_IMAGE_TAG).encode()]  # from the image table
     tar = IMAGES / f"serving-image-{_key(*parts)}.tar"
     if not _cached(tar):
         with _building(tar) as needed:
@@ -288,7 +300,7 @@ def image_layers(tag: str) -> list[Path]:
     """The stand-in image `tag` (one of the deploy's table, or the llama.cpp image
     serving.LLAMA_IMAGE_TAG) as its layers' tarballs, bottom first: the default image's tree,
     and for another image a layer over it that removes what that image lacks and adds its own
-    files, as NGC's images share their base layers."""
+    files (its vLLM release, its NCCL), as NGC's images share their base layers."""
     from tests.simlab import serving
 
     base = serving_image_tar()
@@ -297,16 +309,17 @@ def image_layers(tag: str) -> list[Path]:
     if tag == serving.LLAMA_IMAGE_TAG:
         return [base, _layer(base, "llama", serving.NOT_IN_LLAMA_IMAGE, serving.add_llama_server)]
     ray = serving.IMAGES[tag].ray
-    release = serving.release_of(tag)
+    release, nccl = serving.release_of(tag), serving.nccl_of(tag)
     release_file = serving.RELEASE_FILE.relative_to("/")
 
     def add(staging: Path) -> list[Path]:
-        (staging / release_file).parent.mkdir(parents=True)
-        (staging / release_file).write_text(release + "\n")
-        return [release_file]
+        for path, text in ((release_file, release), (serving.TORCH_NCCL_FILE, nccl)):
+            (staging / path).parent.mkdir(parents=True)
+            (staging / path).write_text(text + "\n")
+        return [release_file, serving.TORCH_NCCL_FILE]
 
     gone = () if ray else serving.RAY_PATHS
-    return [base, _layer(base, f"{release}{'' if ray else '-noray'}", gone, add)]
+    return [base, _layer(base, f"{release}{'' if ray else '-noray'}-nccl{nccl}", gone, add)]
 
 
 def _layer(base: Path, name: str, gone: Iterable[Path], add: Callable[[Path], list[Path]]) -> Path:

@@ -10,6 +10,7 @@ import pytest
 
 from tests.conftest import reimage_all, run_on
 from tests.simlab import lab as simlab
+from tests.simlab.waits import until
 
 pytestmark = pytest.mark.lab
 
@@ -30,15 +31,6 @@ def gid(host: simlab.Host, hca: str, index: int) -> tuple[str, str]:
                  check=False)  # fmt: skip
     lines = [*out.splitlines(), ""]
     return lines[0], lines[1]
-
-
-def wait_for(predicate, timeout: float = 10.0) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(0.3)
-    return predicate()
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -96,9 +88,9 @@ def test_a_twins_link_rate_reads_as_set_while_it_has_carrier(lab: simlab.Lab) ->
     assert run_on(host, speed).strip() == "10000"  # the kernel's veth
     try:
         simlab.set_hardware(host, link_speeds={twin: 100000})
-        assert wait_for(lambda: run_on(host, speed).strip() == "100000")
+        until(lambda: run_on(host, speed).strip() == "100000", 10, f"{host.name}: rate 100000")
         run_on(host, f"sudo ip link set {twin} down")  # no carrier: no rate, as on an mlx5 twin
-        assert wait_for(lambda: run_on(host, speed).strip() == "-1")
+        until(lambda: run_on(host, speed).strip() == "-1", 10, f"{host.name}: rate -1")
     finally:
         run_on(host, f"sudo ip link set {twin} up")
         simlab.set_hardware(host, link_speeds={})
@@ -112,7 +104,7 @@ def test_a_device_can_lack_the_roce_v2_entry_of_its_address(lab: simlab.Lab) -> 
     try:
         simlab.set_hardware(host, no_ipv4_roce_v2=[hca])
         configure_twin(host, twin, "192.168.101.10/24")
-        assert wait_for(lambda: gid(host, hca, 2) == (mapped, "IB/RoCE v1"))
+        until(lambda: gid(host, hca, 2) == (mapped, "IB/RoCE v1"), 10, f"{hca}: GID 2")
         assert gid(host, hca, 3) == ("0000:0000:0000:0000:0000:0000:0000:0000", "")
     finally:
         remove_twin(host, twin)
@@ -125,16 +117,17 @@ def test_gid_table_follows_the_interface_address(lab: simlab.Lab) -> None:
     try:
         configure_twin(host, twin, "192.168.101.10/24")
         mapped = "0000:0000:0000:0000:0000:ffff:c0a8:650a"  # ::ffff:192.168.101.10
-        assert wait_for(lambda: gid(host, hca, 3) == (mapped, "RoCE v2"))
+        until(lambda: gid(host, hca, 3) == (mapped, "RoCE v2"), 10, f"{hca}: GID 3")
         assert gid(host, hca, 2) == (mapped, "IB/RoCE v1")
         assert gid(host, hca, 1)[1] == "RoCE v2" and gid(host, hca, 1)[0].startswith("fe80:")
         run_on(host, f"sudo nmcli connection modify lab-{twin} ipv4.addresses 192.168.101.20/24 "
                      f"&& sudo nmcli connection up lab-{twin}")  # fmt: skip
         moved = "0000:0000:0000:0000:0000:ffff:c0a8:6514"  # ::ffff:192.168.101.20
-        assert wait_for(lambda: gid(host, hca, 3) == (moved, "RoCE v2"))
+        until(lambda: gid(host, hca, 3) == (moved, "RoCE v2"), 10, f"{hca}: GID 3 moved")
     finally:
         remove_twin(host, twin)
-    assert wait_for(lambda: gid(host, hca, 3)[0] == "0000:0000:0000:0000:0000:0000:0000:0000")
+    until(lambda: gid(host, hca, 3)[0] == "0000:0000:0000:0000:0000:0000:0000:0000", 10,
+          f"{hca}: GID 3 cleared")  # fmt: skip
 
 
 def test_stand_in_driver_installs_and_the_metapackage_would_move_the_branch(lab) -> None:
@@ -193,7 +186,7 @@ def test_two_hosts_form_a_ray_cluster_over_the_fabric(lab: simlab.Lab) -> None:
             active = status.split("Active:")[-1].split("Pending:")[0]
             return active.count("node_")
 
-        assert wait_for(lambda: nodes() == 2, timeout=120), nodes()
+        until(lambda: nodes() == 2, 120, "both Ray nodes")
         status = run_on(head, "sudo docker exec ray ray status")
         assert "2.0 GPU" in status, status
     finally:

@@ -13,14 +13,25 @@ import pytest
 from tests.simlab import rootfs
 
 
+def ran(calls: list[list[str]], python3_lacks: bool = False):
+    """subprocess.run keeping each command; python3's imports fail where ``python3_lacks``."""
+
+    def run(cmd: list[str], **_: object) -> subprocess.CompletedProcess:
+        calls.append(cmd)
+        return subprocess.CompletedProcess(cmd, int(python3_lacks and cmd[0] == "python3"))
+
+    return run
+
+
 def test_ensure_host_tools_installs_only_what_is_missing(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
     calls: list[list[str]] = []
     monkeypatch.setattr(rootfs, "CACHE", tmp_path)  # for the lock labs take turns on
     monkeypatch.setattr(rootfs.shutil, "which", lambda tool: None if tool == "gpgv" else tool)
-    monkeypatch.setattr(rootfs.subprocess, "run", lambda cmd, **kw: calls.append(cmd))
+    monkeypatch.setattr(rootfs.subprocess, "run", ran(calls))
     rootfs.ensure_host_tools()
+    calls = [cmd for cmd in calls if cmd[0] != "python3"]  # python3 has its modules
     assert calls[0][:2] == ["apt-get", "update"]
     assert calls[1][:2] == ["apt-get", "install"] and calls[1][-1] == "gpgv"
     assert "apt-utils" not in calls[1]
@@ -31,9 +42,20 @@ def test_ensure_host_tools_does_nothing_when_all_are_present(
 ) -> None:
     calls: list[list[str]] = []
     monkeypatch.setattr(rootfs.shutil, "which", lambda tool: f"/usr/bin/{tool}")
-    monkeypatch.setattr(rootfs.subprocess, "run", lambda cmd, **kw: calls.append(cmd))
+    monkeypatch.setattr(rootfs.subprocess, "run", ran(calls))
     rootfs.ensure_host_tools()
-    assert calls == []
+    assert calls == [["python3", "-c", "import yaml"]]  # asked, nothing installed
+
+
+def test_a_module_python3_lacks_is_installed_with_its_package(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    calls: list[list[str]] = []
+    monkeypatch.setattr(rootfs, "CACHE", tmp_path)
+    monkeypatch.setattr(rootfs.shutil, "which", lambda tool: f"/usr/bin/{tool}")
+    monkeypatch.setattr(rootfs.subprocess, "run", ran(calls, python3_lacks=True))
+    rootfs.ensure_host_tools()
+    assert calls[-1][:2] == ["apt-get", "install"] and calls[-1][-1] == "python3-yaml"
 
 
 def test_mirror_comes_from_this_machines_deb822_sources(tmp_path: Path, monkeypatch) -> None:
@@ -103,6 +125,8 @@ def test_an_image_without_ray_is_the_default_tree_less_ray_and_with_its_release(
     for gone in serving.RAY_PATHS:
         assert not (image / gone).exists(), gone
     assert (image / release_file).read_text() == "0.31.0\n"
+    # The table knows no NCCL of 26.10: the stand-in carries CUDA DL 26.03's, 2.29.7.
+    assert (image / serving.TORCH_NCCL_FILE).read_text() == "2.29.7\n"
     assert not list(image.rglob(".wh.*"))
     assert rootfs.image_layers("nvcr.io/nvidia/vllm:26.10-py3") == layers  # built once
     assert rootfs.image_layers(serving.SERVING_IMAGE_TAG) == [base]

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import platform
 import shutil
 import socket
 import subprocess
@@ -28,10 +29,13 @@ def test_nccls_list_syntax() -> None:
     assert torch_standin._selected(names, "^rocep1") == ["roceP2p1s0f1"]
 
 
-def test_two_ranks_fall_back_to_sockets_and_move_correct_values(tmp_path: Path) -> None:
+def two_ranks(tmp_path: Path, nccl: str, port: int) -> Path:
+    """The NCCL test's two ranks over loopback under the stand-in, as an image carrying NCCL
+    ``nccl`` has it; their results' folder."""
     site = tmp_path / "site"
     (site / "torch").mkdir(parents=True)
     shutil.copy(torch_standin.__file__, site / "torch" / "__init__.py")
+    (site / "torch" / "nccl_version").write_text(nccl + "\n")  # as image_layers writes it
     env = dict(
         os.environ,
         PYTHONPATH=str(site),
@@ -40,14 +44,23 @@ def test_two_ranks_fall_back_to_sockets_and_move_correct_values(tmp_path: Path) 
     )
     out = tmp_path / "out"
     run = [sys.executable, str(CHECK), "local", "--ranks", "2", "--out", str(out)]
-    subprocess.run([*run, "--max-bytes", str(4 << 20), "--port", "29577"], env=env, check=True,
+    subprocess.run([*run, "--max-bytes", str(4 << 20), "--port", str(port)], env=env, check=True,
                    timeout=120)  # fmt: skip
-    judged = subprocess.run(
-        [sys.executable, str(CHECK), "report", "--out", str(out), "--expect-hca", "rocep1s0f1"],
-        capture_output=True, text=True, check=False,
+    return out
+
+
+def report(out: Path) -> dict:
+    subprocess.run(
+        [sys.executable, str(CHECK), "report", "--out", str(out), "--expect-hca", "rocep1s0f1",
+         "--image", "nvcr.io/nvidia/vllm:26.04-py3"],
+        capture_output=True, check=False,
     )  # fmt: skip
-    verdict = json.loads((out / "verdict.json").read_text())
-    assert judged.returncode == 1
+    return json.loads((out / "verdict.json").read_text())
+
+
+def test_two_ranks_fall_back_to_sockets_and_move_correct_values(tmp_path: Path) -> None:
+    verdict = report(two_ranks(tmp_path, "2.29.7", 29577))
+    assert verdict["passed"] is False
     assert [row["wrong"] for row in verdict["rows"]] == [0, 0, 0, 0]
     assert {row["algorithm"] for row in verdict["rows"]} == {"RING/SIMPLE"}
     assert verdict["ranks"][0]["channels"] == {"NET/Socket/0": 2}
@@ -56,6 +69,35 @@ def test_two_ranks_fall_back_to_sockets_and_move_correct_values(tmp_path: Path) 
         " found no device" in problem
         for problem in verdict["problems"]
     ), verdict["problems"]
+
+
+@pytest.mark.parametrize(("nccl", "port", "deadlocks"), [("2.28.9", 29578, True),
+                                                         ("2.29.7", 29579, False)])  # fmt: skip
+def test_the_images_nccl_is_logged_and_judged_on_a_sparks_architecture(
+    tmp_path: Path, nccl: str, port: int, deadlocks: bool
+) -> None:
+    out = two_ranks(tmp_path, nccl, port)
+    verdict = report(out)
+    assert [rank["version"] for rank in verdict["ranks"]] == [f"{nccl}+simlab"] * 2
+    # This machine's architecture, as the ranks read it: the rule is aarch64's alone.
+    assert {rank["machine"] for rank in verdict["ranks"]} == {platform.machine()}
+    assert not any("deadlocks" in problem for problem in verdict["problems"])
+    # The same ranks as a Spark's write their rank files (the lab's machine is no aarch64).
+    for rank_file in out.glob("rank.*.json"):
+        rank_file.write_text('{"machine": "aarch64"}')
+    said = [p for p in report(out)["problems"] if "deadlocks" in p]
+    assert said == (
+        [
+            f"rank {rank} ({socket.gethostname()}): NCCL 2.28.9+simlab on aarch64 in"
+            " nvcr.io/nvidia/vllm:26.04-py3: NCCL before 2.29.3 deadlocks silently on aarch64:"
+            " a weak compare-exchange in its proxy-op pool leaks slots until a rank spins"
+            " forever, no error, no timeout (NVIDIA/nccl#2353, marin-community/marin#7344;"
+            " fixed in NCCL 2.29.3); use an image with NCCL 2.29.3 or later"
+            for rank in (0, 1)
+        ]
+        if deadlocks
+        else []
+    )
 
 
 def test_a_rank_whose_bootstrap_address_does_not_reach_the_next_fails_as_nccl_does(

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import posixpath
+import shutil
 import subprocess
 from collections.abc import Callable
 from contextlib import nullcontext
@@ -16,6 +17,7 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any, NamedTuple
 
+import pytest
 from pyinfra.api import FactBase
 from pyinfra.api.command import FileUploadCommand, StringCommand
 from pyinfra.api.operation import OperationMeta
@@ -24,8 +26,24 @@ from pyinfra.context import ctx_host, ctx_state
 from pyinfra.facts.files import Directory, File, Sha1File
 
 from operations.util import RootFiles
+from tests.conftest import must_run_lab
 
 CAPTURED = Path(__file__).parent / "captured"
+
+
+def needs(missing: list[str]) -> None:
+    """Skip a test for what this machine lacks, but fail it where every test must run (root or
+    CI, tests/conftest.py): `make test` installs it first (tests/simlab/rootfs.py HOST_TOOLS,
+    HOST_MODULES), so a fresh machine skips nothing."""
+    if missing:
+        said = f"needs {', '.join(missing)}: as root, `make test` installs them (HOST_TOOLS)"
+        if must_run_lab():
+            pytest.fail(said)
+        pytest.skip(said)
+
+
+def needs_tools(*tools: str) -> None:
+    needs([tool for tool in tools if not shutil.which(tool)])
 
 
 def captured(name: str) -> str:

@@ -8,22 +8,18 @@ configuration file there), so nothing of this machine's apt is read or changed.
 
 from __future__ import annotations
 
-import shutil
 import subprocess
 from pathlib import Path
 
-import pytest
-
 from tests.simlab.standins import gnupg_home
+from tests.unit.harness import needs_tools
 
 TOOLS = ("apt-get", "apt-cache", "apt-ftparchive", "dpkg-deb", "gpg")
 ENV = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "LC_ALL": "C"}
 
 
 def require_tools() -> None:
-    missing = [tool for tool in TOOLS if not shutil.which(tool)]
-    if missing:
-        pytest.skip(f"needs {', '.join(missing)} (packages apt-utils, dpkg, gpg)")
+    needs_tools(*TOOLS)
 
 
 def build_repo(base: Path, packages: list[tuple[str, str, str]]) -> Path:

@@ -16,6 +16,7 @@ import pytest
 from pyinfra.api import Inventory
 
 from spark import inventory as config
+from spark import vllm_release
 from spark.inventory import ConfigError, load_from_dicts
 from spark.topology import SHAPES
 from stages import settings
@@ -514,3 +515,42 @@ def test_ray_image_latest_is_refused_like_a_lanes():
         "spark-1: ray_image: 'nvcr.io/nvidia/vllm:latest' moves with every release; pin a tag,"
         " e.g. nvcr.io/nvidia/vllm:26.04-py3"
     ]
+
+
+def with_lanes(head: list, worker: list) -> dict[str, dict]:
+    return merged(
+        {
+            name: dict(host) | {"lanes": head if host["spark_role"] == "head" else worker}
+            for name, host in TWO_SPARKS.items()
+        }
+    )
+
+
+def test_an_image_known_to_carry_nccl_before_2_29_3_is_warned_of_for_a_cluster(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # No image of the table has a known NCCL (spark/vllm_release.py): none is warned of.
+    nccl_said = [w for w in load_from_dicts(with_lanes([BIG], [])).warnings if "NCCL" in w]
+    assert nccl_said == []
+    # The default image as if a release note said it carried NCCL 2.28.9 (torch 2.11's).
+    known = vllm_release.Image("0.19.0", True, "seed 004", "2.28.9", "a release note")
+    monkeypatch.setitem(vllm_release.IMAGES, "nvcr.io/nvidia/vllm:26.04-py3", known)
+    why = (
+        "nvcr.io/nvidia/vllm:26.04-py3 carries NCCL 2.28.9 (a release note): NCCL before 2.29.3"
+        " deadlocks silently on aarch64: a weak compare-exchange in its proxy-op pool leaks"
+        " slots until a rank spins forever, no error, no timeout (NVIDIA/nccl#2353,"
+        " marin-community/marin#7344; fixed in NCCL 2.29.3); the NCCL test fails it on a Spark:"
+        " choose an image with NCCL 2.29.3 or later"
+    )
+    warnings = load_from_dicts(with_lanes([BIG], [])).warnings
+    assert [w for w in warnings if "NCCL" in w] == [f"spark-1: lanes: big: {why}"]
+    # No cluster lane: the NCCL test runs in Ray's image on every box.
+    warnings = load_from_dicts(with_lanes([], [])).warnings
+    assert [w for w in warnings if "NCCL" in w] == [
+        f"spark-1: ray_image: {why}",
+        f"spark-2: ray_image: {why}",
+    ]
+    # An NCCL with the fix: nothing to say.
+    fixed = vllm_release.Image("0.19.0", True, "seed 004", "2.29.3", "a release note")
+    monkeypatch.setitem(vllm_release.IMAGES, "nvcr.io/nvidia/vllm:26.04-py3", fixed)
+    assert [w for w in load_from_dicts(with_lanes([BIG], [])).warnings if "NCCL" in w] == []

@@ -11,7 +11,6 @@ Captures (FirewallState's command, run with sudo on the simulated lab):
 from __future__ import annotations
 
 import re
-import shutil
 import subprocess
 from pathlib import Path
 
@@ -19,7 +18,15 @@ import pytest
 
 from operations import firewall
 from spark.ports import BACKEND_PORTS, listen_ports
-from tests.unit.harness import FakeHost, captured, file_facts, process, refusal, run_op
+from tests.unit.harness import (
+    FakeHost,
+    captured,
+    file_facts,
+    needs_tools,
+    process,
+    refusal,
+    run_op,
+)
 
 FABRIC = {"enp1s0f1np1": "192.168.100.0/24", "enP2p1s0f1np1": "192.168.101.0/24"}
 RULES = "/etc/spark/firewall.nft"
@@ -141,10 +148,8 @@ def test_merged_joins_overlapping_and_adjacent_ranges() -> None:
     ]
 
 
-@pytest.mark.skipif(
-    not shutil.which("nft") or not shutil.which("unshare"), reason="needs nft and unshare"
-)
 def test_nft_accepts_the_ruleset(tmp_path: Path) -> None:
+    needs_tools("nft", "unshare")
     path = tmp_path / "firewall.nft"
     path.write_text(deployed_files()[RULES])
     # In a network namespace of its own: this machine's rules are never touched.

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import os
 import subprocess
+from pathlib import Path
 
 import pytest
 from pyinfra.context import ctx_state
@@ -235,7 +236,8 @@ def test_a_box_failed_in_this_run_stops_the_test_naming_it_and_where_it_stopped(
 
 FAKE_DOCKER = """#!/bin/sh
 # docker as the script uses it: `image inspect` prints an id, `rm` nothing, `run` leaves one
-# rank's real NCCL log and timings (an H100's one-rank run) in the folder mounted at /nccl.
+# rank's real NCCL log and timings (an H100's one-rank run) in the folder mounted at /nccl, and
+# with RANK_MACHINE its rank file.
 case $1 in
     image) echo sha256:0f3c ;;
     run)
@@ -245,12 +247,17 @@ case $1 in
         done
         cp "$CAPTURED/real-h100-nccl-check-1rank-default.log" "$run/nccl.vm.432.log"
         cp "$CAPTURED/real-h100-nccl-check-1rank-default-timings.json" "$run/timings.json"
+        # The rank file a rank writes beside its log, on the architecture RANK_MACHINE names.
+        [ -z "${RANK_MACHINE-}" ] ||
+            printf '{"machine": "%s"}' "$RANK_MACHINE" >"$run/rank.vm.432.json"
         exit "${RANK_EXIT:-0}" ;;
 esac
 """
 
 
-def test_the_script_runs_the_rank_judges_its_log_and_keeps_the_verdict(tmp_path) -> None:
+def installed(tmp_path: Path) -> tuple[Path, Path, dict[str, str]]:
+    """The deployed script under tmp_path, with FAKE_DOCKER first on its PATH: the script, the
+    result folder and the environment to run it with."""
     script = deployed()[nccl.COMMAND]
     bin_dir, out, env = tmp_path / "bin", tmp_path / "out", tmp_path / "cluster.env"
     bin_dir.mkdir()
@@ -269,6 +276,11 @@ def test_the_script_runs_the_rank_judges_its_log_and_keeps_the_verdict(tmp_path)
     command.write_text(script)
     command.chmod(0o755)
     environ = dict(os.environ, PATH=f"{bin_dir}:{os.environ['PATH']}", CAPTURED=str(CAPTURED))
+    return command, out, environ
+
+
+def test_the_script_runs_the_rank_judges_its_log_and_keeps_the_verdict(tmp_path) -> None:
+    command, out, environ = installed(tmp_path)
     ran = subprocess.run([command], env=environ, capture_output=True, text=True, check=False)
     # One rank on a machine without RDMA: the verdict names the socket fallback and both twins.
     assert ran.returncode == 1, ran.stderr
@@ -285,3 +297,24 @@ def test_the_script_runs_the_rank_judges_its_log_and_keeps_the_verdict(tmp_path)
         [command], env=environ | {"RANK_EXIT": "124"}, capture_output=True, text=True, check=False
     )
     assert "the rank exited 124 (124: not every box started it within 300 s)" in ran.stderr
+
+
+def test_the_script_fails_an_aarch64_rank_on_nccl_2_28_9_naming_the_image(tmp_path) -> None:
+    # The H100's real log says NCCL 2.28.9+cuda13.0; its rank file says aarch64, as a Spark's
+    # rank writes it: the verdict fails it, naming the version, the image and the issue.
+    command, _, environ = installed(tmp_path)
+    ran = subprocess.run(
+        [command], env=environ | {"RANK_MACHINE": "aarch64"}, capture_output=True, text=True
+    )
+    assert ran.returncode == 1
+    assert (
+        "FAIL: rank 0 (vm): NCCL 2.28.9+cuda13.0 on aarch64 in nvcr.io/nvidia/vllm:26.04-py3:"
+        " NCCL before 2.29.3 deadlocks silently on aarch64: a weak compare-exchange in its"
+        " proxy-op pool leaks slots until a rank spins forever, no error, no timeout"
+        " (NVIDIA/nccl#2353, marin-community/marin#7344; fixed in NCCL 2.29.3); use an image"
+        " with NCCL 2.29.3 or later\n"
+    ) in ran.stderr
+    ran = subprocess.run(
+        [command], env=environ | {"RANK_MACHINE": "x86_64"}, capture_output=True, text=True
+    )
+    assert "deadlocks" not in ran.stderr  # the same NCCL elsewhere: no such problem

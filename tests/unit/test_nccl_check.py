@@ -343,14 +343,20 @@ class Gathered:
         objects[:] = [obj, self.peer]
 
 
-def test_every_rank_gets_every_ranks_log(tmp_path):
+def test_every_rank_gets_every_ranks_log_and_rank_file(tmp_path):
     own = tmp_path / f"nccl.spark-1.{os.getpid()}.log"
     own.write_text("spark-1 lines\n")
+    own_rank = tmp_path / f"rank.spark-1.{os.getpid()}.json"
+    own_rank.write_text('{"machine": "aarch64"}')
     (tmp_path / "timings.json").write_text("{}")
-    dist = Gathered({"nccl.spark-2.77.log": "spark-2 lines\n"})
+    dist = Gathered(
+        {"nccl.spark-2.77.log": "spark-2 lines\n", "rank.spark-2.77.json": '{"machine": "aarch64"}'}
+    )
     nccl_check.share_logs(dist, tmp_path, 2)
-    assert dist.sent == {own.name: "spark-1 lines\n"}  # this process's log only
+    # this process's files only
+    assert dist.sent == {own.name: "spark-1 lines\n", own_rank.name: '{"machine": "aarch64"}'}
     assert (tmp_path / "nccl.spark-2.77.log").read_text() == "spark-2 lines\n"
+    assert (tmp_path / "rank.spark-2.77.json").read_text() == '{"machine": "aarch64"}'
     assert own.read_text() == "spark-1 lines\n"
 
 
@@ -387,3 +393,64 @@ def test_a_box_whose_own_rank_did_well_fails_when_a_peers_did_not(tmp_path, caps
         "rank 1 (dgxh100-5): NCCL does not use mlx5_11 (NET/IB uses mlx5_10)"
     ]
     assert "FAIL: rank 1 (dgxh100-5): NCCL does not use mlx5_11" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("version", "machine", "deadlocks"),
+    [
+        # marin-community/marin#7344's bisection on the aarch64 wheels: 2.28.9 and 2.29.2
+        # deadlock, 2.29.3 and 2.30.7 do not; the bug is aarch64's alone.
+        ("2.28.9+cuda13.0", "aarch64", True),
+        ("2.29.2+cuda13.0", "aarch64", True),
+        ("2.29.3+cuda13.0", "aarch64", False),
+        ("2.30.7+cuda13.3", "aarch64", False),
+        ("2.28.9+cuda13.0", "x86_64", False),
+        ("2.28.9+cuda13.0", None, False),  # a rank that wrote no rank file
+        (None, "aarch64", False),  # a log without NCCL's version line
+    ],
+)
+def test_which_nccl_deadlocks_where(version, machine, deadlocks):
+    assert nccl_check.deadlocks(version, machine) is deadlocks
+
+
+def test_an_aarch64_rank_on_nccl_2_29_2_fails_naming_the_version_the_image_and_the_issue():
+    log = ib_log(TWINS)
+    log.version, log.machine = "2.29.2+cuda13.0", "aarch64"
+    problems = nccl_check.verdict(
+        rows(23.7), [log], transport="NET/IB", expect_hcas=TWINS, min_busbw=21.875,
+        image="nvcr.io/nvidia/vllm:26.04-py3",
+    )  # fmt: skip
+    assert problems == [
+        "rank 0 (spark-1): NCCL 2.29.2+cuda13.0 on aarch64 in nvcr.io/nvidia/vllm:26.04-py3:"
+        " NCCL before 2.29.3 deadlocks silently on aarch64: a weak compare-exchange in its"
+        " proxy-op pool leaks slots until a rank spins forever, no error, no timeout"
+        " (NVIDIA/nccl#2353, marin-community/marin#7344; fixed in NCCL 2.29.3); use an image"
+        " with NCCL 2.29.3 or later"
+    ]
+    log.version = "2.29.3+cuda13.0"
+    assert (
+        nccl_check.verdict(
+            rows(23.7), [log], transport="NET/IB", expect_hcas=TWINS, min_busbw=21.875
+        )
+        == []
+    )
+
+
+def test_the_report_reads_each_ranks_architecture_from_its_rank_file(tmp_path, capsys):
+    # The H100's real one-rank log (NCCL 2.28.9) with a rank file written as a Spark's rank
+    # writes it (aarch64), and a second log of the same run with no rank file beside it.
+    shutil.copy(CAPTURED / "real-h100-nccl-check-1rank-default.log", tmp_path / "nccl.vm.456.log")
+    (tmp_path / "rank.vm.456.json").write_text('{"machine": "aarch64"}')
+    shutil.copy(CAPTURED / "real-h100-nccl-check-1rank-default.log", tmp_path / "nccl.vm.457.log")
+    shutil.copy(
+        CAPTURED / "real-h100-nccl-check-1rank-default-timings.json", tmp_path / "timings.json"
+    )
+    args = ["report", "--out", str(tmp_path), "--transport", "any", "--image", "an-image"]
+    assert nccl_check.main(args) == 1
+    saved = json.loads((tmp_path / "verdict.json").read_text())
+    assert [rank["machine"] for rank in saved["ranks"]] == ["aarch64", None]
+    assert len(saved["problems"]) == 1
+    assert saved["problems"][0].startswith(
+        "rank 0 (vm): NCCL 2.28.9+cuda13.0 on aarch64 in an-image:"
+    )
+    assert "rank 0 (vm, aarch64, NCCL 2.28.9+cuda13.0)" in capsys.readouterr().out

@@ -48,7 +48,7 @@ from pyinfra.api.arguments import all_global_arguments
 from operations import nmcli
 from spark.inventory import load_from_dicts
 from spark.plan import plan
-from tests.unit.harness import FakeHost, captured, process, refusal, run_op
+from tests.unit.harness import FakeHost, captured, needs, process, refusal, run_op
 from tests.unit.test_config import TWO_SPARKS, merged, refusals
 
 NAME = "fabric-enP2p1s0f1np1"
@@ -134,9 +134,17 @@ def test_fact_without_networkmanager_is_empty() -> None:
 TWINS = ["enp1s0f1np1", "enP2p1s0f1np1"]
 CX7 = "/etc/netplan/40-cx7.yaml"
 # The fact reads netplan's YAML with the box's python3 and python3-yaml (netplan's own); where
-# this machine's python3 has no yaml, the commands' runs here are skipped (the lab runs them).
+# this machine's python3 has no yaml, the commands' runs here are skipped, and fail where every
+# test must run (`make test` installs python3-yaml first: tests/simlab/rootfs.py HOST_MODULES).
 YAML_HERE = subprocess.run(["python3", "-c", "import yaml"], capture_output=True).returncode == 0
-needs_yaml = pytest.mark.skipif(not YAML_HERE, reason="this machine's python3 has no yaml")
+
+
+@pytest.fixture
+def python3_yaml() -> None:
+    needs([] if YAML_HERE else ["python3's yaml (python3-yaml)"])
+
+
+needs_yaml = pytest.mark.usefixtures("python3_yaml")
 
 
 def foreign(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, ifname: str) -> dict:

@@ -14,6 +14,7 @@ from spark.vllm_release import (
     image_has_ray,
     image_release,
     known_versions,
+    nccl_deadlock_warning,
     newer,
     release,
 )
@@ -93,3 +94,17 @@ def test_a_lane_may_name_the_release_the_table_has() -> None:
 def test_versions_compare_as_numbers() -> None:
     assert newer("0.31.0", "0.20.1") and newer("0.20.1", "0.19.0")
     assert not newer("0.19.0", "0.19.0") and not newer("0.9.0", "0.19.0")
+
+
+def test_no_image_of_the_table_has_a_known_nccl_so_none_is_warned_of() -> None:
+    # No CUDA DL release note of 26.04, 26.05 or 26.10 was found (only 26.03's: NCCL 2.29.7).
+    assert {tag: (row.nccl, row.nccl_source) for tag, row in IMAGES.items()} == {
+        tag: (None, "unknown: no CUDA DL release note of this month found")
+        for tag in (
+            "nvcr.io/nvidia/vllm:26.04-py3",
+            "nvcr.io/nvidia/vllm:26.05-py3",
+            "nvcr.io/nvidia/vllm:26.10-py3",
+        )
+    }
+    assert [nccl_deadlock_warning(tag) for tag in IMAGES] == [None, None, None]
+    assert nccl_deadlock_warning("registry.local/vllm:mine") is None  # not in the table

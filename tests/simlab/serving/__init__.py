@@ -25,7 +25,7 @@ from pathlib import Path
 from spark import llamacpp_release
 from spark.vllm_release import DATA, DEFAULT_IMAGE, IMAGES, KINDS, known_versions
 from tests.simlab.paths import CACHE
-from tests.simlab.serving import llama_server_standin
+from tests.simlab.serving import llama_server_standin, torch_standin
 from tests.simlab.serving.vllm_standin import SHARE
 
 SERVING_IMAGE_TAG = DEFAULT_IMAGE
@@ -50,6 +50,8 @@ RELEASE_FILE = SHARE / "release"
 MODEL_MODULE = Path("usr/lib/python3/dist-packages/standin_model.py")
 # PyTorch's stand-in (torch_standin.py): what files/nccl_check.py, the NCCL test, imports.
 TORCH_PACKAGE = Path("usr/lib/python3/dist-packages/torch")
+# Beside it, the NCCL release the image carries, which the stand-in prints as NCCL does.
+TORCH_NCCL_FILE = TORCH_PACKAGE / torch_standin.NCCL_VERSION_FILE.name
 
 # Seed 002's llama.cpp image, and the server stage of its Dockerfile (ardge-labs/
 # llama-cpp-dgx-spark, Dockerfile: ENV LLAMA_ARG_HOST=0.0.0.0, WORKDIR /app, the binary at
@@ -92,6 +94,17 @@ def add_llama_server(root: Path) -> list[Path]:
 def release_of(tag: str) -> str:
     """The vLLM release an image of the deploy's table carries."""
     return IMAGES[tag].vllm
+
+
+# Where the image table does not know an image's NCCL: the newest an NGC container's release
+# note names for 2026 (CUDA DL 26.03: NCCL 2.29.7), not an older one the table might know.
+DEFAULT_NCCL = "2.29.7"
+
+
+def nccl_of(tag: str) -> str:
+    """The NCCL release a stand-in of an image of the deploy's table carries: the table's, where
+    it knows it; else DEFAULT_NCCL."""
+    return IMAGES[tag].nccl or DEFAULT_NCCL
 
 
 WHEELS = CACHE / "wheels"
@@ -158,6 +171,7 @@ def assemble_serving_rootfs(rootfs: Path) -> None:
     (rootfs / TORCH_PACKAGE / "__init__.py").write_text(
         (Path(__file__).parent / "torch_standin.py").read_text()
     )
+    (rootfs / TORCH_NCCL_FILE).write_text(nccl_of(SERVING_IMAGE_TAG) + "\n")
     share = rootfs / SHARE.relative_to("/")
     share.mkdir(parents=True, exist_ok=True)
     for data in RELEASE_DATA:

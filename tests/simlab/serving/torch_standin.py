@@ -18,6 +18,11 @@ on NCCL_SOCKET_IFNAME. The lab's kernel has no RDMA: a device is present here wh
 enP2p1s0f1np1), and its RoCE v2 IPv4 GID when that netdev has an IPv4 address (the kernel keeps
 one for each: tests/simlab/hardware/simlab-rdma.py). Tensors hold their values as runs
 (value, count): the values travel as a short header beside the bytes, which are zeros.
+
+NCCL's version is the one the image stands in for carries (NCCL_VERSION_FILE, written into each
+stand-in image from the deploy's image table, spark/vllm_release.py), with "+simlab" for its
+build. The architecture is not simulated: files/nccl_check.py reads the box's own
+(platform.machine()), which in the lab is this machine's, not a Spark's aarch64.
 """
 
 from __future__ import annotations
@@ -36,7 +41,14 @@ import types
 from pathlib import Path
 
 __version__ = "2.11.0+simlab"
-NCCL_VERSION = (2, 29, 0)  # printed as "2.29.0+simlab": the stand-in's, not a release's
+# Beside this package in the image: the NCCL release the image carries ("2.29.7").
+NCCL_VERSION_FILE = Path(__file__).with_name("nccl_version")
+
+
+def _nccl_version() -> tuple[int, ...]:
+    return tuple(int(part) for part in NCCL_VERSION_FILE.read_text().strip().split("."))
+
+
 CHUNK = 1 << 20
 NETDEV = re.compile(r"en(?P<path>(?:P\d+)?p\d+s\d+f\d+)np\d+")
 CONNECT_TIMEOUT_S = 300
@@ -159,7 +171,7 @@ def tensor(values: list[float], device: str = "cpu", dtype: dtype = float32) -> 
 cuda = types.SimpleNamespace(
     set_device=lambda device: None,
     synchronize=lambda: None,
-    nccl=types.SimpleNamespace(version=lambda: NCCL_VERSION),
+    nccl=types.SimpleNamespace(version=_nccl_version),
 )
 
 
@@ -285,7 +297,7 @@ class _Group:
     def __init__(self, rank: int, world: int) -> None:
         self.rank, self.world = rank, world
         self.log = _Log()
-        self.log(f"NCCL version {'.'.join(map(str, NCCL_VERSION))}+simlab")
+        self.log(f"NCCL version {'.'.join(map(str, _nccl_version()))}+simlab")
         self.kind, devices, oob = _network(self.log)
         # NCCL's bootstrap: every rank listens on its out-of-band address and the ranks join a
         # ring over them (NVIDIA/nccl src/bootstrap.cc), so NCCL_SOCKET_IFNAME must reach the
@@ -532,4 +544,5 @@ distributed.all_reduce = _all_reduce  # type: ignore[attr-defined]
 distributed.all_gather_object = _all_gather_object  # type: ignore[attr-defined]
 distributed.barrier = _barrier  # type: ignore[attr-defined]
 distributed.destroy_process_group = _destroy_process_group  # type: ignore[attr-defined]
-sys.modules["torch.distributed"] = distributed
+if __name__ == "torch":  # the image's torch; imported here (the lab's tests) it stays apart
+    sys.modules["torch.distributed"] = distributed
