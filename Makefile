@@ -9,7 +9,7 @@ STAMP := $(VENV)/.installed-$(shell sha256sum requirements.txt | cut -c1-12)
 INVENTORY ?= inventories/lab.py
 
 .PHONY: venv demo test unit plan compliance lane-bench lab-up lab-down bench copy-bench \
-	prometheus-config status clients
+	router-bench prometheus-config status clients
 
 $(STAMP): requirements.txt
 	@command -v python3 >/dev/null && python3 -c 'import venv, ensurepip' 2>/dev/null \
@@ -98,16 +98,25 @@ lane-bench: $(STAMP)
 # Performance). Boots its own lab: SIMLAB_ID=<n> keeps it apart from another one; writes
 # bench-results.json.
 # BENCH_ARGS passes bench.run's options (make passes none of its own): BENCH_ARGS="--hosts 0".
-# Then copy-bench's.
+# Then copy-bench's and router-bench's.
 bench: $(STAMP)
 	$(PY) -m bench.run $(BENCH_ARGS)
 	$(PY) -m bench.copy_rate $(COPY_BENCH_ARGS)
+	$(PY) -m bench.router $(ROUTER_BENCH_ARGS)
 
 # The fleet copy's rate against curl's over the same link (CONTRIBUTING.md: Performance; no lab:
 # two network namespaces as root, else loopback); writes copy-rate-results.json.
 # COPY_BENCH_ARGS passes bench.copy_rate's options: COPY_BENCH_ARGS="--file-mib 512 --dir /dev/shm".
 copy-bench: $(STAMP)
 	$(PY) -m bench.copy_rate $(COPY_BENCH_ARGS)
+
+# The fleet's router (LiteLLM's proxy, pinned; README: One endpoint for the fleet) against the lane
+# directly, on loopback with the vLLM stand-in: time to first token and requests/s at 16
+# concurrent as ratios, its memory; installs its own virtualenv under SPARK_ROUTER_CACHE
+# (default /var/cache/spark-router); writes router-results.json.
+# ROUTER_BENCH_ARGS passes bench.router's options: ROUTER_BENCH_ARGS="--ttft-samples 50".
+router-bench: $(STAMP)
+	$(PY) -m bench.router $(ROUTER_BENCH_ARGS)
 
 lab-up: $(STAMP)
 	$(PY) -m tests.simlab up

@@ -579,6 +579,9 @@ class Rendezvous:
 
 class StandinServer(ThreadingHTTPServer):
     daemon_threads = True
+    # vLLM's uvicorn listens with a backlog of 2048 (uvicorn docs/settings.md, --backlog);
+    # socketserver's 5 resets connections under 16 concurrent clients (bench/router.py).
+    request_queue_size = 2048
 
     def __init__(self, config: ServeConfig, version: str):
         host = config.host or ""
