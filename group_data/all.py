@@ -278,8 +278,10 @@ router_port = 10100
 # Kubernetes' own for its probes (periodSeconds, "Configure Liveness, Readiness and Startup
 # Probes"), what seed 000's swap behind a Kubernetes service got.
 router_health_interval_s = 10
-# Its share of its box's unified memory, counted in the box's budget beside the lanes: 1.0 GiB
-# is a placeholder until the router's own measurement lands (the lead sets the measured figure).
+# Its share of its box's unified memory, counted in the box's budget beside the lanes. The router
+# is LiteLLM's proxy (README: the router): one worker measured 357-362 MiB resident, idle and at
+# 16 streams (`python -m bench.router`, loopback, this project's 2-core machine); 1.0 GiB holds
+# two workers with room for a longer model list.
 router_memory_gib = 1.0
 
 # Last: every box's data over the values above, checked before pyinfra connects to any box.
