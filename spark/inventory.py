@@ -1352,6 +1352,11 @@ def load_from_dicts(
                 tuple(settings.fabric_switch_ports),
             )
             settings = settings.model_copy(update={"fabric_addresses": addresses})
+            # The derived twins need their RDMA devices as given ones do (_across_fields).
+            missing = _device_problems(addresses, settings.fabric_hcas)
+            if missing:
+                problems += [f"{name}: fabric_hcas: {problem}" for problem in missing]
+                continue
         # A lone box is the head, and so is each independent box.
         alone = len(hosts) == 1 or topology.SHAPES[settings.fabric_topology].independent
         role = settings.spark_role or ("head" if alone else None)
