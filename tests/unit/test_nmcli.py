@@ -28,9 +28,10 @@ ethernet() yields for it were run there, and the fact read afterwards made it yi
 lab-live-link-*.txt are real: LiveLink().command("enP2p1s0f1np1") run with sudo on the lab host
 spark-2 with the profile above right and active at 192.168.101.12/24 (exact), then after `ip link
 set dev enP2p1s0f1np1 mtu 1500` (mtu-1500), after `ip address del 192.168.101.12/24` (address-
-removed), after `ip address add 192.168.101.99/24` (address-added), each put back with `nmcli
-connection up` (the link read 9000 and 192.168.101.12/24 alone after each), and for enp9s9, which
-the host lacks (absent).
+removed), after `ip address add 192.168.101.99/24` (address-added), after `ip link set dev
+enP2p1s0f1np1 down` (down: NetworkManager 1.42 still showed the profile "activated" on it), each
+put back with `nmcli connection up` (the link read up, 9000 and 192.168.101.12/24 alone after
+each), and for enp9s9, which the host lacks (absent).
 
 lab-netplan-files-enP2p1s0f1np1.txt is real: ForeignNetplanFiles().command("enP2p1s0f1np1") run
 with sudo on the lab host spark-2 (netplan.io 0.106, python3-yaml) with three files in
@@ -353,21 +354,31 @@ def test_right_profile_yields_nothing() -> None:
 
 
 def test_the_live_link_reads_its_mtu_and_addresses() -> None:
+    # flags 0x1003: IFF_UP (0x1) among them (linux/if.h); 0x1002 after `ip link set down`.
     assert process(nmcli.LiveLink, captured("lab-live-link-exact.txt")) == {
+        "up": True,
         "mtu": 9000,
         "addresses": ["192.168.101.12/24"],
     }
     assert process(nmcli.LiveLink, captured("lab-live-link-mtu-1500.txt")) == {
+        "up": True,
         "mtu": 1500,
         "addresses": ["192.168.101.12/24"],
     }
     assert process(nmcli.LiveLink, captured("lab-live-link-address-removed.txt")) == {
+        "up": True,
         "mtu": 9000,
         "addresses": [],
     }
     assert process(nmcli.LiveLink, captured("lab-live-link-address-added.txt")) == {
+        "up": True,
         "mtu": 9000,
         "addresses": ["192.168.101.12/24", "192.168.101.99/24"],
+    }
+    assert process(nmcli.LiveLink, captured("lab-live-link-down.txt")) == {
+        "up": False,
+        "mtu": 9000,
+        "addresses": ["192.168.101.12/24"],
     }
     assert process(nmcli.LiveLink, captured("lab-live-link-absent.txt")) is None
 
@@ -378,6 +389,7 @@ def test_the_live_link_reads_its_mtu_and_addresses() -> None:
         "lab-live-link-mtu-1500.txt",  # `ip link set dev enP2p1s0f1np1 mtu 1500` (issue 37)
         "lab-live-link-address-removed.txt",
         "lab-live-link-address-added.txt",
+        "lab-live-link-down.txt",  # its profile still "activated": only the link tells
     ],
 )
 def test_a_live_link_changed_by_hand_gets_its_profile_applied_again(live: str) -> None:
