@@ -28,10 +28,15 @@ import time
 import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from ipaddress import IPv6Address
 from pathlib import Path
+from typing import NamedTuple
+
+# The twins' readings, shared with the deploy and compliance (spark/twin.py in the repository),
+# installed beside this file (operations/metrics.py): a script's own directory is on its path.
+import spark_twin as twin
 
 GIB = 1024**3
+ZERO_GID = "0000:0000:0000:0000:0000:0000:0000:0000"  # an unused GID table entry
 # The RoCE error and congestion counters of an mlx5 port (ConnectX-7), as the kernel's mlx5
 # driver names them under /sys/class/infiniband/<hca>/ports/1/hw_counters/
 # (drivers/infiniband/hw/mlx5/counters.c: the retransmission, out-of-sequence and completion
@@ -69,6 +74,18 @@ RUN = re.compile(r"pid=(\d+) ; code=(\S+) ; status=(\d+)")
 # for STALE_PULL_S stopped without saying so (its box rebooted).
 PULL_STATUS_DIR = Path("/var/lib/spark/pull")
 STALE_PULL_S = 120
+
+
+class Drift(NamedTuple):
+    """A value that differs from the box's plan, what to run, and how it is judged: "critical"
+    (the box is red), or "warning" (shown; what the inventory accepts, or NCCL does)."""
+
+    kind: str
+    subject: str
+    expected: str
+    found: str
+    fix: str
+    severity: str = "critical"
 
 
 @dataclass
@@ -145,7 +162,7 @@ def meminfo(text: str) -> dict[str, int]:
     return fields
 
 
-def memory(metrics: Metrics, proc: Path, expected: dict, drift: list) -> None:
+def memory(metrics: Metrics, proc: Path, expected: dict, drift: list[Drift]) -> None:
     fields = meminfo(read(proc / "meminfo") or "")
     floor = expected["floor_gib"] * GIB
     metrics.add("spark_memory_guard_floor_bytes", floor, "The memory guard's floor of MemAvailable")
@@ -154,7 +171,7 @@ def memory(metrics: Metrics, proc: Path, expected: dict, drift: list) -> None:
             metrics.add(f"spark_memory_{name}_bytes", fields[key], f"/proc/meminfo {key}")
     if fields.get("MemAvailable", floor) < floor:
         drift.append(
-            ("memory", "MemAvailable", f">= {expected['floor_gib']:g} GiB",
+            Drift("memory", "MemAvailable", f">= {expected['floor_gib']:g} GiB",
              f"{fields['MemAvailable'] / GIB:.1f} GiB",
              "the memory guard stops the lowest-priority lane; journalctl -u spark-memguard")
         )  # fmt: skip
@@ -226,44 +243,42 @@ def gpu(metrics: Metrics, csv: str | None) -> str:
 # --- fabric -----------------------------------------------------------------------------------
 
 
-def ipv4_gid(address: str) -> str:
-    """The GID of an IPv4 address: its IPv4-mapped IPv6 address, as sysfs prints it."""
-    return IPv6Address(f"::ffff:{address}").exploded
-
-
-def roce_v2_index(port: Path, address: str) -> int | None:
-    """The index of the port's RoCE v2 entry of ``address`` (gids/N and gid_attrs/types/N:
-    the kernel's ABI, sysfs-class-infiniband), or None."""
-    want = ipv4_gid(address)
+def gid_entries(port: Path) -> list[dict[str, str]]:
+    """A device port's non-empty GID entries: index, gid, type and ndev (gids/N,
+    gid_attrs/types/N, gid_attrs/ndevs/N: sysfs-class-infiniband; an unused entry's type and
+    ndev cannot be read)."""
     gids = port / "gids"
     if not gids.is_dir():
-        return None
-    for entry in sorted(
-        gids.iterdir(), key=lambda path: int(path.name) if path.name.isdigit() else -1
-    ):
-        if read(entry) == want and read(port / "gid_attrs/types" / entry.name) == "RoCE v2":
-            return int(entry.name)
-    return None
+        return []
+    entries = []
+    for entry in gids.iterdir():
+        gid = read(entry)
+        if entry.name.isdigit() and gid and gid != ZERO_GID:
+            kind, ndev = (
+                read(port / "gid_attrs/types" / entry.name),
+                read(port / "gid_attrs/ndevs" / entry.name),
+            )
+            entries.append({"index": entry.name, "gid": gid, "type": kind, "ndev": ndev})
+    return entries
 
 
-def fabric(metrics: Metrics, sys_fs: Path, expected: dict, drift: list) -> None:
-    for twin in expected["twins"]:
+def fabric(metrics: Metrics, sys_fs: Path, expected: dict, drift: list[Drift]) -> None:
+    """Each twin's figures, read and judged as the deploy and compliance read and judge them
+    (spark_twin: the deploy's spark/twin.py, installed beside this file)."""
+    for each in expected["twins"]:
         ifname, hca, labels = (
-            twin["ifname"],
-            twin["hca"],
-            {"twin": twin["ifname"], "hca": twin["hca"]},
+            each["ifname"],
+            each["hca"],
+            {"twin": each["ifname"], "hca": each["hca"]},
         )
-        net = sys_fs / "class/net" / ifname
-        carrier = read(net / "carrier")
+        carrier = read(sys_fs / twin.NET / ifname / "carrier")
         metrics.add("spark_twin_carrier", int(carrier == "1"), "The twin has a link", **labels)
-        speed = read(net / "speed")
-        rate = int(speed) if speed and speed.lstrip("-").isdigit() else -1
+        rate = twin.rate(read(Path(twin.rate_file(ifname, str(sys_fs)))))
         metrics.add("spark_twin_rate_mbps", rate, "The twin's link rate (-1: no link)", **labels)
-        mtu_text = read(net / "mtu")
-        mtu = int(mtu_text) if mtu_text and mtu_text.isdigit() else 0
+        mtu = twin.mtu(read(Path(twin.mtu_file(ifname, str(sys_fs)))))
         metrics.add("spark_twin_mtu_bytes", mtu, "The twin's MTU (0: no interface)", **labels)
-        port = sys_fs / "class/infiniband" / hca / "ports/1"
-        index = roce_v2_index(port, twin["address"])
+        port = Path(twin.port_dir(hca, str(sys_fs)))
+        index = twin.own_roce_v2_index(gid_entries(port), ifname, each["address"])
         metrics.add(
             "spark_twin_roce_v2_gid_index",
             -1 if index is None else index,
@@ -289,21 +304,25 @@ def fabric(metrics: Metrics, sys_fs: Path, expected: dict, drift: list) -> None:
         if mtu != expected["mtu"]:
             # The profile holds the MTU (operations/nmcli.py): activating it again sets it.
             fix = f"nmcli connection up fabric-{ifname}"
-            drift.append(("mtu", ifname, str(expected["mtu"]), str(mtu), fix))
+            drift.append(Drift("mtu", ifname, str(expected["mtu"]), str(mtu), fix))
         if carrier != "1":
-            drift.append(("carrier", ifname, "1", carrier or "none", "check the cable (ip link)"))
-        elif rate < expected["rate_mbps"]:
             drift.append(
-                ("rate", ifname, f">= {expected['rate_mbps']}", str(rate),
-                 "a switch port auto-negotiating 100G, a degraded ConnectX start, the cable")
+                Drift("carrier", ifname, "1", carrier or "none", "check the cable (ip link)")
+            )
+        elif twin.rate_below(rate, expected["rate_mbps"]):
+            drift.append(
+                Drift("rate", ifname, f">= {expected['rate_mbps']}", str(rate),
+                      "a switch port auto-negotiating 100G, a degraded ConnectX start, the cable",
+                      twin.rate_severity(expected["rate_low"]))
             )  # fmt: skip
         if index is None:
             fix = f"ip -4 address show {ifname}; nmcli connection up fabric-{ifname}"
-            drift.append(("gid", ifname, str(expected["gid_index"]), "none", fix))
+            drift.append(Drift("gid", ifname, str(expected["gid_index"]), "none", fix))
         elif index != expected["gid_index"]:
+            # Shown, not red: the deploy and compliance accept it, as NCCL does.
             drift.append(
-                ("gid", ifname, str(expected["gid_index"]), str(index),
-                 "NCCL selects it; a fixed NCCL_IB_GID_INDEX elsewhere would not")
+                Drift("gid", ifname, str(expected["gid_index"]), str(index),
+                      "NCCL selects it; a fixed NCCL_IB_GID_INDEX elsewhere would not", "warning")
             )  # fmt: skip
 
 
@@ -340,7 +359,7 @@ def lanes(
     show: Callable[[str], str | None],
     health: Callable[[int], bool],
     uptime_s: float,
-    drift: list,
+    drift: list[Drift],
 ) -> None:
     """Each lane: its unit active (up), /health on loopback (healthy), and the canary's last
     verdict and age: the canary runs after /health in the unit's start (ExecStartPost,
@@ -375,7 +394,7 @@ def lanes(
             )
         if active != "active":
             drift.append(
-                ("lane", name, "active", active or "unknown",
+                Drift("lane", name, "active", active or "unknown",
                  f"journalctl -u spark-lane-{name}; systemctl start spark-lane-{name}")
             )  # fmt: skip
 
@@ -432,7 +451,12 @@ def pulls(metrics: Metrics, directory: Path, now: float) -> None:
 
 
 def versions(
-    metrics: Metrics, proc: Path, expected: dict, driver: str, toolkit: str | None, drift: list
+    metrics: Metrics,
+    proc: Path,
+    expected: dict,
+    driver: str,
+    toolkit: str | None,
+    drift: list[Drift],
 ) -> None:
     metrics.add(
         "spark_version_info", 1, "Versions on the box",
@@ -442,16 +466,17 @@ def versions(
     branch = driver.partition(".")[0]
     if branch != str(expected["driver_branch"]):
         drift.append(
-            ("driver", "branch", str(expected["driver_branch"]), branch or "none",
+            Drift("driver", "branch", str(expected["driver_branch"]), branch or "none",
              "the deploy stops and says the way back (purge, install, reboot)")
         )  # fmt: skip
 
 
-def report_drift(metrics: Metrics, drift: list) -> None:
-    for kind, subject, want, found, _fix in drift:
+def report_drift(metrics: Metrics, drift: list[Drift]) -> None:
+    for each in drift:
         metrics.add(
             "spark_drift", 1, "A value that differs from the box's plan",
-            kind=kind, subject=subject, expected=want, found=found,
+            kind=each.kind, subject=each.subject, expected=each.expected, found=each.found,
+            severity=each.severity,
         )  # fmt: skip
     metrics.add("spark_drifts", len(drift), "How many values differ from the box's plan")
 
@@ -465,7 +490,7 @@ def collect(
     health: Callable[[int], bool] = healthy,
     now: float | None = None,
     pull_dir: Path = PULL_STATUS_DIR,
-) -> tuple[str, list]:
+) -> tuple[str, list[Drift]]:
     """The text for the textfile collector, and the drift found (kind, subject, expected,
     found, what to run)."""
     now = time.time() if now is None else now
@@ -520,8 +545,11 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     text, drift = collect(json.loads(args.expected.read_text()))
     write_atomically(args.out, text)
-    for kind, subject, want, found, fix in drift:  # the journal's line for each
-        print(f"drift: {kind} {subject}: {found}, the plan says {want}; {fix}")
+    for each in drift:  # the journal's line for each
+        print(
+            f"drift: {each.kind} {each.subject}: {each.found}, the plan says {each.expected};"
+            f" {each.fix}" + (" (accepted: a warning)" if each.severity == "warning" else "")
+        )
     return 0
 
 

@@ -65,7 +65,8 @@ fabric_switch_ports = [1]
 # a degraded ConnectX start (dgx-spark-playbooks PR#108), a reseated or damaged cable.
 fabric_link_speed_mbps = 200000
 # What a slower twin does: "refuse" stops that box naming the twin, "warn" says so loudly and
-# goes on (the simulated lab's veth links report 10000).
+# goes on (a pair behind a 100G switch, say): `make status` and the alerts then show it as a
+# warning, not red.
 fabric_link_speed_low = "refuse"
 
 # The management port (10 GbE RJ-45): a ring's sockets (NCCL bootstrap, Gloo) use it, as no

@@ -50,8 +50,6 @@ spark = [
             # The address this machine reaches the box at is its enP7s7's: a ring's rendezvous
             # and sockets go there (README, Fabric shapes).
             "management_address": host["mgmt_ip"],
-            # The lab's fabric is veth pairs, which report 10000 Mb/s: the rate check warns.
-            "fabric_link_speed_low": "warn",
             # The lab's hosts reach no registry: NVIDIA's repository is a local stand-in.
             "toolkit_repo_url": "file:/srv/simlab-repos/nvidia-container-toolkit",
             "toolkit_repo_key_url": "file:///srv/simlab-repos/nvidia-container-toolkit/gpgkey",

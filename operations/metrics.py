@@ -32,6 +32,11 @@ TEXTFILE_DIR = "/var/lib/prometheus/node-exporter"
 OUT = f"{TEXTFILE_DIR}/spark.prom"
 COLLECTOR_SOURCE = Path(__file__).parents[1] / "files" / "spark_metrics.py"
 COLLECTOR = "/usr/local/lib/spark/spark_metrics.py"
+# The twins' readings the collector shares with the deploy and compliance, beside it, where the
+# collector imports it (a script's own directory is the first on its sys.path: Python's docs,
+# sys.path).
+TWIN_SOURCE = Path(__file__).parents[1] / "spark" / "twin.py"
+TWIN = "/usr/local/lib/spark/spark_twin.py"
 EXPECTED = "/etc/spark/metrics/expected.json"  # root 0600: the plan's values for this box
 SERVICE = "spark-metrics.service"
 TIMER = "spark-metrics.timer"
@@ -190,6 +195,7 @@ def endpoint(
         textfile_dir=TEXTFILE_DIR,
     )
     collector = [
+        *util.put(str(TWIN_SOURCE), TWIN, "644", found),
         *util.put(str(COLLECTOR_SOURCE), COLLECTOR, "755", found),
         *util.put(StringIO(json.dumps(expected, indent=1) + "\n"), EXPECTED, "600", found),
     ]
@@ -257,7 +263,15 @@ def endpoint(
 
 def endpoint_files() -> tuple[str, ...]:
     """The files ``endpoint`` writes."""
-    return (DEFAULTS, COLLECTOR, EXPECTED, f"{UNIT_DIR}/{SERVICE}", f"{UNIT_DIR}/{TIMER}", SITE)
+    return (
+        DEFAULTS,
+        TWIN,
+        COLLECTOR,
+        EXPECTED,
+        f"{UNIT_DIR}/{SERVICE}",
+        f"{UNIT_DIR}/{TIMER}",
+        SITE,
+    )
 
 
 def keyed_lanes(lanes: list[dict]) -> tuple[str, ...]:

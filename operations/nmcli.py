@@ -10,6 +10,7 @@ from pyinfra.api import FactBase, operation
 
 from operations import util
 from operations.asked import Question, answer, question
+from spark import twin
 
 # What ethernet() manages, plus where a profile is active (the GENERAL.* lines appear only then).
 FIELDS = (
@@ -70,6 +71,47 @@ class NmConnections(FactBase):
                 blocks[-1][field] = value
         # A profile deleted between the listing and its `show` leaves an empty block.
         return {block["connection.uuid"]: block for block in blocks if "connection.uuid" in block}
+
+
+IFF_UP = 0x1  # the administrative "up" flag of /sys/class/net/IF/flags (linux/if.h)
+
+
+class LiveLink(FactBase):
+    """An interface's live state, whatever its profile says: administratively up (its flags),
+    its MTU (spark/twin.py: mtu_file, read as compliance and the collector read it) and its IPv4
+    addresses with their prefixes (`ip -4 -o address show dev`): what a hand change (`ip link
+    set dev IF mtu 1500`, `ip link set dev IF down`, `ip address del`) alters and the profile
+    does not show. None where the interface does not exist.
+
+    .. code:: python
+
+        {"up": True, "mtu": 1500, "addresses": ["192.168.101.11/24"]}
+    """
+
+    def command(self, ifname: str) -> str:
+        directory = shlex.quote(f"{twin.SYS}/{twin.NET}/{ifname}")
+        # "4: enP2p1s0f1np1    inet 192.168.101.11/24 brd ... scope global ..." (iproute2 -o)
+        return (
+            f'if [ -e {directory} ]; then echo "flags $(cat {directory}/flags)";'
+            f' echo "mtu $(cat {shlex.quote(twin.mtu_file(ifname))})";'
+            f" ip -4 -o address show dev {shlex.quote(ifname)} |"
+            ' while read -r _n _if _family cidr _rest; do echo "address $cidr"; done;'
+            " fi 2>/dev/null || true"
+        )
+
+    def process(self, output: list[str]) -> dict | None:
+        if not output:
+            return None
+        live: dict = {"up": False, "mtu": twin.NO_MTU, "addresses": []}
+        for line in output:
+            kind, _, value = line.partition(" ")
+            if kind == "flags":
+                live["up"] = bool(int(value, 16) & IFF_UP) if value.startswith("0x") else False
+            elif kind == "mtu":
+                live["mtu"] = twin.mtu(value)
+            elif kind == "address":
+                live["addresses"].append(value)
+        return live
 
 
 # Reads each file named on stdin as netplan does (YAML, with python3-yaml: netplan.io depends on
@@ -176,9 +218,14 @@ def ethernet(
       to use (see roce.gid_index); the link-local GIDs exist without IPv6 anyway
 
     Fields that differ are changed with ``nmcli connection modify``, then the profile is
-    (re)activated; it is also activated when it is not active on ``ifname``. Other profiles
-    bound to ``ifname`` by interface name or active on it (NetworkManager's automatic "Wired
-    connection 1") are deleted. Netplan files naming ``ifname`` are ``netplan_left_out``'s.
+    (re)activated; it is also activated when it is not active on ``ifname``, and re-activated
+    when the live link differs from it (set down, its MTU or IPv4 addresses changed by hand:
+    ``ip link set dev IF mtu 1500`` leaves the profile as it was). Activating a profile applies
+    all of it to the device (nmcli(1), connection up; NetworkManager's "Reapply" is only for
+    changes made to the profile since it was applied: org.freedesktop.NetworkManager.Device).
+    Other profiles bound to ``ifname`` by interface name or active on it (NetworkManager's
+    automatic "Wired connection 1") are deleted. Netplan files naming ``ifname`` are
+    ``netplan_left_out``'s.
 
     **Example:**
 
@@ -232,7 +279,14 @@ def ethernet(
         active = False
         target = ("id", con_name)
 
-    if changes or not active:
+    # The live link, where the profile is up on it and says what it should.
+    live = answer(LiveLink, ifname=ifname) if active and not changes else None
+    drifted = live is not None and (live["up"], live["mtu"], live["addresses"]) != (
+        True,
+        mtu,
+        [want["ipv4.addresses"]],
+    )
+    if changes or not active or drifted:
         yield _nmcli("connection", "up", *target)
     # After `up`, so the interface is never left without a profile NetworkManager could
     # autoconnect in between (it would pick one of the strays).
@@ -240,8 +294,8 @@ def ethernet(
     # the link) when `up` takes the device: one already gone is what we wanted.
     for stray in strays:
         yield _delete_if_present(stray["connection.uuid"])
-    if not (changes or strays) and active:
-        host.noop(f"profile {con_name} is up to date and active on {ifname}")
+    if not (changes or strays or drifted) and active:
+        host.noop(f"profile {con_name} is up to date and active on {ifname}, as is the link")
 
 
 @operation()
@@ -316,4 +370,5 @@ def questions(ifnames: list[str]) -> list[Question]:
     return [
         *(question(ForeignNetplanFiles, ifname=ifname) for ifname in ifnames),
         question(NmConnections),
+        *(question(LiveLink, ifname=ifname) for ifname in ifnames),
     ]

@@ -11,6 +11,7 @@ from pyinfra.api.host import Host
 
 from operations import util
 from operations.asked import Question, answer, question
+from spark import twin
 from spark.box_paths import HF_CACHE_IN_CONTAINER
 
 IP_ICMP_HEADERS = 28  # a ping's payload is the MTU less the IPv4 (20) and ICMP (8) headers
@@ -54,10 +55,10 @@ class FabricPeers(FactBase):
 
 
 class LinkSpeeds(FactBase):
-    """Each interface's link rate in Mb/s as the kernel reports it (/sys/class/net/IF/speed):
-    -1 where it reports none (no carrier: the file fails or reads -1); an interface that does
-    not exist is left out (a QSFP port with no cable shows none: dgx-spark-playbooks
-    connect-three-sparks, ibdev2netdev).
+    """Each interface's link rate in Mb/s as the kernel reports it (spark/twin.py: rate_file,
+    read as compliance and the collector read it): -1 where it reports none (no carrier: the
+    file fails or reads -1); an interface that does not exist is left out (a QSFP port with no
+    cable shows none: dgx-spark-playbooks connect-three-sparks, ibdev2netdev).
 
     .. code:: python
 
@@ -68,9 +69,10 @@ class LinkSpeeds(FactBase):
 
     def command(self, ifnames: tuple[str, ...]) -> str:
         reads = " ".join(
-            f"if [ -e /sys/class/net/{quoted} ]; then"
-            f' printf "%s %s\\n" {quoted} "$(cat /sys/class/net/{quoted}/speed 2>/dev/null)"; fi;'
-            for quoted in map(shlex.quote, ifnames)
+            f"if [ -e {shlex.quote(f'{twin.SYS}/{twin.NET}/{ifname}')} ]; then"
+            f' printf "%s %s\\n" {shlex.quote(ifname)}'
+            f' "$(cat {shlex.quote(twin.rate_file(ifname))} 2>/dev/null)"; fi;'
+            for ifname in ifnames
         )
         return f"{{ {reads} }} 2>/dev/null || true"
 
@@ -78,7 +80,7 @@ class LinkSpeeds(FactBase):
         speeds = {}
         for line in output:
             ifname, _, speed = line.partition(" ")
-            speeds[ifname] = int(speed) if speed.strip().lstrip("-").isdigit() else -1
+            speeds[ifname] = twin.rate(speed)
         return speeds
 
 
@@ -189,7 +191,7 @@ def _rate_command(ifnames: list[str], expected_mbps: int, low: str) -> str:
     none; exit 1 then, unless ``low`` is "warn"."""
     parts = ["failed=0"]
     for ifname in ifnames:
-        speed = shlex.quote(f"/sys/class/net/{ifname}/speed")
+        speed = shlex.quote(twin.rate_file(ifname))
         causes = f"; usual causes: {SLOW_CAUSES}"
         slow = shlex.quote(_slow(ifname, "%s", expected_mbps) + causes + "\\n")
         none = shlex.quote(
@@ -202,7 +204,7 @@ def _rate_command(ifnames: list[str], expected_mbps: int, low: str) -> str:
             f' done; if [ "$s" = none ]; then printf {none} >&2; failed=1;'
             f' elif [ "$s" -lt {expected_mbps} ]; then printf {slow} "$s" >&2; failed=1; fi'
         )
-    parts.append('[ "$failed" = 0 ]' if low == "refuse" else "true")
+    parts.append('[ "$failed" = 0 ]' if twin.rate_severity(low) == "critical" else "true")
     return "; ".join(parts)
 
 
@@ -234,11 +236,11 @@ def link_speeds(ifnames: list[str], expected_mbps: int, low: str = "refuse"):
     slow = [
         _slow(ifname, speeds[ifname], expected_mbps)
         for ifname in ifnames
-        if 0 <= speeds.get(ifname, -1) < expected_mbps
+        if twin.rate_below(speeds.get(ifname, twin.NO_RATE), expected_mbps)
     ]
     if slow:
         message = "; ".join(slow) + f"; usual causes: {SLOW_CAUSES}"
-        if low == "refuse":
+        if twin.rate_severity(low) == "critical":
             yield from util.refused(f"{message} (fabric_link_speed_low = 'warn' lets it go on)")
             return
         logger.warning(message)
@@ -253,11 +255,12 @@ def link_speeds(ifnames: list[str], expected_mbps: int, low: str = "refuse"):
 
 def _check_command(silent: list[Peer], mtu: int) -> str:
     """Ping each silent peer for up to WAIT_SECONDS; for any still silent, say which box, twin
-    and peer, what the link looks like, and what to check; exit 1 then."""
+    and peer, what the link looks like, and what to check, this box's own twin first (its live
+    MTU below ``mtu`` is its own fault, not the peer's); exit 1 then."""
     size = mtu - IP_ICMP_HEADERS
     parts = ["failed=0"]
     for ifname, name, address in silent:
-        twin = shlex.quote(ifname)
+        quoted = shlex.quote(ifname)
         lead = f"{host.name}: fabric twin {ifname} gets no answer from {name} ({address} on its"
         lead += f" {ifname}) to {mtu}-byte unfragmented pings"
         no_link = (
@@ -268,6 +271,10 @@ def _check_command(silent: list[Peer], mtu: int) -> str:
             f"; smaller pings do get through: a hop below MTU {mtu}; check"
             f" `cat /sys/class/net/{ifname}/mtu` on {name} (and on any switch between)"
         )
+        own_mtu = (
+            f"; this box's own {ifname} is at MTU %s, not {mtu} (set by hand? the deploy"
+            f" re-applies its profile: run it again, or `nmcli connection up fabric-{ifname}`)"
+        )
         silent_link = (
             f"; {ifname} has link but nothing answers: check on {name} that {ifname} is up"
             f" with {address} (`ip -br address show {ifname}`), and the cable's port"
@@ -275,8 +282,10 @@ def _check_command(silent: list[Peer], mtu: int) -> str:
         parts.append(
             f"n=0; until {_ping(ifname, address, size)}; do n=$((n + 1));"
             f" if [ $n -ge {WAIT_SECONDS} ]; then"
-            f' if [ "$(cat /sys/class/net/{twin}/carrier 2>/dev/null)" != 1 ];'
+            f' if [ "$(cat /sys/class/net/{quoted}/carrier 2>/dev/null)" != 1 ];'
             f" then hint={shlex.quote(no_link)};"
+            f' elif own="$(cat {shlex.quote(twin.mtu_file(ifname))} 2>/dev/null)";'
+            f' [ "$own" != {mtu} ]; then hint="$(printf {shlex.quote(own_mtu)} "$own")";'
             f" elif {_ping(ifname, address, 56)}; then hint={shlex.quote(small_only)};"
             f" else hint={shlex.quote(silent_link)}; fi;"
             f" printf '%s%s\\n' {shlex.quote(lead)} \"$hint\" >&2; failed=1; break; fi;"

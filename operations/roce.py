@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import shlex
-from ipaddress import IPv4Interface, IPv6Address
+from ipaddress import IPv4Interface
 from typing import TypedDict
 
 from pyinfra import host
@@ -11,6 +11,7 @@ from pyinfra.api import FactBase, operation
 
 from operations import util
 from operations.asked import Question, answer, question
+from spark import twin
 
 SYSFS = "/sys/class/infiniband"
 ZERO_GID = "0000:0000:0000:0000:0000:0000:0000:0000"
@@ -67,11 +68,6 @@ class GidTables(FactBase):
         return tables
 
 
-def ipv4_gid(address: str) -> str:
-    """The GID of an IPv4 address: its IPv4-mapped IPv6 address, as sysfs prints it."""
-    return IPv6Address(f"::ffff:{IPv4Interface(address).ip}").exploded
-
-
 def format_table(entries: list[GidEntry]) -> str:
     rows = [("index", "type", "ndev", "gid")]
     rows += [(str(e["index"]), e["type"], e["ndev"], e["gid"]) for e in entries]
@@ -82,9 +78,6 @@ def format_table(entries: list[GidEntry]) -> str:
         + row[3]
         for row in rows
     )
-
-
-IPV4_MAPPED = "0000:0000:0000:0000:0000:ffff:"  # how sysfs prints an IPv4 address's GID
 
 
 def _wait_command(path: str, gid: str, ifname: str, problem: str) -> str:
@@ -153,17 +146,13 @@ def roce_v2_entry(ifname: str, address: str, expected_index: int = 3):
         return
     hca, port = ports[0]
     entries = [e for e in tables[hca] if e["port"] == port]
-    gid = ipv4_gid(address)
+    gid = twin.ipv4_gid(address)
     where = f"{hca} port {port}"
-    own = [
-        e["index"] for e in entries if (e["gid"], e["type"], e["ndev"]) == (gid, "RoCE v2", ifname)
-    ]
-    others = [
-        e
-        for e in entries
-        if e["gid"].startswith(IPV4_MAPPED) and e["gid"] != gid
-        and (e["type"], e["ndev"]) == ("RoCE v2", ifname)
-    ]  # fmt: skip
+    # The twin's IPv4 RoCE v2 entries, as compliance and the collector read them (spark/twin.py).
+    ipv4 = twin.roce_v2_ipv4(entries, ifname)
+    mine = str(IPv4Interface(address).ip)
+    own = [index for index, ip in ipv4.items() if ip == mine]
+    others = {index: ip for index, ip in ipv4.items() if ip != mine}
     if own and not others:
         index = own[0]
         if index == expected_index:
@@ -184,9 +173,7 @@ def roce_v2_entry(ifname: str, address: str, expected_index: int = 3):
         return
 
     if others:
-        addresses = ", ".join(
-            f"{IPv6Address(e['gid']).ipv4_mapped} at index {e['index']}" for e in others
-        )
+        addresses = ", ".join(f"{ip} at index {index}" for index, ip in others.items())
         found = f"{ifname} also has {addresses}"
         todo = (
             "NCCL picks one IPv4 RoCE v2 entry per device and could take the other one: remove "

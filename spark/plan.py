@@ -254,6 +254,7 @@ class Expected(Record):
     floor_gib: float
     mtu: int
     rate_mbps: int
+    rate_low: Literal["refuse", "warn"]  # a slower twin: red, or a warning (spark/twin.py)
     gid_index: int
     driver_branch: int
     twins: tuple[MetricsTwin, ...]
@@ -716,6 +717,7 @@ def metrics(me: HostConfig, spark: SparkConfig) -> Metrics | None:
             floor_gib=me.memory_guard_min_available_gib,
             mtu=me.mtu,
             rate_mbps=me.link_speed_mbps,
+            rate_low=me.link_speed_low,
             gid_index=me.gid_index,
             driver_branch=me.driver.branch,
             twins=tuple(

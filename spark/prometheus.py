@@ -143,7 +143,11 @@ def rules(plan: Plan) -> dict:
                         "{{ $labels.box }}: {{ $labels.kind }} of {{ $labels.subject }} is"
                         " {{ $labels.found }}, the plan says {{ $labels.expected }}; deploy"
                         " again (--limit {{ $labels.box }})",
-                        "warning",
+                        # The collector's own judgement of each drift (spark/twin.py): critical,
+                        # or warning where the inventory accepts it (fabric_link_speed_low =
+                        # "warn") or NCCL does (a RoCE v2 entry off its usual index). Label
+                        # values are templated (Prometheus docs, alerting rules).
+                        "{{ $labels.severity }}",
                     ),
                     alert(
                         "SparkDriverDrifted",

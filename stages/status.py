@@ -5,10 +5,12 @@
 `make status` runs it. Per box: the lanes (up, canary), MemAvailable against the memory guard's
 floor, each twin (rate, MTU, RoCE v2 GID index), the NCCL test's verdict and its age, the image
 pulls running, and every drift from the plan. A box is red when its endpoint does not answer, a
-lane is down or failed its canary, memory is below the floor, anything drifted, or the NCCL test
-failed or is older than a week; the command then exits 1. Each box's metrics key is read from
-KEYS_DIR/<box>.key, where `make clients` copies its /etc/spark/secrets/_metrics.key (README:
-Watching the fleet).
+lane is down or failed its canary, memory is below the floor, anything drifted that the plan
+refuses, or the NCCL test failed or is older than a week; the command then exits 1. Drift the
+plan accepts (the collector's severity "warning": a slower twin under fabric_link_speed_low =
+"warn", a RoCE v2 entry NCCL finds away from its usual index) is shown as a warning: yellow,
+exit 0. Each box's metrics key is read from KEYS_DIR/<box>.key, where `make clients` copies its
+/etc/spark/secrets/_metrics.key (README: Watching the fleet).
 """
 
 from __future__ import annotations
@@ -31,7 +33,7 @@ from stages.settings import plan_or_say_why
 
 TIMEOUT_S = 1.5  # every box at once: the table in under 2 s (issue 28)
 GIB = 1024**3
-RED, GREEN, RESET = "\033[31m", "\033[32m", "\033[0m"
+RED, YELLOW, GREEN, RESET = "\033[31m", "\033[33m", "\033[32m", "\033[0m"
 
 Samples = dict[str, list[tuple[dict[str, str], float]]]
 
@@ -41,6 +43,7 @@ class Row:
     box: str
     cells: list[str] = field(default_factory=list)
     problems: list[str] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)  # shown; the box is not red for them
 
 
 def samples_of(text: str) -> Samples:
@@ -110,12 +113,17 @@ def row(box: str, samples: Samples | None, error: str = "") -> Row:
         nccl = f"{'pass' if passed == 1 else 'FAIL'} {busbw or 0:.2f} GB/s {age(seconds)} ago"
         if passed != 1 or seconds > NCCL_MAX_AGE_S:
             result.problems.append(f"NCCL {nccl}")
-    drift = [
-        f"{labels['kind']} {labels['subject']} {labels['found']} (plan {labels['expected']})"
-        for labels, value in samples.get("spark_drift", [])
-        if value == 1
-    ]
-    result.problems += [f"drift: {text}" for text in drift]
+    drift = []
+    for labels, value in samples.get("spark_drift", []):
+        if value != 1:
+            continue
+        text = f"{labels['kind']} {labels['subject']} {labels['found']} (plan {labels['expected']})"
+        if labels.get("severity") == "warning":
+            result.warnings.append(f"drift: {text}")
+            text += " warning"
+        else:
+            result.problems.append(f"drift: {text}")
+        drift.append(text)
     result.cells = [", ".join(lanes) or "-", memory, ", ".join(twins) or "-", nccl]
     result.cells.append(", ".join(pulling(samples)) or "-")
     result.cells.append("; ".join(drift) or "-")
@@ -163,7 +171,8 @@ def table(rows: list[Row], colour: bool) -> str:
     for index, line in enumerate(lines):
         text = "  ".join(cell.ljust(width) for cell, width in zip(line, widths, strict=True))
         if index and colour:
-            text = (RED if rows[index - 1].problems else GREEN) + text + RESET
+            shown = rows[index - 1]
+            text = (RED if shown.problems else YELLOW if shown.warnings else GREEN) + text + RESET
         out.append(text.rstrip())
     return "\n".join(out) + "\n"
 
@@ -183,11 +192,18 @@ def main(argv: list[str] | None = None) -> int:
         row(box.name, samples, error) for box, (samples, error) in zip(boxes, answers, strict=True)
     ]
     colour = sys.stdout.isatty() and "NO_COLOR" not in os.environ  # no-color.org
-    print(table(rows, colour), end="")
+    text, code = report(rows, colour)
+    print(text, end="")
+    return code
+
+
+def report(rows: list[Row], colour: bool) -> tuple[str, int]:
+    """The table, then a line per box with warnings and one per red box; exit 1 where a box is
+    red (warnings alone: 0)."""
+    lines = [f"{r.box}: warning: {'; '.join(r.warnings)}\n" for r in rows if r.warnings]
     red = [r for r in rows if r.problems]
-    for r in red:
-        print(f"{r.box}: {'; '.join(r.problems)}")
-    return 1 if red else 0
+    lines += [f"{r.box}: {'; '.join(r.problems)}\n" for r in red]
+    return table(rows, colour) + "".join(lines), 1 if red else 0
 
 
 if __name__ == "__main__":

@@ -1,17 +1,18 @@
-"""The fabric promise, per twin: its NetworkManager profile, address, MTU 9000 on the link, no
-netplan file but NetworkManager's own naming it, and the one RoCE v2 IPv4 GID entry NCCL
-selects; per box, a running kernel whose RDMA registers
-memory (kexec handover off)."""
+"""The fabric promise, per twin: its NetworkManager profile, address, MTU 9000 on the link, its
+link rate, no netplan file but NetworkManager's own naming it, and the one RoCE v2 IPv4 GID entry
+NCCL selects; per box, a running kernel whose RDMA registers memory (kexec handover off). A
+twin's rate, MTU and GID entry are read and judged as the deploy and the collector do
+(spark/twin.py)."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from ipaddress import IPv6Address
 from typing import TYPE_CHECKING
 
 import pytest
 
 from operations import kernel, nmcli, roce
+from spark import twin
 
 if TYPE_CHECKING:
     from spark.inventory import FabricLink
@@ -43,6 +44,11 @@ def _profile(box: Box, link: FabricLink) -> dict[str, str]:
 def _sys(box: Box, link: FabricLink, attribute: str) -> str:
     result = box.run(f"cat /sys/class/net/{link.ifname}/{attribute}")
     return result.stdout.strip() if result.rc == 0 else "no such interface"
+
+
+def _read(box: Box, path: str) -> str | None:
+    result = box.run(f"cat {path}")
+    return result.stdout if result.rc == 0 else None
 
 
 def test_profile_active(box: Box, link: FabricLink, found: Callable[[object], None]) -> None:
@@ -85,11 +91,30 @@ def test_mtu(box: Box, link: FabricLink, found: Callable[[object], None]) -> Non
     """fabric MTU {ifname}"""
     assert box.plan.fabric is not None  # the twins' checks are made for a box with a fabric
     mtu = str(box.plan.fabric.mtu)
-    live = _sys(box, link, "mtu")
+    live = twin.mtu(_read(box, twin.mtu_file(link.ifname)))
+    shown = "no such interface" if live == twin.NO_MTU else str(live)
     profile = _profile(box, link).get("802-3-ethernet.mtu", "no profile")
-    state = f"link {live}, profile {profile}"
+    state = f"link {shown}, profile {profile}"
     found(state)
-    assert (live, profile) == (mtu, mtu), f"expected MTU {mtu} on link and profile, found {state}"
+    assert (shown, profile) == (mtu, mtu), f"expected MTU {mtu} on link and profile, found {state}"
+
+
+def test_link_rate(
+    box: Box, link: FabricLink, found: Callable[[object], None], note: Callable[[str], None]
+) -> None:
+    """fabric link rate {ifname}"""
+    assert box.plan.fabric is not None
+    expected, low = box.plan.fabric.link_speed_mbps, box.plan.fabric.link_speed_low
+    rate = twin.rate(_read(box, twin.rate_file(link.ifname)))
+    found("no link" if rate == twin.NO_RATE else f"{rate} Mb/s")
+    assert rate != twin.NO_RATE, f"expected {link.ifname} to link at {expected} Mb/s, found no link"
+    if twin.rate_below(rate, expected) and twin.rate_severity(low) == "warning":
+        note(f"{rate} Mb/s, below {expected}: accepted (fabric_link_speed_low = 'warn')")
+        return
+    assert not twin.rate_below(rate, expected), (
+        f"expected {link.ifname} to link at {expected} Mb/s or more, found {rate}"
+        " (fabric_link_speed_low = 'warn' accepts a slower twin)"
+    )
 
 
 def test_link_up(box: Box, link: FabricLink, found: Callable[[object], None]) -> None:
@@ -118,20 +143,15 @@ def test_roce_v2_entry(
     # The deploy's own fact: every entry of every RDMA device (roce.GidTables).
     tables = roce.GidTables()
     entries = tables.process(box.run(tables.command()).stdout.splitlines()).get(link.hca, [])
-    ipv4 = {
-        entry["index"]: IPv6Address(entry["gid"]).ipv4_mapped
-        for entry in entries
-        if (entry["type"], entry["ndev"]) == ("RoCE v2", link.ifname)
-        and IPv6Address(entry["gid"]).ipv4_mapped
-    }
+    ipv4 = twin.roce_v2_ipv4(entries, link.ifname)
     state = "; ".join(f"{index}: RoCE v2 {ip} on {link.ifname}" for index, ip in ipv4.items())
     found(state or f"no RoCE v2 IPv4 entry on {link.ifname}")
     assert box.plan.fabric is not None
     expected = box.plan.fabric.gid_index
     if list(ipv4) != [expected]:
         note(f"at {', '.join(map(str, ipv4))}, not {expected}: NCCL selects it")
-    # NCCL takes the one IPv4 RoCE v2 entry of each device (roce.py): it must be this twin's.
-    assert list(ipv4.values()) == [link.address.ip], (
+    # NCCL takes the one IPv4 RoCE v2 entry of each device (spark/twin.py): it must be this twin's.
+    assert list(ipv4.values()) == [str(link.address.ip)], (
         f"expected one RoCE v2 IPv4 entry on {link.ifname} ({link.hca}), of {link.address.ip};"
         f" found {state or 'none'}"
     )

@@ -69,9 +69,10 @@ def test_the_nccl_test_ran_over_all_four_twins(dual) -> None:
         assert len(kept["ranks"]) == len(lab.hosts)
 
 
-def test_the_link_rate_check_ran_and_warned_on_the_labs_veths(dual) -> None:
+def test_the_link_rate_check_ran_and_every_twin_read_a_sparks_rate(dual) -> None:
     _lab, output = dual
-    assert "links at 10000 Mb/s, below the 200000 expected" in output
+    assert "Fabric twins link at 200000 Mb/s" in output  # the check, on all four twins
+    assert "below the 200000 expected" not in output
 
 
 def test_compliance_passes_and_a_second_deploy_changes_nothing(dual) -> None:

@@ -64,6 +64,11 @@ HUB_PORT = 8790
 HUB_RATE = 1 << 30
 REPOS_MOUNT = "/srv/simlab-repos"
 HARDWARE_FILE = "/usr/local/lib/simlab/hardware.json"
+# What every cabled twin of a Spark reports (ethtool `Speed: 200000Mb/s`; NVIDIA's
+# spark_cluster_setup.py errs where "200000" is not in it) and what the lab's twins read unless a
+# test sets another rate: the deploy, compliance and the collector all read it, so a healthy lab
+# reads green.
+SPARK_LINK_SPEED = 200000
 # A host boots in under a second on an idle machine (systemd-analyze critical-chain: multi-user
 # at 0.7 s, docker the slowest unit); the suite once saw a boot pass 90 s while other labs loaded
 # the 2 cores. The limit is there to catch a hung boot, not a slow one: a host whose container
@@ -78,7 +83,7 @@ class Host:
     ipv4_roce_v2_index: int = 3
     # What else the hardware file says (HARDWARE_FILE; set_hardware): the ports with no cable,
     # the RDMA devices with no RoCE v2 entry of their IPv4 address, and twins whose link rate
-    # reads as given instead of the veth's 10000 Mb/s.
+    # reads as given instead of a Spark's (SPARK_LINK_SPEED).
     unplugged: list[int] = field(default_factory=list)
     no_ipv4_roce_v2: list[str] = field(default_factory=list)
     link_speeds: dict[str, int] = field(default_factory=dict)
@@ -299,7 +304,8 @@ def write_hardware(host: Host, lab: Lab) -> None:
         "hcas": {hca: twin for twin, hca in lab.twins(host)},
         "ipv4_roce_v2_index": host.ipv4_roce_v2_index,
         "no_ipv4_roce_v2": host.no_ipv4_roce_v2,
-        "link_speeds": host.link_speeds,
+        "link_speeds": {twin: SPARK_LINK_SPEED for twin, _hca in lab.twins(host)}
+        | host.link_speeds,
         "kernel": host.kernel,
     }))  # fmt: skip
 

@@ -85,7 +85,7 @@ def test_a_twins_link_rate_reads_as_set_while_it_has_carrier(lab: simlab.Lab) ->
     host = lab.hosts[0]
     twin = simlab.FABRIC_TWINS[0][0]
     speed = f"cat /sys/class/net/{twin}/speed 2>&1"
-    assert run_on(host, speed).strip() == "10000"  # the kernel's veth
+    assert run_on(host, speed).strip() == "200000"  # a Spark's, the lab's default
     try:
         simlab.set_hardware(host, link_speeds={twin: 100000})
         until(lambda: run_on(host, speed).strip() == "100000", 10, f"{host.name}: rate 100000")
@@ -94,7 +94,7 @@ def test_a_twins_link_rate_reads_as_set_while_it_has_carrier(lab: simlab.Lab) ->
     finally:
         run_on(host, f"sudo ip link set {twin} up")
         simlab.set_hardware(host, link_speeds={})
-    assert run_on(host, speed).strip() == "10000"
+    assert run_on(host, speed).strip() == "200000"
 
 
 def test_a_device_can_lack_the_roce_v2_entry_of_its_address(lab: simlab.Lab) -> None:

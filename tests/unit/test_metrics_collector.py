@@ -22,6 +22,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import subprocess
 import sys
 from pathlib import Path
 
@@ -29,8 +30,12 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from operations import lanes
+from spark import twin as spark_twin
 from tests.unit.harness import captured
 
+# On the box the collector imports spark/twin.py as spark_twin, installed beside it
+# (operations/metrics.py); here the repository's module is that one.
+sys.modules["spark_twin"] = spark_twin
 _SPEC = importlib.util.spec_from_file_location(
     "spark_metrics", Path(__file__).resolve().parents[2] / "files/spark_metrics.py"
 )
@@ -44,6 +49,7 @@ EXPECTED = {
     "floor_gib": 8,
     "mtu": 9000,
     "rate_mbps": 200000,
+    "rate_low": "refuse",
     "gid_index": 3,
     "driver_branch": 580,
     "twins": [
@@ -68,12 +74,15 @@ def twin(sys_fs: Path, ifname: str, hca: str, *, mtu: int, speed: int, gids: dic
     (net / "speed").write_text(f"{speed}\n")
     (net / "mtu").write_text(f"{mtu}\n")
     port = sys_fs / "class/infiniband" / hca / "ports/1"
-    for sub in ("gids", "gid_attrs/types", "hw_counters"):
+    for sub in ("gids", "gid_attrs/types", "gid_attrs/ndevs", "hw_counters"):
         (port / sub).mkdir(parents=True)
     (port / "state").write_text("4: ACTIVE\n")
+    for index in range(8):  # unused entries read as zeros (sysfs-class-infiniband)
+        (port / "gids" / str(index)).write_text(spark_metrics.ZERO_GID + "\n")
     for index, (gid, kind) in gids.items():
         (port / "gids" / str(index)).write_text(gid + "\n")
         (port / "gid_attrs/types" / str(index)).write_text(kind + "\n")
+        (port / "gid_attrs/ndevs" / str(index)).write_text(ifname + "\n")
     (port / "hw_counters/out_of_sequence").write_text("12\n")
     (port / "hw_counters/np_cnp_sent").write_text("0\n")
 
@@ -176,12 +185,13 @@ def test_a_converged_box_reads_back_through_the_parser(box: dict) -> None:
     versions = (("driver", "580.142"), ("kernel", "6.17.0-1032-nvidia"), ("toolkit", "1.19.0-1"))
     assert got[("spark_version_info", versions)] == 1
     # the lane whose canary failed, waiting to start again, is the only drift
-    assert drift == [("lane", "fast", "active", "activating", drift[0][4])]
+    assert [d[:4] + d[5:] for d in drift] == [("lane", "fast", "active", "activating", "critical")]
     assert got[("spark_drifts", ())] == 1
     drifted = (
         ("expected", "active"),
         ("found", "activating"),
         ("kind", "lane"),
+        ("severity", "critical"),
         ("subject", "fast"),
     )
     assert got[("spark_drift", drifted)] == 1
@@ -227,18 +237,71 @@ def test_fabric_faults_are_drift_series(box: dict) -> None:
     (gids / "gids/3").write_text(LINK_LOCAL + "\n")
     (gids / "gids/4").write_text(v4("c0a8:650a") + "\n")
     (gids / "gid_attrs/types/4").write_text("RoCE v2\n")
+    (gids / "gid_attrs/ndevs/4").write_text("enP2p1s0f1np1\n")
     text, drift = collect(box)
     got = samples(text)
-    kinds = {(kind, subject, found) for kind, subject, _want, found, _fix in drift}
+    kinds = {(d.kind, d.subject, d.found, d.severity) for d in drift}
     assert kinds == {
-        ("mtu", "enp1s0f1np1", "1500"),
-        ("rate", "enP2p1s0f1np1", "100000"),
-        ("gid", "enP2p1s0f1np1", "4"),
-        ("lane", "fast", "activating"),
+        ("mtu", "enp1s0f1np1", "1500", "critical"),
+        ("rate", "enP2p1s0f1np1", "100000", "critical"),  # the inventory refuses it
+        # Moved, not gone: NCCL selects it wherever it is, as the deploy and compliance accept.
+        ("gid", "enP2p1s0f1np1", "4", "warning"),
+        ("lane", "fast", "activating", "critical"),
     }
-    mtu = (("expected", "9000"), ("found", "1500"), ("kind", "mtu"), ("subject", "enp1s0f1np1"))
+    mtu = (
+        ("expected", "9000"),
+        ("found", "1500"),
+        ("kind", "mtu"),
+        ("severity", "critical"),
+        ("subject", "enp1s0f1np1"),
+    )
     assert got[("spark_drift", mtu)] == 1
     assert got[("spark_drifts", ())] == 4
+
+
+def test_a_slow_twin_the_inventory_accepts_is_a_warning(box: dict) -> None:
+    """fabric_link_speed_low = "warn" (a pair behind a 100G switch): the twin at 100000 Mb/s is
+    drift of severity warning, as the deploy goes on past it."""
+    (box["sys"] / "class/net/enP2p1s0f1np1/speed").write_text("100000\n")
+    expected = {**EXPECTED, "rate_low": "warn", "nccl_verdict": str(box["verdict"])}
+    text, drift = spark_metrics.collect(
+        expected, proc=box["proc"], sys_fs=box["sys"], command=lambda argv: None,
+        health=lambda port: False, now=5600.0,
+    )  # fmt: skip
+    rate = [d for d in drift if d.kind == "rate"]
+    assert [(d.subject, d.found, d.severity) for d in rate] == [
+        ("enP2p1s0f1np1", "100000", "warning")
+    ]
+    labels = (
+        ("expected", ">= 200000"),
+        ("found", "100000"),
+        ("kind", "rate"),
+        ("severity", "warning"),
+        ("subject", "enP2p1s0f1np1"),
+    )
+    assert samples(text)[("spark_drift", labels)] == 1
+
+
+def test_the_collector_runs_as_installed_beside_its_twin_readings(tmp_path: Path) -> None:
+    """On the box the collector and spark_twin.py sit in one directory (operations/metrics.py)
+    and it runs as a script: it imports the readings from there, with the standard library."""
+    from operations import metrics
+
+    lib = tmp_path / "lib"
+    lib.mkdir()
+    for source, installed in (
+        (metrics.COLLECTOR_SOURCE, metrics.COLLECTOR),
+        (metrics.TWIN_SOURCE, metrics.TWIN),
+    ):
+        (lib / Path(installed).name).write_text(source.read_text())
+    # -s -E: no user site-packages, no PYTHON* variables; the script's own directory is on its
+    # path, as when the timer's unit runs it (python3 SCRIPT).
+    done = subprocess.run(
+        [sys.executable, "-s", "-E", str(lib / "spark_metrics.py"), "--help"],
+        capture_output=True, text=True, cwd=tmp_path,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert "--expected" in done.stdout
 
 
 def test_a_twin_without_its_roce_v2_entry_or_link(box: dict) -> None:

@@ -57,6 +57,8 @@ def site(allow: list[str] | None = None, tls: bool = False, lanes: list[dict] | 
 def deployed_files() -> dict[str, str | None]:
     """The files as a deploy with these arguments leaves them."""
     collector = (Path(__file__).parents[2] / "files/spark_metrics.py").read_text()
+    # The twins' readings, shared with the deploy, installed beside the collector (it imports it).
+    readings = (Path(__file__).parents[2] / "spark/twin.py").read_text()
     return {
         "/etc/default/prometheus-node-exporter": render(
             "prometheus-node-exporter.default.j2",
@@ -64,6 +66,7 @@ def deployed_files() -> dict[str, str | None]:
             exporter_port=9101,
             textfile_dir="/var/lib/prometheus/node-exporter",
         ),
+        "/usr/local/lib/spark/spark_twin.py": readings,
         "/usr/local/lib/spark/spark_metrics.py": collector,
         "/etc/spark/metrics/expected.json": None,  # its mode (0600) differs from file_facts'
         f"{UNITS}/spark-metrics.service": render(

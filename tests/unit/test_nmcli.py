@@ -25,6 +25,14 @@ ethernet() yields for it were run there, and the fact read afterwards made it yi
   lab-nmcli-colon-name.txt
       ours renamed to 'fabric:2 \\ back'
 
+lab-live-link-*.txt are real: LiveLink().command("enP2p1s0f1np1") run with sudo on the lab host
+spark-2 with the profile above right and active at 192.168.101.12/24 (exact), then after `ip link
+set dev enP2p1s0f1np1 mtu 1500` (mtu-1500), after `ip address del 192.168.101.12/24` (address-
+removed), after `ip address add 192.168.101.99/24` (address-added), after `ip link set dev
+enP2p1s0f1np1 down` (down: NetworkManager 1.42 still showed the profile "activated" on it), each
+put back with `nmcli connection up` (the link read up, 9000 and 192.168.101.12/24 alone after
+each), and for enp9s9, which the host lacks (absent).
+
 lab-netplan-files-enP2p1s0f1np1.txt is real: ForeignNetplanFiles().command("enP2p1s0f1np1") run
 with sudo on the lab host spark-2 (netplan.io 0.106, python3-yaml) with three files in
 /etc/netplan: NVIDIA's 40-cx7.yaml (node 2's), a 50-cloud-init.yaml configuring enP7s7 and a
@@ -66,12 +74,14 @@ def delete(uuid: str) -> str:
     )
 
 
-def host_for(capture: str) -> FakeHost:
-    return FakeHost({nmcli.NmConnections: captured(capture)})
+def host_for(capture: str, live: str = "lab-live-link-exact.txt") -> FakeHost:
+    return FakeHost({nmcli.NmConnections: captured(capture), nmcli.LiveLink: captured(live)})
 
 
-def ethernet(capture: str, **kwargs) -> tuple[list[str], list[str]]:
-    host = host_for(capture)
+def ethernet(
+    capture: str, live: str = "lab-live-link-exact.txt", **kwargs
+) -> tuple[list[str], list[str]]:
+    host = host_for(capture, live)
     arguments = {"con_name": NAME, "ifname": IFNAME, "address": ADDRESS, **kwargs}
     return run_op(nmcli.ethernet, host=host, **arguments), host.noops
 
@@ -340,7 +350,69 @@ def test_fresh_host_adds_activates_and_removes_the_automatic_profile() -> None:
 def test_right_profile_yields_nothing() -> None:
     commands, noops = ethernet("lab-nmcli-exact.txt")
     assert commands == []
-    assert noops == [f"profile {NAME} is up to date and active on {IFNAME}"]
+    assert noops == [f"profile {NAME} is up to date and active on {IFNAME}, as is the link"]
+
+
+def test_the_live_link_reads_its_mtu_and_addresses() -> None:
+    # flags 0x1003: IFF_UP (0x1) among them (linux/if.h); 0x1002 after `ip link set down`.
+    assert process(nmcli.LiveLink, captured("lab-live-link-exact.txt")) == {
+        "up": True,
+        "mtu": 9000,
+        "addresses": ["192.168.101.12/24"],
+    }
+    assert process(nmcli.LiveLink, captured("lab-live-link-mtu-1500.txt")) == {
+        "up": True,
+        "mtu": 1500,
+        "addresses": ["192.168.101.12/24"],
+    }
+    assert process(nmcli.LiveLink, captured("lab-live-link-address-removed.txt")) == {
+        "up": True,
+        "mtu": 9000,
+        "addresses": [],
+    }
+    assert process(nmcli.LiveLink, captured("lab-live-link-address-added.txt")) == {
+        "up": True,
+        "mtu": 9000,
+        "addresses": ["192.168.101.12/24", "192.168.101.99/24"],
+    }
+    assert process(nmcli.LiveLink, captured("lab-live-link-down.txt")) == {
+        "up": False,
+        "mtu": 9000,
+        "addresses": ["192.168.101.12/24"],
+    }
+    assert process(nmcli.LiveLink, captured("lab-live-link-absent.txt")) is None
+
+
+@pytest.mark.parametrize(
+    "live",
+    [
+        "lab-live-link-mtu-1500.txt",  # `ip link set dev enP2p1s0f1np1 mtu 1500` (issue 37)
+        "lab-live-link-address-removed.txt",
+        "lab-live-link-address-added.txt",
+        "lab-live-link-down.txt",  # its profile still "activated": only the link tells
+    ],
+)
+def test_a_live_link_changed_by_hand_gets_its_profile_applied_again(live: str) -> None:
+    """The profile says what it should; the link does not: activating it again applies it (on
+    the lab each of these read right after `nmcli connection up`)."""
+    commands, noops = ethernet("lab-nmcli-exact.txt", live)
+    assert commands == [f"nmcli connection up uuid {OURS}"]
+    assert noops == []
+
+
+def test_the_live_link_is_read_only_where_the_profile_is_right_and_up() -> None:
+    """Where the profile changes or comes up anyway, the link is not asked (the host here
+    answers no LiveLink: asking it would fail the test)."""
+    for capture, commands in (
+        ("lab-nmcli-mtu-1500.txt", [
+            f"nmcli connection modify uuid {OURS} 802-3-ethernet.mtu 9000",
+            f"nmcli connection up uuid {OURS}",
+        ]),
+        ("lab-nmcli-inactive.txt", [f"nmcli connection up uuid {OURS}"]),
+    ):  # fmt: skip
+        host = FakeHost({nmcli.NmConnections: captured(capture)})
+        arguments = {"con_name": NAME, "ifname": IFNAME, "address": ADDRESS}
+        assert run_op(nmcli.ethernet, host=host, **arguments) == commands
 
 
 def test_name_with_colon_and_backslash_matches() -> None:

@@ -85,27 +85,32 @@ STUBS = {
     # Answers a ping when its size is allowed: $PING_SIZES holds the sizes that get through.
     "ping": 'for a; do [ "$p" = -s ] && s=$a; p=$a; done\n'
     'case " $PING_SIZES " in *" $s "*) exit 0;; esac; exit 1\n',
-    "cat": 'echo "$CARRIER"\n',
+    # The twin's carrier and its live MTU, as sysfs-class-net gives them.
+    "cat": 'case "$1" in */carrier) echo "$CARRIER";; */mtu) echo "$MTU";; esac\n',
     "sleep": "exit 0\n",
 }
 
 
 @pytest.mark.parametrize(
-    ("carrier", "sizes", "hint"),
+    ("carrier", "sizes", "mtu", "hint"),
     [
-        ("0", "", "enP2p1s0f1np1 has no link: check the QSFP-DD cable at both ends"),
-        ("1", "56", "smaller pings do get through: a hop below MTU 9000"),
-        ("1", "", "enP2p1s0f1np1 has link but nothing answers: check on spark-2 that"),
+        ("0", "", "9000", "enP2p1s0f1np1 has no link: check the QSFP-DD cable at both ends"),
+        ("1", "56", "9000", "smaller pings do get through: a hop below MTU 9000; check `cat"
+         " /sys/class/net/enP2p1s0f1np1/mtu` on spark-2"),
+        # This box's own twin lowered by hand (`ip link set dev enP2p1s0f1np1 mtu 1500`): its
+        # own fault, named before any peer is blamed.
+        ("1", "56", "1500", "this box's own enP2p1s0f1np1 is at MTU 1500, not 9000"),
+        ("1", "", "9000", "enP2p1s0f1np1 has link but nothing answers: check on spark-2 that"),
     ],
-)
+)  # fmt: skip
 def test_check_command_says_what_to_look_at(
-    tmp_path: Path, carrier: str, sizes: str, hint: str
+    tmp_path: Path, carrier: str, sizes: str, mtu: str, hint: str
 ) -> None:
     for name, body in STUBS.items():
         (tmp_path / name).write_text("#!/bin/sh\n" + body)
         (tmp_path / name).chmod(0o755)
     commands, _host = check(captured("lab-fabric-peers-cut.txt"))
-    env = dict(os.environ, PATH=f"{tmp_path}:{os.environ['PATH']}", CARRIER=carrier)
+    env = dict(os.environ, PATH=f"{tmp_path}:{os.environ['PATH']}", CARRIER=carrier, MTU=mtu)
     failing = subprocess.run(
         ["sh", "-c", commands[0]], env=env | {"PING_SIZES": sizes}, capture_output=True, text=True
     )
@@ -115,6 +120,7 @@ def test_check_command_says_what_to_look_at(
         " enP2p1s0f1np1) to 9000-byte unfragmented pings; "
     )
     assert hint in failing.stderr
+    assert ("check `cat" in failing.stderr) == (mtu == "9000" and sizes == "56")  # one culprit
     # The peer answering in time (a profile just brought up) passes.
     answering = subprocess.run(["sh", "-c", commands[0]], env=env | {"PING_SIZES": "8972"})
     assert answering.returncode == 0

@@ -135,6 +135,18 @@ def test_the_alert_rules_fire_on_each_fault_and_not_before(tmp_path: Path, promt
                         subject="enp1s0f1np1",
                         expected="9000",
                         found="1500",
+                        severity="critical",
+                    ),
+                    # A twin at 100G on a box whose inventory accepts it (fabric_link_speed_low
+                    # = "warn"): the collector's severity "warning".
+                    series(
+                        "spark_drift",
+                        "1 1 1 1",
+                        kind="rate",
+                        subject="enP2p1s0f1np1",
+                        expected=">= 200000",
+                        found="100000",
+                        severity="warning",
                     ),
                     series("spark_nccl_passed", "1 1 1 1"),
                     series("spark_nccl_age_seconds", "604900+0x3"),
@@ -172,17 +184,31 @@ def test_the_alert_rules_fire_on_each_fault_and_not_before(tmp_path: Path, promt
                         "spark-1: MemAvailable below the memory guard's floor; it stops the"
                         " lowest-priority lane (journalctl -u spark-memguard)",
                     ),
-                    fires(
-                        "SparkFabricDrifted",
-                        "60s",
-                        "warning",
-                        "spark-1: mtu of enp1s0f1np1 is 1500, the plan says 9000; deploy again"
-                        " (--limit spark-1)",
-                        kind="mtu",
-                        subject="enp1s0f1np1",
-                        expected="9000",
-                        found="1500",
-                    ),
+                    {
+                        "eval_time": "60s",
+                        "alertname": "SparkFabricDrifted",
+                        "exp_alerts": [
+                            {
+                                "exp_labels": BOX | labels | {"severity": severity},
+                                "exp_annotations": {
+                                    "summary": f"spark-1: {kind} of {subject} is {found}, the plan"
+                                    f" says {expected}; deploy again (--limit spark-1)"
+                                },
+                            }
+                            for kind, subject, expected, found, severity in (
+                                ("mtu", "enp1s0f1np1", "9000", "1500", "critical"),
+                                ("rate", "enP2p1s0f1np1", ">= 200000", "100000", "warning"),
+                            )
+                            for labels in [
+                                {
+                                    "kind": kind,
+                                    "subject": subject,
+                                    "expected": expected,
+                                    "found": found,
+                                }
+                            ]
+                        ],
+                    },
                     quiet("SparkNcclFailing", "60s"),
                     fires(
                         "SparkNcclStale",

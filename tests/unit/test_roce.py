@@ -122,11 +122,6 @@ def test_fact_command_without_sysfs_prints_nothing(
     assert (result.returncode, result.stdout, result.stderr) == (0, "", "")
 
 
-def test_ipv4_gid_is_the_ipv4_mapped_address() -> None:
-    assert roce.ipv4_gid("192.168.100.10/24") == "0000:0000:0000:0000:0000:ffff:c0a8:640a"
-    assert roce.ipv4_gid("192.168.101.12") == IPV4_101_12
-
-
 def test_format_table_aligns_columns() -> None:
     entries = process(roce.GidTables, captured("gid-at-4.sample.txt"))["rocep1s0f1"]
     lines = roce.format_table(entries).splitlines()

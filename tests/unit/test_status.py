@@ -25,8 +25,20 @@ SCRAPE = captured("lab-metrics-scrape.txt")
 KEY = "k3y-_AZ"
 
 
+def test_the_labs_deployed_box_reads_green() -> None:
+    """The lab's twins read a Spark's 200000 Mb/s (its rate stand-in, tests/simlab/lab.py
+    SPARK_LINK_SPEED): nothing drifted, green (captured/lab-metrics-scrape-200g.txt)."""
+    row = status.row("spark-1", status.samples_of(captured("lab-metrics-scrape-200g.txt")))
+    assert row.cells[0] == "coder up, fast up"
+    assert row.cells[2] == "enP2p1s0f1np1 200G/9000/gid 3, enp1s0f1np1 200G/9000/gid 3"
+    assert row.cells[5] == "-"
+    assert (row.problems, row.warnings) == ([], [])
+    assert status.report([row], colour=False)[1] == 0
+
+
 def test_the_labs_deployed_box_reads_as_its_lanes_memory_twins_and_drift() -> None:
-    """The lab's twins link at 10000 Mb/s (veths) against the plan's 200000: drift, so red."""
+    """Before the lab's rate stand-in its twins read the veths' 10000 Mb/s against the plan's
+    200000: drift, so red (a collector of then: drift without a severity is red)."""
     row = status.row("spark-1", status.samples_of(SCRAPE))
     assert row.cells[0] == "coder up, fast up"
     assert row.cells[1] == "21.4/1 GiB"  # MemAvailable 22989479936 B; the lab's floor 1 GiB
@@ -38,6 +50,36 @@ def test_the_labs_deployed_box_reads_as_its_lanes_memory_twins_and_drift() -> No
         "drift: rate enP2p1s0f1np1 10000 (plan >= 200000)",
         "drift: rate enp1s0f1np1 10000 (plan >= 200000)",
     ]
+
+
+def test_drift_the_plan_accepts_is_a_warning_and_exits_0() -> None:
+    """The collector's severity label (files/spark_metrics.py Drift): a twin at 100G on a box
+    whose inventory says fabric_link_speed_low = "warn", and a RoCE v2 entry NCCL finds at 4."""
+    text = "".join(
+        f'spark_drift{{expected="{expected}",found="{found}",kind="{kind}",severity="warning",'
+        f'subject="enP2p1s0f1np1"}} 1\n'
+        for kind, expected, found in (("rate", ">= 200000", "100000"), ("gid", "3", "4"))
+    )
+    row = status.row("spark-2", status.samples_of('spark_lane_up{lane="fast"} 1\n' + text))
+    assert row.problems == []
+    assert row.warnings == [
+        "drift: rate enP2p1s0f1np1 100000 (plan >= 200000)",
+        "drift: gid enP2p1s0f1np1 4 (plan 3)",
+    ]
+    assert row.cells[5] == (
+        "rate enP2p1s0f1np1 100000 (plan >= 200000) warning; gid enP2p1s0f1np1 4 (plan 3) warning"
+    )
+    shown, code = status.report([row], colour=True)
+    assert code == 0
+    assert shown.splitlines()[1].startswith(status.YELLOW + "spark-2 ")
+    assert shown.splitlines()[2] == (
+        "spark-2: warning: drift: rate enP2p1s0f1np1 100000 (plan >= 200000);"
+        " drift: gid enP2p1s0f1np1 4 (plan 3)"
+    )
+    red = status.row("spark-1", status.samples_of('spark_lane_up{lane="coder"} 0\n'))
+    shown, code = status.report([row, red], colour=False)
+    assert code == 1
+    assert shown.splitlines()[-1] == "spark-1: lane coder DOWN"
 
 
 def test_a_lane_down_a_failed_canary_low_memory_and_a_failing_nccl_are_red() -> None:

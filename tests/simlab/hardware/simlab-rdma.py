@@ -8,9 +8,10 @@ This lab kernel has no RDMA, so this service overlays /sys/class and rewrites th
 an address changes. The layout comes from the lab's hardware file (bound in read-only), where
 `ipv4_roce_v2_index: 4` reproduces a field failure: the IPv4 RoCE v2 entry away from index 3;
 `no_ipv4_roce_v2` lists devices that hold no RoCE v2 entry of their IPv4 address (its RoCE v1
-one only). `link_speeds` gives a rate in Mb/s for some twins: their /sys/class/net/IF/speed,
-which on the lab's veths reads the kernel's 10000, is bound over by a file that reads the rate
-while the twin has carrier and -1 without (an mlx5 link with no partner reports SPEED_UNKNOWN).
+one only). `link_speeds` gives twins a rate in Mb/s (the lab gives each a Spark's 200000 unless
+a test sets another: lab.py SPARK_LINK_SPEED): their /sys/class/net/IF/speed, which on the lab's
+veths reads the kernel's 10000, is bound over by a file that reads the rate while the twin has
+carrier and -1 without (an mlx5 link with no partner reports SPEED_UNKNOWN).
 `kernel` gives a release that /proc/sys/kernel/osrelease reads instead of the lab machine's
 (`uname -r` keeps the real one: no namespace changes it).
 """
