@@ -99,9 +99,7 @@ def test_a_unit_that_did_not_run_this_boot_is_started() -> None:
     # Its file as written and enabled, but dead (a failed nvidia-smi, or stopped by hand).
     host = box(written(**LOCK), "absent")
     host.outputs[SystemdEnabled] = captured("lab-systemctl-gpu-clock-lock-enabled.txt")
-    assert run_op(gpuclock.clock_locked, host=host, **LOCK) == [
-        f"systemctl start {UNIT} {FAILED}"
-    ]
+    assert run_op(gpuclock.clock_locked, host=host, **LOCK) == [f"systemctl start {UNIT} {FAILED}"]
 
 
 def test_turned_off_the_clocks_are_reset_and_the_unit_removed() -> None:
