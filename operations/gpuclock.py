@@ -5,10 +5,11 @@ from __future__ import annotations
 import shlex
 
 from pyinfra import host
-from pyinfra.api import operation
+from pyinfra.api import FactBase, operation
 from pyinfra.api.exceptions import OperationError
 from pyinfra.facts.systemd import SystemdEnabled, SystemdStatus
 
+from files.spark_metrics import clock_journal_command, locked_clocks
 from operations import util
 from operations.asked import Question, answer, question
 from spark.box_paths import GPU_CLOCK_UNIT, NVIDIA_SMI
@@ -20,6 +21,22 @@ RESET = f"{NVIDIA_SMI} -rgc"
 
 def unit_path(unit: str) -> str:
     return f"{UNIT_DIR}/{unit}"
+
+
+class LockedClocks(FactBase):
+    """The (min, max) MHz the unit's nvidia-smi locked this boot, as its journal says (read as
+    the metrics collector and compliance read it: files/spark_metrics.py); None: no lock line.
+
+    .. code:: python
+
+        (300, 2200)
+    """
+
+    def command(self, unit: str) -> str:
+        return f"{shlex.join(clock_journal_command(unit))} 2>/dev/null || true"
+
+    def process(self, output: list[str]) -> tuple[int, int] | None:
+        return locked_clocks("\n".join(output))
 
 
 @operation()
@@ -38,8 +55,9 @@ def clock_locked(
 
     The unit runs once per boot and stays active (RemainAfterExit); a changed unit runs again at
     once (`systemctl restart`), so a new cap holds without a reboot. nvidia-smi's line in the
-    unit's journal is the only reading of the lock (NVML has no getter): the metrics collector
-    and compliance read it (files/spark_metrics.py locked_clocks).
+    unit's journal is the only reading of the lock (NVML has no getter): where this boot's says
+    another range or none (a run cut off before the restart), the unit runs again; the metrics
+    collector and compliance read the same line (files/spark_metrics.py locked_clocks).
 
     **Example:**
 
@@ -54,6 +72,7 @@ def clock_locked(
     found = util.on_box(path)
     running = bool(answer(SystemdStatus, services=[unit]).get(unit))
     enabled = bool(answer(SystemdEnabled, services=[unit]).get(unit))
+    read = answer(LockedClocks, unit=unit)
     if lock is None:
         if found.get(path) is None and not (running or enabled):
             host.noop(f"no GPU clock lock ({unit} absent)")
@@ -78,11 +97,11 @@ def clock_locked(
         unit_changed=bool(written),
         enabled="enabled" if enabled else None,
         running=running,
-        changed=bool(written),
+        changed=bool(written) or (running and read != lock),
         start=f"systemctl start {unit} {said}",
         restart=f"systemctl restart {unit} {said}",
     )
-    if running and enabled and not written:
+    if running and enabled and not written and read == lock:
         host.noop(f"{unit} locked the GPU clock to {lock[0]}-{lock[1]} MHz this boot")
 
 
@@ -92,4 +111,5 @@ def questions(unit: str = GPU_CLOCK_UNIT) -> list[Question]:
         question(util.RootFiles, paths=(unit_path(unit),)),
         question(SystemdStatus, services=[unit]),
         question(SystemdEnabled, services=[unit]),
+        question(LockedClocks, unit=unit),
     ]

@@ -8,6 +8,8 @@ lab's spark-1, Debian 12, systemd 252, after a deploy of this branch):
 - lab-systemctl-gpu-clock-lock-absent-dead.txt, lab-systemctl-gpu-clock-lock-absent-unitfile.txt:
   what systemd answers for a unit without a unit file (asked as spark-nothing-here.service, the
   name replaced by hand): dead, UnitFileState empty.
+- lab-journal-gpu-clock-lock.txt: the unit's journal of this boot (`journalctl -b -u ... -o cat`)
+  after that deploy: systemd's lines and nvidia-smi's lock line.
 """
 
 from __future__ import annotations
@@ -19,11 +21,12 @@ from pyinfra.api.exceptions import OperationError
 from pyinfra.facts.systemd import SystemdEnabled, SystemdStatus
 
 from operations import gpuclock, util
-from tests.unit.harness import FakeHost, captured, file_facts, run_op
+from tests.unit.harness import FakeHost, captured, file_facts, process, run_op
 
 UNIT = "spark-gpu-clock-lock.service"
 PATH = f"/etc/systemd/system/{UNIT}"
 LOCK = {"lock": (300, 2200), "command": "/usr/bin/nvidia-smi -lgc 300,2200"}
+JOURNAL = "lab-journal-gpu-clock-lock.txt"
 FAILED = f"|| {{ journalctl -b -u {UNIT} -n 5 -o cat --no-pager >&2; exit 1; }}"
 
 
@@ -37,6 +40,7 @@ def box(unit_file: str | None, state: str) -> FakeHost:
     host.outputs[SystemdEnabled] = captured(
         f"lab-systemctl-gpu-clock-lock-{'absent-unitfile' if absent else 'enabled'}.txt"
     )
+    host.outputs[gpuclock.LockedClocks] = None if absent else captured(JOURNAL)
     return host
 
 
@@ -83,6 +87,7 @@ def test_its_file_and_states_are_one_question_each() -> None:
             f"{PATH}\troot root 644 {hashlib.sha1(text.encode()).hexdigest()}",
         SystemdStatus: captured("lab-systemctl-gpu-clock-lock-exited.txt"),
         SystemdEnabled: captured("lab-systemctl-gpu-clock-lock-enabled.txt"),
+        gpuclock.LockedClocks: captured(JOURNAL),
     })  # fmt: skip
     assert run_op(gpuclock.clock_locked, host=host, **LOCK) == []
 
@@ -100,6 +105,33 @@ def test_a_unit_that_did_not_run_this_boot_is_started() -> None:
     host = box(written(**LOCK), "absent")
     host.outputs[SystemdEnabled] = captured("lab-systemctl-gpu-clock-lock-enabled.txt")
     assert run_op(gpuclock.clock_locked, host=host, **LOCK) == [f"systemctl start {UNIT} {FAILED}"]
+
+
+def test_the_lock_is_read_from_the_units_journal_of_this_boot() -> None:
+    assert gpuclock.LockedClocks().command(UNIT) == (
+        f"journalctl -b -u {UNIT} -o cat --no-pager 2>/dev/null || true"
+    )
+    assert process(gpuclock.LockedClocks, captured(JOURNAL)) == (300, 2200)
+    assert process(gpuclock.LockedClocks, "") is None
+
+
+@pytest.mark.parametrize(
+    "journal",
+    [
+        # systemd's lines alone (nvidia-smi's removed from the capture by hand): a run cut off
+        # after the unit file was written, before its restart, left the boot's first lock...
+        "Starting spark-gpu-clock-lock.service - Spark GPU clock lock...\n",
+        # ...or the unit ran with another range since (the capture's line edited by hand).
+        'GPU clocks set to "(gpuClkMin 300, gpuClkMax 2400)" for GPU 0000000F:01:00.0\n',
+    ],
+    ids=["no-lock-line", "another-range"],
+)
+def test_a_unit_whose_journal_says_another_lock_runs_again(journal: str) -> None:
+    host = box(written(**LOCK), "exited")
+    host.outputs[gpuclock.LockedClocks] = journal
+    assert run_op(gpuclock.clock_locked, host=host, **LOCK) == [
+        f"systemctl restart {UNIT} {FAILED}"
+    ]
 
 
 def test_turned_off_the_clocks_are_reset_and_the_unit_removed() -> None:
