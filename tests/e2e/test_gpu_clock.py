@@ -20,9 +20,9 @@ from tests.conftest import Deployed, pyinfra, run_on
 from tests.e2e.runs import converged
 from tests.e2e.test_compliance import PARALLEL, compliance, not_passing
 from tests.e2e.test_host_layer import changes
-from tests.e2e.test_lanes import wait_for
 from tests.simlab import lab as simlab
 from tests.simlab.standins import GPU_CLOCK_RECORD
+from tests.simlab.waits import until
 
 pytestmark = pytest.mark.lab
 
@@ -69,7 +69,7 @@ def test_each_box_locks_its_clock_and_again_after_a_reboot(deployed_lab: Deploye
     before = int(run_on(worker, booted))
     simlab.reboot(worker.name)
     assert int(run_on(worker, booted)) > before  # a systemd started anew: it did reboot
-    wait_for(lambda: locked(worker), READY_S, "the unit's lock line in this boot's journal")
+    until(lambda: locked(worker), READY_S, "the unit's lock line in this boot's journal")
     assert recorded(worker) == "300,2200"  # /run was emptied: the unit ran again at boot
     order = run_on(worker, f"systemctl show -p After --value {GPU_CLOCK_UNIT}").split()
     assert "nvidia-persistenced.service" in order
