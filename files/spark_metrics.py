@@ -257,7 +257,7 @@ def locked_clocks(journal: str | None) -> tuple[int, int] | None:
     return (int(found[-1][0]), int(found[-1][1])) if found else None
 
 
-def gpu_clock(metrics: Metrics, expected: dict, journal: str | None, drift: list) -> None:
+def gpu_clock(metrics: Metrics, expected: dict, journal: str | None, drift: list[Drift]) -> None:
     """The GPU clock's lock as its unit's journal of this boot reports it (the plan's unit
     where the plan locks it), against the plan's range."""
     lock = expected["gpu_clock_lock"]
@@ -270,11 +270,9 @@ def gpu_clock(metrics: Metrics, expected: dict, journal: str | None, drift: list
     )  # fmt: skip
     want = (lock["min_mhz"], lock["max_mhz"])
     if found != want:
-        unit = lock["unit"]
-        drift.append(
-            ("gpu_clock", unit, "{},{}".format(*want), "{},{}".format(*found) if found else "none",
-             f"systemctl restart {unit}; journalctl -b -u {unit}")
-        )  # fmt: skip
+        unit, read = lock["unit"], "{},{}".format(*found) if found else "none"
+        fix = f"systemctl restart {unit}; journalctl -b -u {unit}"
+        drift.append(Drift("gpu_clock", unit, "{},{}".format(*want), read, fix))
 
 
 # --- fabric -----------------------------------------------------------------------------------
