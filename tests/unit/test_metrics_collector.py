@@ -454,6 +454,7 @@ def test_no_lock_line_this_boot_reads_0_and_is_drift(box: dict) -> None:
         "300,2200",
         "none",
         GPU_CLOCK_DRIFT,
+        "critical",
     ) in drift
 
 
@@ -469,6 +470,7 @@ def test_the_last_lock_of_the_boot_counts(box: dict) -> None:
         "300,2200",
         "300,2400",
         GPU_CLOCK_DRIFT,
+        "critical",
     ) in drift
 
 
