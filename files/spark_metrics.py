@@ -5,13 +5,13 @@
         --out /var/lib/prometheus/node-exporter/spark.prom
 
 Run by a systemd timer (operations/metrics.py). Reads what the box has (memory, each lane's and
-the cluster rank's container memory, the GPU figures GB10 reports, each fabric twin, the lanes,
-the NCCL test's verdict, image pulls, versions) and compares it with the box's plan, which the
-deploy writes to the root-only EXPECTED file: every value that differs is its own `spark_drift`
-series and a line on stdout (the journal) naming it and what to run. The file is written whole
-or not at all: a temporary file in the same directory, then a rename (the node exporter's
-textfile collector documentation: "atomically", or it may read a half-written file). The
-standard library alone, like files/nccl_check.py.
+the cluster rank's container memory, the GPU figures GB10 reports and its clock's lock, each
+fabric twin, the lanes, the NCCL test's verdict, image pulls, versions) and compares it with the
+box's plan, which the deploy writes to the root-only EXPECTED file: every value that differs is
+its own `spark_drift` series and a line on stdout (the journal) naming it and what to run. The
+file is written whole or not at all: a temporary file in the same directory, then a rename (the
+node exporter's textfile collector documentation: "atomically", or it may read a half-written
+file). The standard library alone, like files/nccl_check.py.
 """
 
 from __future__ import annotations
@@ -62,6 +62,12 @@ ROCE_COUNTERS = (
 # and the loaded driver's version, as operations/driver.py reads it.
 GPU_FIELDS = ("temperature.gpu", "power.draw", "utilization.gpu", "pstate", "driver_version")
 NOT_REPORTED = ("[N/A]", "N/A", "[Not Supported]", "Not Supported", "")
+# What `nvidia-smi -lgc MIN,MAX` prints for each GPU it locked, before "All done." (Red Hat's
+# OpenShift GPUDirect guide's example output; a GB10's journal line as
+# capetron/gb10-cluster-bench docs/power-offs-and-clock-lock.md quotes it). NVML has no getter
+# for a locked clock and `nvidia-smi -q -d CLOCK` does not show it (driver 580.178.04, same
+# source): the lock unit's journal line of this boot is the reading, here and in compliance.
+CLOCKS_SET = re.compile(r'GPU clocks set to "\(gpuClkMin (\d+), gpuClkMax (\d+)\)"')
 CONTAINER_PREFIXES = ("spark-lane-", "spark-ray")  # the lanes' containers; Ray's holds ranks
 HEALTH_TIMEOUT_S = 2
 # The answer canary every lane's unit runs after /health (operations/lanes.py CANARY_COMMAND).
@@ -238,6 +244,35 @@ def gpu(metrics: Metrics, csv: str | None) -> str:
     if (pstate := got["pstate"]) not in NOT_REPORTED and re.fullmatch(r"P\d+", pstate):
         metrics.add("spark_gpu_pstate", int(pstate[1:]), "GPU performance state (0: highest)")
     return got["driver_version"]
+
+
+def clock_journal_command(unit: str) -> list[str]:
+    """The lock unit's journal of this boot, its messages alone (journalctl(1): -b, -u, -o cat)."""
+    return ["journalctl", "-b", "-u", unit, "-o", "cat", "--no-pager"]
+
+
+def locked_clocks(journal: str | None) -> tuple[int, int] | None:
+    """The (min, max) MHz of the last lock nvidia-smi reported in ``journal``; None: none."""
+    found = CLOCKS_SET.findall(journal or "")
+    return (int(found[-1][0]), int(found[-1][1])) if found else None
+
+
+def gpu_clock(metrics: Metrics, expected: dict, journal: str | None, drift: list[Drift]) -> None:
+    """The GPU clock's lock as its unit's journal of this boot reports it (the plan's unit
+    where the plan locks it), against the plan's range."""
+    lock = expected["gpu_clock_lock"]
+    if lock is None:
+        return
+    found = locked_clocks(journal)
+    metrics.add(
+        "spark_gpu_clock_locked_mhz", found[1] if found else 0,
+        "The GPU clock's locked maximum, from its unit's journal this boot (0: not locked)",
+    )  # fmt: skip
+    want = (lock["min_mhz"], lock["max_mhz"])
+    if found != want:
+        unit, read = lock["unit"], "{},{}".format(*found) if found else "none"
+        fix = f"systemctl restart {unit}; journalctl -b -u {unit}"
+        drift.append(Drift("gpu_clock", unit, "{},{}".format(*want), read, fix))
 
 
 # --- fabric -----------------------------------------------------------------------------------
@@ -505,6 +540,9 @@ def collect(
             ["nvidia-smi", f"--query-gpu={','.join(GPU_FIELDS)}", "--format=csv,noheader,nounits"]
         ),
     )
+    lock = expected["gpu_clock_lock"]
+    journal = command(clock_journal_command(lock["unit"])) if lock else None
+    gpu_clock(metrics, expected, journal, drift)
     fabric(metrics, sys_fs, expected, drift)
     uptime = float((read(proc / "uptime") or "0").split()[0])
 

@@ -37,6 +37,18 @@ driver_package = "nvidia-driver-580-open"
 # again and says the box needs a reboot. Another branch is refused before any box is contacted.
 driver_version = None
 
+# The GPU's graphics clock locked to (min, max) MHz at every boot: `nvidia-smi -lgc 300,2200` by
+# a oneshot unit after nvidia-persistenced (operations/gpuclock.py). A hot GB10 powers OFF (no
+# reboot, no log, standby at the outlet until AC is cycled) seconds into a 131k-token prefill at
+# default clocks, boosting to ~2400 MHz: 2 losses in 22 long onsets on one unit, none in 15
+# locked; 0 in 66 long-input onsets with the lock on a loaded 7-unit pod. Cost: 1-3% of decode
+# at one user, none at 32, equal or faster at 131k once warm (capetron/gb10-cluster-bench
+# docs/power-offs-and-clock-lock.md; the same power-offs in tonyd2wild/dgx-spark-hard-poweroff-
+# fix and NVIDIA forum threads 373251 and 377478, where a user locks 300,2400; caps of 2100-2400
+# are reported). Another cap for a box: e.g. (300, 2100) in its host data; None (or False): no
+# lock, the unit removed and the clocks reset (`nvidia-smi -rgc`).
+gpu_clock_lock_mhz = (300, 2200)
+
 # Fabric interface -> its RDMA device, both QSFP ports: one QSFP DAC shows two ~200 Gb/s
 # twins; NCCL needs every twin in use in NCCL_IB_HCA or runs at ~3 GB/s (seed 001;
 # dgx-spark-playbooks#102). Port 0 next to the RJ-45 port, port 1 further away

@@ -9,8 +9,9 @@ from fnmatch import fnmatchcase
 from pyinfra import host
 from pyinfra.api import FactBase, operation
 
-from operations import firewall, util
+from operations import firewall, gpuclock, util
 from operations.asked import answer
+from spark.box_paths import GPU_CLOCK_UNIT
 
 UNIT_DIR = "/etc/systemd/system"
 PREFIX = "spark-"  # of every unit and container the deploy makes (lanes, Ray, NCCL test, ...)
@@ -62,7 +63,8 @@ class Pieces(FactBase):
 def removed(paths: list[str]):
     """
     Stop and remove every unit and container of the deploy's, the firewall's nft table, and
-    those of ``paths`` that exist; nginx reloaded without the lanes' and the metrics' sites.
+    those of ``paths`` that exist; the GPU clock's lock reset; nginx reloaded without the lanes'
+    and the metrics' sites.
 
     + paths: files and directories the deploy writes (directories go whole)
     """
@@ -83,6 +85,8 @@ def removed(paths: list[str]):
         yield f"docker ps -aq --filter name='^{PREFIX}' | xargs -r docker rm -f"
     if found["table"]:
         yield firewall.DELETE_TABLE
+    if GPU_CLOCK_UNIT in found["unit files"]:
+        yield gpuclock.RESET  # its lock outlives the unit until the box reboots
     gone = [f"{UNIT_DIR}/{name}" for name in found["unit files"]] + found["paths"]
     if gone:
         yield f"rm -rf -- {' '.join(map(shlex.quote, gone))}"

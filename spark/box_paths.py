@@ -13,6 +13,10 @@ NCCL_VERDICT = f"{NCCL_RESULT_DIR}/verdict.json"
 # in the kernel's ephemeral range, which the cluster's firewall admits from the fabric only
 # (operations/firewall.py), bound to the box's fabric address.
 WEIGHTS_PORT = 60991
+# The oneshot unit locking the GPU's graphics clock at boot (operations/gpuclock.py), whose
+# journal the metrics collector and compliance read (the lock has no getter in NVML).
+GPU_CLOCK_UNIT = "spark-gpu-clock-lock.service"
+NVIDIA_SMI = "/usr/bin/nvidia-smi"  # the driver's (nvidia-utils), where the unit runs it
 
 
 def key_path(lane: str) -> str:

@@ -64,6 +64,10 @@ DRIVER_PACKAGE = re.compile(r"nvidia-driver-(\d+)(-open)?")
 DEBIAN_VERSION = re.compile(r"(\d+:)?\d[A-Za-z0-9.+~]*(-[A-Za-z0-9.+~]+)*")
 ABSOLUTE_PATH = re.compile(r"(/[A-Za-z0-9_.-]+)+")
 SUPPORTED_BRANCH = 580
+# The highest graphics clock a GB10 reports (nvidia-smi's clocks.max.gr, 3003 MHz on driver
+# 580.178.04, its applications clock 2418; boosting it reaches ~2400 under load: public GB10
+# write-ups). A lock's maximum above it locks nothing.
+GB10_MAX_GRAPHICS_MHZ = 3003
 # Jumbo frames on the fabric (seed 001); NVIDIA's guide leaves 1500, which measured 18.9-21 GB/s
 # of NCCL against 23.74 GB/s at 9000 (dgx-spark-playbooks#25).
 FABRIC_MTU = 9000
@@ -176,6 +180,11 @@ class HostSettings(BaseModel):
         description="None (the build of the branch apt installs first, kept), or a Debian"
         f" version of branch {SUPPORTED_BRANCH} that `apt-cache madison"
         f" nvidia-driver-{SUPPORTED_BRANCH}-open` lists, e.g. 580.159.04-0ubuntu1",
+    )
+    gpu_clock_lock_mhz: tuple[int, int] | None = Field(
+        description="(min, max): the MHz `nvidia-smi -lgc min,max` locks the GPU's graphics clock"
+        f" to at every boot, integers with 0 <= min <= max <= {GB10_MAX_GRAPHICS_MHZ} (a GB10's"
+        " highest), e.g. (300, 2200); None or False: no lock"
     )
     toolkit_version: Annotated[
         str,
@@ -385,6 +394,31 @@ class HostSettings(BaseModel):
                 f" nvidia-driver-{SUPPORTED_BRANCH}-open` lists for it, e.g. {version}-0ubuntu1"
             )
         return version
+
+    @field_validator("gpu_clock_lock_mhz", mode="before")
+    @classmethod
+    def _gpu_clock_lock_off_or_pair(cls, value: object) -> object:
+        # False reads as off; a list (as JSON or an owner writes it) as the pair it holds.
+        if value is False or value is None:
+            return None
+        if not isinstance(value, tuple | list) or len(value) != 2:
+            example = value if type(value) is int else 2200
+            raise ValueError(
+                f"{value!r} is not a pair (min, max) of MHz; e.g. (300, {example}) to cap the"
+                " clock there, or None for no lock"
+            )
+        return tuple(value)
+
+    @field_validator("gpu_clock_lock_mhz")
+    @classmethod
+    def _gpu_clock_lock(cls, pair: tuple[int, int] | None) -> tuple[int, int] | None:
+        if pair is not None and not 0 <= pair[0] <= pair[1] <= GB10_MAX_GRAPHICS_MHZ:
+            raise ValueError(
+                f"{pair} is not a range (min, max) with 0 <= min <= max <="
+                f" {GB10_MAX_GRAPHICS_MHZ} MHz (a GB10's highest graphics clock); e.g. (300, 2200),"
+                " or None for no lock"
+            )
+        return pair
 
     @field_validator("toolkit_repo_url", "toolkit_repo_key_url")
     @classmethod
@@ -707,6 +741,7 @@ class HostConfig(Frozen):
     take_over_netplan: bool
     kernel_hold: bool
     driver: Driver
+    gpu_clock_lock_mhz: tuple[int, int] | None  # (min, max); None: no lock
     toolkit: Toolkit
     env_file: str
     nccl_debug: bool
@@ -764,6 +799,7 @@ class HostConfig(Frozen):
                 package=data.driver_package,
                 version=data.driver_version,
             ),
+            gpu_clock_lock_mhz=data.gpu_clock_lock_mhz,
             toolkit=Toolkit(
                 version=data.toolkit_version,
                 repo_url=data.toolkit_repo_url,

@@ -16,10 +16,12 @@ from spark import fleet
 from spark import kernel as kernel_rules
 from spark.box_paths import (
     FLEET_KEY,
+    GPU_CLOCK_UNIT,
     HF_CACHE_IN_CONTAINER,
     HF_TOKEN,
     MODELS_DIR,
     NCCL_VERDICT,
+    NVIDIA_SMI,
     WEIGHTS_PORT,
     fetch_unit,
 )
@@ -52,6 +54,16 @@ class Kernel(Record):
     grub_dropin: str
     # kernel_hold: these metapackages held and apt pinned to the running kernel's ABI; () off.
     hold: tuple[str, ...]
+
+
+class GpuClockLock(Record):
+    """The GPU's graphics clock locked at every boot (operations/gpuclock.py): the oneshot unit,
+    the command it runs, and the range nvidia-smi's line in the unit's journal then names."""
+
+    unit: str
+    command: str
+    min_mhz: int
+    max_mhz: int
 
 
 class Peer(Record):
@@ -257,6 +269,7 @@ class Expected(Record):
     rate_low: Literal["refuse", "warn"]  # a slower twin: red, or a warning (spark/twin.py)
     gid_index: int
     driver_branch: int
+    gpu_clock_lock: GpuClockLock | None
     twins: tuple[MetricsTwin, ...]
     lanes: tuple[MetricsLane, ...]
     nccl: bool
@@ -337,6 +350,7 @@ class BoxPlan(Record):
     # Host layer
     kernel: Kernel
     driver: Driver
+    gpu_clock_lock: GpuClockLock | None  # None: no lock, no unit
     toolkit: Toolkit
     # Fabric
     fabric: Fabric | None
@@ -416,6 +430,16 @@ def kernel(me: HostConfig) -> Kernel:
         boot_option=kernel_rules.KHO_OFF,
         grub_dropin=kernel_rules.GRUB_DROPIN,
         hold=kernel_rules.KERNEL_METAPACKAGES if me.kernel_hold else (),
+    )
+
+
+def gpu_clock_lock(me: HostConfig) -> GpuClockLock | None:
+    """The unit's `nvidia-smi -lgc min,max` where the box locks its GPU clock."""
+    if me.gpu_clock_lock_mhz is None:
+        return None
+    low, high = me.gpu_clock_lock_mhz
+    return GpuClockLock(
+        unit=GPU_CLOCK_UNIT, command=f"{NVIDIA_SMI} -lgc {low},{high}", min_mhz=low, max_mhz=high
     )
 
 
@@ -688,8 +712,9 @@ def memory(me: HostConfig, spark: SparkConfig, router_gib: float) -> Memory:
 
 def metrics(me: HostConfig, spark: SparkConfig) -> Metrics | None:
     """The collector's expected values are the plan's own: the fabric's MTU, rate and GID index,
-    the driver branch, the guard's floor, every lane unit the box keeps (a cluster lane's rank
-    too; a headless one answers no /health), and the NCCL test where it runs."""
+    the driver branch, the GPU clock's lock, the guard's floor, every lane unit the box keeps (a
+    cluster lane's rank too; a headless one answers no /health), and the NCCL test where it
+    runs."""
     if not me.metrics:
         return None
     units, scraped = [], []
@@ -720,6 +745,7 @@ def metrics(me: HostConfig, spark: SparkConfig) -> Metrics | None:
             rate_low=me.link_speed_low,
             gid_index=me.gid_index,
             driver_branch=me.driver.branch,
+            gpu_clock_lock=gpu_clock_lock(me),
             twins=tuple(
                 MetricsTwin(ifname=link.ifname, hca=link.hca, address=str(link.address.ip))
                 for link in me.fabric
@@ -789,6 +815,7 @@ def box_plan(me: HostConfig, spark: SparkConfig, router_gib: float) -> BoxPlan:
         kernel=kernel(me),
         independent=me.shape.independent,
         driver=me.driver,
+        gpu_clock_lock=gpu_clock_lock(me),
         toolkit=me.toolkit,
         fabric=fabric(me, spark),
         environment=Environment(

@@ -79,8 +79,8 @@ def scrape_config(plan: Plan, keys_dir: str) -> dict:
 
 def rules(plan: Plan) -> dict:
     """The alert rules (Prometheus' alerting rules format): box down, lane down, canary failing,
-    memory below the guard's floor, fabric drifted, the driver off its branch, NCCL failing or
-    older than a week, the collector stopped."""
+    memory below the guard's floor, fabric drifted, the driver off its branch, the GPU clock not
+    locked as planned, NCCL failing or older than a week, the collector stopped."""
     intervals = [box.metrics.interval_s for box in plan.boxes if box.metrics is not None]
     interval = max(intervals, default=30)
     wait = f"{interval * FOR_COLLECTIONS}s"
@@ -154,6 +154,13 @@ def rules(plan: Plan) -> dict:
                         f'spark_drift{{{spark},kind="driver"}} == 1',
                         "{{ $labels.box }}: driver branch {{ $labels.found }} loaded, the plan"
                         " says {{ $labels.expected }} (590 deadlocks CUDA graphs on GB10)",
+                    ),
+                    alert(
+                        "SparkGpuClockUnlocked",
+                        f'spark_drift{{{spark},kind="gpu_clock"}} == 1',
+                        "{{ $labels.box }}: its GPU clock lock this boot is {{ $labels.found }},"
+                        " the plan says {{ $labels.expected }} (GB10s power off under long"
+                        " prefills unlocked; journalctl -b -u {{ $labels.subject }})",
                     ),
                     alert(
                         "SparkNcclFailing",

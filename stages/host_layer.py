@@ -1,10 +1,10 @@
-"""The host layer: dpkg whole, the driver branch held and running, the kernel held where the
-owner says so, the container toolkit, the host hygiene the field learned. Nothing here needs
-the fabric or another box."""
+"""The host layer: dpkg whole, the driver branch held and running, the GPU clock locked, the
+kernel held where the owner says so, the container toolkit, the host hygiene the field learned.
+Nothing here needs the fabric or another box."""
 
 from pyinfra.api import deploy
 
-from operations import asked, debpkg, driver, hygiene, kernel, toolkit
+from operations import asked, debpkg, driver, gpuclock, hygiene, kernel, toolkit
 from spark.plan import BoxPlan
 
 
@@ -15,6 +15,7 @@ def host_layer(box: BoxPlan) -> None:
         [
             *debpkg.questions(),
             *driver.questions(),
+            *gpuclock.questions(),
             *kernel.held_questions(box.kernel.hold),
             *toolkit.questions(),
             *hygiene.questions(),
@@ -32,6 +33,14 @@ def host_layer(box: BoxPlan) -> None:
     )
     driver.running(
         name=f"nvidia-smi reports a {box.driver.branch} driver", branch=box.driver.branch
+    )
+    lock = box.gpu_clock_lock
+    gpuclock.clock_locked(
+        name=f"GPU clock locked to {lock.min_mhz}-{lock.max_mhz} MHz at every boot"
+        if lock
+        else "GPU clock not locked",
+        lock=(lock.min_mhz, lock.max_mhz) if lock else None,
+        command=lock.command if lock else "",
     )
     kernel.held(
         name="Kernel held: metapackages held, apt pinned" if box.kernel.hold else "Kernel not held",

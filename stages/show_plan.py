@@ -10,7 +10,16 @@ from __future__ import annotations
 import argparse
 import sys
 
-from spark.plan import BoxPlan, Cluster, FleetEndpoint, Memory, Plan, Route, ServedLane
+from spark.plan import (
+    BoxPlan,
+    Cluster,
+    FleetEndpoint,
+    GpuClockLock,
+    Memory,
+    Plan,
+    Route,
+    ServedLane,
+)
 from stages.settings import plan_or_say_why
 
 
@@ -29,6 +38,15 @@ def served_line(served: ServedLane) -> str:
         f"{lane.name}: {lane.engine} {lane.model} as {lane.served_name}, {where},"
         f" {lane.image}, memory {lane.memory_fraction:g}, key {'yes' if lane.api_key else 'no'}"
         f"{after}"
+    )
+
+
+def clock_line(lock: GpuClockLock | None) -> str:
+    if lock is None:
+        return "GPU clock not locked (gpu_clock_lock_mhz None): no unit, clocks reset"
+    return (
+        f"GPU clock locked to {lock.min_mhz}-{lock.max_mhz} MHz at every boot: {lock.unit}"
+        f" runs `{lock.command}` after nvidia-persistenced"
     )
 
 
@@ -128,6 +146,7 @@ def box_text(box: BoxPlan) -> str:
             f"driver {box.driver.package}"
             f" {box.driver.version or 'at the build apt installs first'}"
             f" (branch {box.driver.branch}) held, apt pinned",
+            clock_line(box.gpu_clock_lock),
             f"kernel {'held at the running ABI, apt pinned' if box.kernel.hold else 'not held'}",
             f"NVIDIA container toolkit {box.toolkit.version}, docker's nvidia runtime",
         ],

@@ -4,13 +4,13 @@
 
 `make status` runs it. Per box: the lanes (up, canary), MemAvailable against the memory guard's
 floor, each twin (rate, MTU, RoCE v2 GID index), the NCCL test's verdict and its age, the image
-pulls running, and every drift from the plan. A box is red when its endpoint does not answer, a
-lane is down or failed its canary, memory is below the floor, anything drifted that the plan
-refuses, or the NCCL test failed or is older than a week; the command then exits 1. Drift the
-plan accepts (the collector's severity "warning": a slower twin under fabric_link_speed_low =
-"warn", a RoCE v2 entry NCCL finds away from its usual index) is shown as a warning: yellow,
-exit 0. Each box's metrics key is read from KEYS_DIR/<box>.key, where `make clients` copies its
-/etc/spark/secrets/_metrics.key (README: Watching the fleet).
+pulls running, every drift from the plan, and the GPU clock's lock. A box is red when its
+endpoint does not answer, a lane is down or failed its canary, memory is below the floor,
+anything drifted that the plan refuses, or the NCCL test failed or is older than a week; the
+command then exits 1. Drift the plan accepts (the collector's severity "warning": a slower twin
+under fabric_link_speed_low = "warn", a RoCE v2 entry NCCL finds away from its usual index) is
+shown as a warning: yellow, exit 0. Each box's metrics key is read from KEYS_DIR/<box>.key, where
+`make clients` copies its /etc/spark/secrets/_metrics.key (README: Watching the fleet).
 """
 
 from __future__ import annotations
@@ -75,7 +75,7 @@ def row(box: str, samples: Samples | None, error: str = "") -> Row:
     """A box's cells and what makes it red, from its endpoint's samples (None: no answer)."""
     result = Row(box)
     if samples is None:
-        result.cells = [f"no answer: {error}", "", "", "", "", ""]
+        result.cells = [f"no answer: {error}", "", "", "", "", "", ""]
         result.problems.append(f"endpoint: {error}")
         return result
     up, canary = (
@@ -97,6 +97,7 @@ def row(box: str, samples: Samples | None, error: str = "") -> Row:
         memory = f"{available / GIB:.1f}/{floor / GIB:g} GiB"
         if available < floor:
             result.problems.append("memory below the floor")
+    clock = clock_cell(one(samples, "spark_gpu_clock_locked_mhz"))
     rates = by(samples, "spark_twin_rate_mbps", "twin")
     mtus = by(samples, "spark_twin_mtu_bytes", "twin")
     gids = by(samples, "spark_twin_roce_v2_gid_index", "twin")
@@ -127,7 +128,16 @@ def row(box: str, samples: Samples | None, error: str = "") -> Row:
     result.cells = [", ".join(lanes) or "-", memory, ", ".join(twins) or "-", nccl]
     result.cells.append(", ".join(pulling(samples)) or "-")
     result.cells.append("; ".join(drift) or "-")
+    result.cells.append(clock)
     return result
+
+
+def clock_cell(locked_mhz: float | None) -> str:
+    """The GPU clock's lock as the collector read it from its unit's journal (no series: the
+    plan locks none; 0: not locked this boot, which is also a drift)."""
+    if locked_mhz is None:
+        return "off"
+    return f"max {locked_mhz:.0f} MHz" if locked_mhz else "NOT LOCKED"
 
 
 def pulling(samples: Samples) -> list[str]:
@@ -164,7 +174,7 @@ def scrape(box: BoxPlan, keys_dir: Path) -> tuple[Samples | None, str]:
 
 def table(rows: list[Row], colour: bool) -> str:
     header = ["box", "lanes (canary)", "memory avail/floor", "twins rate/MTU/GID", "NCCL"]
-    header += ["pulls", "drift"]
+    header += ["pulls", "drift", "GPU clock"]
     lines = [header] + [[r.box, *r.cells] for r in rows]
     widths = [max(len(line[i]) for line in lines) for i in range(len(header))]
     out = []

@@ -405,6 +405,79 @@ def test_smi_table_is_laid_out_as_a_real_gb10s(smi: dict[str, Path]) -> None:
     assert len(ours[1]) == len(real[1])
 
 
+# The graphics clock's lock and reset. The lock's two lines: Red Hat's OpenShift GPUDirect guide's
+# example output of `nvidia-smi -i 0 -lgc ...` ('GPU clocks set to "(gpuClkMin 1740, gpuClkMax
+# 1740)" for GPU 00000000:61:00.0', "All done."), a GB10's bus id (the table above); its journal
+# line on a GB10 as capetron/gb10-cluster-bench quotes it. The reset: "All done." (a public
+# pod-capability check of `nvidia-smi -i 0 -rgc`, RC=0).
+GB10_LOCKED = 'GPU clocks set to "(gpuClkMin 300, gpuClkMax 2200)" for GPU 0000000F:01:00.0\n'
+
+
+@pytest.mark.parametrize(
+    ("args", "expected", "recorded"),
+    [
+        (("-lgc", "300,2200"), GB10_LOCKED + "All done.\n", "300,2200\n"),
+        (("--lock-gpu-clocks=300,2200",), GB10_LOCKED + "All done.\n", "300,2200\n"),
+        # One value locks min and max to it (`-lgc 1000`: gpuClkMin 1000, gpuClkMax 1000 in the
+        # same public check).
+        (
+            ("-lgc", "2100"),
+            'GPU clocks set to "(gpuClkMin 2100, gpuClkMax 2100)" for GPU 0000000F:01:00.0\n'
+            "All done.\n",
+            "2100,2100\n",
+        ),
+        (("-rgc",), "All done.\n", None),
+    ],
+    ids=["lgc", "long-option", "one-value", "rgc"],
+)  # fmt: skip
+def test_smi_locks_and_resets_the_clock_as_root_in_the_real_words(
+    smi: dict[str, Path],
+    args: tuple[str, ...],
+    expected: str,
+    recorded: str | None,
+    tmp_path: Path,
+) -> None:
+    # The lab's record of the lock (for its tests; the tool itself shows none), here in tmp_path,
+    # holding an earlier lock that -rgc removes.
+    record = tmp_path / "gpu-clock"
+    record.write_text("300,2400\n")
+    env = {"SIMLAB_GPU_CLOCK_RECORD": str(record), "PATH": os.environ["PATH"]}
+    result = run(smi["580.142"], *args, env=env)
+    assert (result.returncode, result.stdout) == (0, expected)
+    assert (record.read_text() if record.exists() else None) == recorded
+
+
+@pytest.mark.parametrize("args", [("-lgc", "300,2200"), ("-rgc",)])
+def test_smi_refuses_a_user_without_the_right_as_the_real_one(
+    smi: dict[str, Path], args: tuple[str, ...], tmp_path: Path
+) -> None:
+    # Not root: an `id` answering 1000 first on PATH. The refusal and exit 4 are a GB10's, as a
+    # public write-up quotes them from an unprivileged container; the second line is driver
+    # 610.88's after the same refusal (WSL), quoted in another.
+    (tmp_path / "id").write_text("#!/bin/sh\necho 1000\n")
+    (tmp_path / "id").chmod(0o755)
+    record = tmp_path / "gpu-clock"
+    user = {"PATH": f"{tmp_path}:{os.environ['PATH']}", "SIMLAB_GPU_CLOCK_RECORD": str(record)}
+    result = run(smi["580.142"], *args, env=user)
+    assert not record.exists()
+    assert result.returncode == 4
+    assert result.stdout == (
+        "The current user does not have permission to change clocks for GPU 0000000F:01:00.0.\n"
+        "Terminating early due to previous errors.\n"
+    )
+
+
+@pytest.mark.parametrize("value", ["2200,300", "300,2x", "300,", "1,2,3"])
+def test_smi_refuses_a_lock_that_is_no_range(
+    smi: dict[str, Path], value: str, tmp_path: Path
+) -> None:
+    record = tmp_path / "gpu-clock"
+    env = {"SIMLAB_GPU_CLOCK_RECORD": str(record), "PATH": os.environ["PATH"]}
+    result = run(smi["580.142"], "-lgc", value, env=env)
+    assert result.returncode == 2 and "GPU clocks set" not in result.stdout
+    assert not record.exists()
+
+
 # --- the container toolkit's programs -------------------------------------------------------------
 
 

@@ -554,3 +554,42 @@ def test_an_image_known_to_carry_nccl_before_2_29_3_is_warned_of_for_a_cluster(
     fixed = vllm_release.Image("0.19.0", True, "seed 004", "2.29.3", "a release note")
     monkeypatch.setitem(vllm_release.IMAGES, "nvcr.io/nvidia/vllm:26.04-py3", fixed)
     assert [w for w in load_from_dicts(with_lanes([BIG], [])).warnings if "NCCL" in w] == []
+
+
+# gpu_clock_lock_mhz: (min, max) MHz for `nvidia-smi -lgc min,max`; a GB10 reports 3003 MHz as its
+# highest graphics clock (clocks.max.gr, driver 580.178.04, public GB10 write-ups).
+LOCK_RANGE = (
+    "is not a range (min, max) with 0 <= min <= max <= 3003 MHz (a GB10's highest graphics"
+    " clock); e.g. (300, 2200), or None for no lock"
+)
+
+
+@pytest.mark.parametrize("value", [(300, 2200), (300, 2400), [300, 2100], (0, 3003), None, False])
+def test_a_gpu_clock_lock_within_a_gb10s_range_or_none_passes(value: object) -> None:
+    assert refusals(gpu_clock_lock_mhz=value) == []
+
+
+@pytest.mark.parametrize(
+    ("value", "problem"),
+    [
+        ((2200, 300), f"(2200, 300) {LOCK_RANGE}"),
+        ((300, 3100), f"(300, 3100) {LOCK_RANGE}"),
+        ((-1, 2200), f"(-1, 2200) {LOCK_RANGE}"),
+        (2200, "2200 is not a pair (min, max) of MHz; e.g. (300, 2200) to cap the clock there,"
+               " or None for no lock"),
+        (True, "True is not a pair (min, max) of MHz; e.g. (300, 2200) to cap the clock there,"
+               " or None for no lock"),
+        ((300, 2200, 2400), "(300, 2200, 2400) is not a pair (min, max) of MHz; e.g. (300, 2200)"
+                            " to cap the clock there, or None for no lock"),
+    ],
+)  # fmt: skip
+def test_a_gpu_clock_lock_out_of_range_is_refused_naming_box_and_key(
+    value: object, problem: str
+) -> None:
+    assert refusals(gpu_clock_lock_mhz=value) == [f"spark-1: gpu_clock_lock_mhz: {problem}"]
+
+
+@pytest.mark.parametrize("value", [(300.0, 2200), ("300", 2200), (True, 2200)])
+def test_a_gpu_clock_lock_of_other_than_integers_is_refused(value: object) -> None:
+    (problem,) = refusals(gpu_clock_lock_mhz=value)
+    assert problem.startswith("spark-1: gpu_clock_lock_mhz: 0: Input should be a valid integer")

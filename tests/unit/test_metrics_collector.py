@@ -15,6 +15,11 @@ Inputs:
 - tests/unit/captured/lab-systemctl-show-lane-canary-failed.txt: the collector's `systemctl
   show` of a lab lane whose canary failed its start (its model made to answer gibberish;
   tests/e2e/test_metrics.py), waiting to restart (Restart=on-failure: "activating").
+- tests/unit/captured/lab-journal-gpu-clock-lock.txt: `journalctl -b -u
+  spark-gpu-clock-lock.service -o cat` on the lab's spark-1 after a deploy: systemd's lines and
+  the stand-in nvidia-smi's, whose lock line is the real tool's (Red Hat's OpenShift GPUDirect
+  guide's example output; the GB10 journal line capetron/gb10-cluster-bench
+  docs/power-offs-and-clock-lock.md quotes).
 """
 
 from __future__ import annotations
@@ -52,6 +57,9 @@ EXPECTED = {
     "rate_low": "refuse",
     "gid_index": 3,
     "driver_branch": 580,
+    "gpu_clock_lock": {"unit": "spark-gpu-clock-lock.service",
+                       "command": "/usr/bin/nvidia-smi -lgc 300,2200",
+                       "min_mhz": 300, "max_mhz": 2200},
     "twins": [
         {"ifname": "enp1s0f1np1", "hca": "rocep1s0f1", "address": "192.168.100.10"},
         {"ifname": "enP2p1s0f1np1", "hca": "roceP2p1s0f1", "address": "192.168.101.10"},
@@ -124,20 +132,23 @@ def box(tmp_path: Path) -> dict:
         "docker": f"{cid} spark-lane-coder\n{'b' * 64} unrelated\n",
         "nvidia-smi": "40, 4.12, 0, P8, 580.142\n",
         "dpkg-query": "1.19.0-1",
+        "journalctl": captured("lab-journal-gpu-clock-lock.txt"),
         "spark-lane-coder.service": "ActiveState=active\nActiveEnterTimestampMonotonic=400500000\n",
         "spark-lane-fast.service": captured("lab-systemctl-show-lane-canary-failed.txt"),
     }
     return {"proc": proc, "sys": sys_fs, "verdict": verdict, "outputs": outputs}
 
 
-def collect(box: dict, **changes):
+def collect(box: dict, expected: dict | None = None, **changes):
     outputs = {**box["outputs"], **changes}
 
     def command(argv: list[str]) -> str | None:
         key = argv[2] if argv[0] == "systemctl" else argv[0]
+        asked.append(argv)
         return outputs.get(key)
 
-    expected = {**EXPECTED, "nccl_verdict": str(box["verdict"])}
+    asked: list[list[str]] = box.setdefault("asked", [])
+    expected = {**EXPECTED, **(expected or {}), "nccl_verdict": str(box["verdict"])}
     return spark_metrics.collect(
         expected,
         proc=box["proc"],
@@ -169,6 +180,7 @@ def test_a_converged_box_reads_back_through_the_parser(box: dict) -> None:
     assert got[("spark_gpu_power_watts", ())] == 4.12
     assert got[("spark_gpu_utilization_ratio", ())] == 0
     assert got[("spark_gpu_pstate", ())] == 8
+    assert got[("spark_gpu_clock_locked_mhz", ())] == 2200
     assert got[("spark_twin_mtu_bytes", first)] == 9000
     assert got[("spark_twin_rate_mbps", first)] == 200000
     assert got[("spark_twin_roce_v2_gid_index", first)] == 3
@@ -324,9 +336,9 @@ def test_gb10_memory_na_and_a_failed_query(box: dict) -> None:
     assert got[("spark_gpu_utilization_ratio", ())] == 0 and got[("spark_gpu_query_ok", ())] == 1
     got = samples(collect(box, **{"nvidia-smi": None})[0])
     assert got[("spark_gpu_query_ok", ())] == 0
-    assert not [
-        key for key in got if key[0].startswith("spark_gpu_") and key[0] != "spark_gpu_query_ok"
-    ]
+    # The clock's lock is read from its unit's journal, not from the query.
+    left_in = ("spark_gpu_query_ok", "spark_gpu_clock_locked_mhz")
+    assert not [key for key in got if key[0].startswith("spark_gpu_") and key[0] not in left_in]
 
 
 def test_below_the_floor_and_a_590_driver_drift(box: dict) -> None:
@@ -396,3 +408,74 @@ def test_written_atomically_and_readable_by_the_exporter(tmp_path: Path) -> None
     assert out.read_text() == "new 2\n"
     assert oct(out.stat().st_mode & 0o777) == "0o644"
     assert sorted(path.name for path in tmp_path.iterdir()) == ["spark.prom"]
+
+
+# --- the GPU clock's lock -------------------------------------------------------------------------
+
+GPU_CLOCK_DRIFT = (
+    "systemctl restart spark-gpu-clock-lock.service; journalctl -b -u spark-gpu-clock-lock.service"
+)
+
+
+def test_the_lock_is_read_from_its_units_journal_of_this_boot(box: dict) -> None:
+    collect(box)
+    journal = ["journalctl", "-b", "-u", "spark-gpu-clock-lock.service", "-o", "cat", "--no-pager"]
+    assert journal in box["asked"]
+
+
+@pytest.mark.parametrize(
+    ("line", "pair"),
+    [
+        # Red Hat's OpenShift GPUDirect guide, `nvidia-smi -i 0 -lgc ...` in a driver pod.
+        (
+            'GPU clocks set to "(gpuClkMin 1740, gpuClkMax 1740)" for GPU 00000000:61:00.0',
+            (1740, 1740),
+        ),
+        # A GB10's journal line, as capetron/gb10-cluster-bench quotes it.
+        ('GPU clocks set to "(gpuClkMin 300, gpuClkMax 2200)"', (300, 2200)),
+        ("All done.", None),
+    ],
+)  # fmt: skip
+def test_locked_clocks_reads_nvidia_smis_line(line: str, pair: tuple[int, int] | None) -> None:
+    assert spark_metrics.locked_clocks(line + "\n") == pair
+
+
+def test_no_lock_line_this_boot_reads_0_and_is_drift(box: dict) -> None:
+    # The unit's journal with systemd's lines alone (nvidia-smi's removed from the capture).
+    journal = "".join(
+        line for line in captured("lab-journal-gpu-clock-lock.txt").splitlines(keepends=True)
+        if line.startswith(("Starting", "Finished"))
+    )  # fmt: skip
+    text, drift = collect(box, journalctl=journal)
+    assert samples(text)[("spark_gpu_clock_locked_mhz", ())] == 0
+    assert (
+        "gpu_clock",
+        "spark-gpu-clock-lock.service",
+        "300,2200",
+        "none",
+        GPU_CLOCK_DRIFT,
+        "critical",
+    ) in drift
+
+
+def test_the_last_lock_of_the_boot_counts(box: dict) -> None:
+    # The capture, then the unit run again by hand with another cap (its line edited by hand).
+    first = captured("lab-journal-gpu-clock-lock.txt")
+    journal = first + first.replace("gpuClkMax 2200", "gpuClkMax 2400")
+    text, drift = collect(box, journalctl=journal)
+    assert samples(text)[("spark_gpu_clock_locked_mhz", ())] == 2400
+    assert (
+        "gpu_clock",
+        "spark-gpu-clock-lock.service",
+        "300,2200",
+        "300,2400",
+        GPU_CLOCK_DRIFT,
+        "critical",
+    ) in drift
+
+
+def test_a_box_without_a_lock_neither_asks_nor_reports_it(box: dict) -> None:
+    text, drift = collect(box, expected={"gpu_clock_lock": None})
+    assert ("spark_gpu_clock_locked_mhz", ()) not in samples(text)
+    assert not any(argv[0] == "journalctl" for argv in box["asked"])
+    assert not any(kind == "gpu_clock" for kind, *_ in drift)

@@ -491,3 +491,38 @@ def test_the_readmes_model_outside_the_catalog_planned_from_its_model_spec() -> 
         on_demand_idle_s=None,
     )
     assert small_share in (lone.memory.shares)
+
+
+# The GPU clock's lock (group_data: gpu_clock_lock_mhz, capetron/gb10-cluster-bench's
+# `nvidia-smi -lgc 300,2200` unit).
+
+
+def test_every_box_locks_its_gpu_clock_at_300_2200_by_default_and_one_box_may_differ() -> None:
+    hosts = merged(TWO_SPARKS)
+    hosts["spark-2"]["gpu_clock_lock_mhz"] = (300, 2100)
+    whole = planned(hosts)
+
+    head, worker = whole.box("spark-1"), whole.box("spark-2")
+    assert head.gpu_clock_lock is not None and worker.gpu_clock_lock is not None
+    assert head.gpu_clock_lock.unit == "spark-gpu-clock-lock.service"
+    assert head.gpu_clock_lock.command == "/usr/bin/nvidia-smi -lgc 300,2200"
+    assert worker.gpu_clock_lock.command == "/usr/bin/nvidia-smi -lgc 300,2100"
+    # The collector compares the unit's journal line with the same range.
+    assert head.metrics is not None and head.metrics.expected.gpu_clock_lock == head.gpu_clock_lock
+    assert (
+        "GPU clock locked to 300-2200 MHz at every boot: spark-gpu-clock-lock.service runs"
+        " `/usr/bin/nvidia-smi -lgc 300,2200` after nvidia-persistenced" in box_text(head)
+    )
+
+
+@pytest.mark.parametrize("off", [None, False])
+def test_a_box_with_the_lock_off_has_no_unit_in_its_plan(off: object) -> None:
+    hosts = merged(TWO_SPARKS)
+    hosts["spark-2"]["gpu_clock_lock_mhz"] = off
+    worker = box(hosts, "spark-2")
+
+    assert worker.gpu_clock_lock is None
+    assert worker.metrics is not None and worker.metrics.expected.gpu_clock_lock is None
+    assert "GPU clock not locked (gpu_clock_lock_mhz None): no unit, clocks reset" in box_text(
+        worker
+    )

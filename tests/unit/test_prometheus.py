@@ -82,7 +82,7 @@ def test_promtool_checks_the_config_and_its_rules(tmp_path: Path, promtool: str)
         [promtool, "check", "config", str(written(tmp_path))], capture_output=True, text=True
     )
     assert done.returncode == 0, done.stdout + done.stderr
-    assert "SUCCESS: 9 rules found" in done.stdout
+    assert "SUCCESS: 10 rules found" in done.stdout
 
 
 def series(name: str, values: str, **labels: str) -> dict:
@@ -234,6 +234,16 @@ def test_the_alert_rules_fire_on_each_fault_and_not_before(tmp_path: Path, promt
                         expected="580",
                         found="590",
                     ),
+                    # the collector's line where the lock unit's journal has no lock this boot
+                    # (files/spark_metrics.py gpu_clock)
+                    series(
+                        "spark_drift",
+                        "1 1 1",
+                        kind="gpu_clock",
+                        subject="spark-gpu-clock-lock.service",
+                        expected="300,2200",
+                        found="none",
+                    ),
                     # written at 0 and never again: stale once 90 s (three intervals) pass
                     series("spark_metrics_timestamp_seconds", "0+0x10"),
                 ],
@@ -256,6 +266,18 @@ def test_the_alert_rules_fire_on_each_fault_and_not_before(tmp_path: Path, promt
                         subject="branch",
                         expected="580",
                         found="590",
+                    ),
+                    fires(
+                        "SparkGpuClockUnlocked",
+                        "60s",
+                        "critical",
+                        "spark-1: its GPU clock lock this boot is none, the plan says 300,2200"
+                        " (GB10s power off under long prefills unlocked; journalctl -b -u"
+                        " spark-gpu-clock-lock.service)",
+                        kind="gpu_clock",
+                        subject="spark-gpu-clock-lock.service",
+                        expected="300,2200",
+                        found="none",
                     ),
                     quiet("SparkMetricsStale", "90s"),  # 90 s behind: not more than 90
                     fires(

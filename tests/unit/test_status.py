@@ -132,11 +132,34 @@ def test_a_pull_running_shows_its_progress_and_a_finished_one_does_not() -> None
 
 
 def test_colour_only_where_asked() -> None:
-    rows = [status.Row("a", ["-"] * 6), status.Row("b", ["-"] * 6, ["x"])]
+    rows = [status.Row("a", ["-"] * 7), status.Row("b", ["-"] * 7, ["x"])]
     plain = status.table(rows, colour=False)
     assert "\033" not in plain and plain.splitlines()[1].startswith("a  ")
     coloured = status.table(rows, colour=True).splitlines()
     assert coloured[1].startswith(status.GREEN) and coloured[2].startswith(status.RED)
+
+
+@pytest.mark.parametrize(
+    ("series", "cell", "problems"),
+    [
+        # The collector's lines (files/spark_metrics.py gpu_clock): the unit's journal said
+        # gpuClkMax 2200 this boot; said nothing (a drift beside it); no series: no lock planned.
+        ("spark_gpu_clock_locked_mhz 2200\n", "max 2200 MHz", []),
+        (
+            "spark_gpu_clock_locked_mhz 0\n"
+            'spark_drift{kind="gpu_clock",subject="spark-gpu-clock-lock.service",'
+            'expected="300,2200",found="none"} 1\n',
+            "NOT LOCKED",
+            ["drift: gpu_clock spark-gpu-clock-lock.service none (plan 300,2200)"],
+        ),
+        ("", "off", []),
+    ],
+    ids=["locked", "not-locked", "off"],
+)
+def test_the_gpu_clock_column(series: str, cell: str, problems: list[str]) -> None:
+    row = status.row("spark-1", status.samples_of(series))
+    assert row.cells[6] == cell
+    assert row.problems == problems
 
 
 class Endpoint(BaseHTTPRequestHandler):

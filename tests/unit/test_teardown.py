@@ -73,6 +73,16 @@ def test_everything_found_is_stopped_and_removed_nginx_reloaded() -> None:
     ]
 
 
+def test_the_gpu_clock_lock_is_reset_with_its_unit() -> None:
+    # The lab's capture with the clock's unit file added by hand (the deploy writes it there).
+    found = captured("lab-teardown-pieces-deployed.txt").replace(
+        "unit files\n", "unit files\nspark-gpu-clock-lock.service\n"
+    )
+    commands = run_op(teardown.removed, host=FakeHost({teardown.Pieces: found}), paths=list(PATHS))
+    reset = commands.index("/usr/bin/nvidia-smi -rgc")
+    assert "spark-gpu-clock-lock.service" in commands[reset + 1]  # then its file removed
+
+
 def test_a_box_torn_down_is_left_alone() -> None:
     host = FakeHost({teardown.Pieces: captured("lab-teardown-pieces-torn-down.txt")})
     assert run_op(teardown.removed, host=host, paths=list(PATHS)) == []

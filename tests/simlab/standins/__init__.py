@@ -38,6 +38,10 @@ DRIVER_UPDATES = {"580": ("580.159.03-0ubuntu1", "13.0")}
 # boot (the module loaded is the installed one); an upgrade writes the version it replaced
 # (the postinst below), as the running module stays until the box reboots (/run is a tmpfs).
 LOADED_MODULE = "/run/simlab-nvidia-module"
+# Where the stand-in nvidia-smi records the clock range it locked (-lgc) and removes it (-rgc),
+# for the lab's tests alone: the real lock has no reading (NVML has no getter), and a reboot
+# drops it as /run is a tmpfs, as a real GPU's lock goes with its power.
+GPU_CLOCK_RECORD = "/run/simlab-gpu-clock"
 DRIVER_POSTINST = f"""#!/bin/sh
 set -e
 # configure <version replaced>: an upgrade or downgrade leaves the module loaded before it.
@@ -97,6 +101,7 @@ def driver_packages(branches: dict[str, tuple[str, str]]) -> list[Package]:
                     "@DRIVER_VERSION@": version.split("-")[0],
                     "@CUDA_VERSION@": cuda,
                     "@LOADED_MODULE@": LOADED_MODULE,
+                    "@GPU_CLOCK_RECORD@": GPU_CLOCK_RECORD,
                 },
                 scripts={"postinst": DRIVER_POSTINST},
             )
