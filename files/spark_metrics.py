@@ -32,8 +32,13 @@ from pathlib import Path
 from typing import NamedTuple
 
 # The twins' readings, shared with the deploy and compliance (spark/twin.py in the repository),
-# installed beside this file (operations/metrics.py): a script's own directory is on its path.
-import spark_twin as twin
+# installed beside this file on the box (operations/metrics.py): a script's own directory is on
+# its path. Compliance imports this file from the repository (its GPU clock reading), where the
+# module is spark/twin.py itself.
+try:
+    import spark_twin as twin
+except ModuleNotFoundError:
+    from spark import twin
 
 GIB = 1024**3
 ZERO_GID = "0000:0000:0000:0000:0000:0000:0000:0000"  # an unused GID table entry

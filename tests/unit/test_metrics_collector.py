@@ -35,12 +35,8 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from operations import lanes
-from spark import twin as spark_twin
 from tests.unit.harness import captured
 
-# On the box the collector imports spark/twin.py as spark_twin, installed beside it
-# (operations/metrics.py); here the repository's module is that one.
-sys.modules["spark_twin"] = spark_twin
 _SPEC = importlib.util.spec_from_file_location(
     "spark_metrics", Path(__file__).resolve().parents[2] / "files/spark_metrics.py"
 )
