@@ -22,6 +22,9 @@ GGUF_LANE = {
     # (1.6 GiB) and 4 GiB beside them take 51.8 of the 53.5 GiB this gives.
     "memory_fraction": 0.44,
     "max_model_len": 131072,  # seed 002
+    # The lab serves it with llama.cpp's own llama-server and a tiny GGUF that answers nothing
+    # sensible (tests/simlab/lab_gguf.py), as a base model would: the canary cannot judge it.
+    "canary": False,
 }
 
 spark = [
