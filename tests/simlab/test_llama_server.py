@@ -15,6 +15,7 @@ import json
 import os
 import re
 import subprocess
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -22,7 +23,7 @@ from typing import Any
 import pytest
 
 from spark.llamacpp_release import options
-from tests.simlab import llama_build
+from tests.simlab import llama_build, loopback
 from tests.simlab.loopback import Server, Servers, request
 
 pytestmark = pytest.mark.lab
@@ -48,9 +49,16 @@ def clean_env(**extra: str) -> dict[str, str]:
     return {k: v for k, v in os.environ.items() if not k.startswith("LLAMA_")} | extra
 
 
+# A real server's start on a busy machine: seconds, more than a stand-in's.
+START_TIMEOUT = 120.0
+
+
 @pytest.fixture
-def start(tmp_path: Path, binary: Path, model: Path) -> Iterator[Callable[..., Server]]:
+def start(
+    tmp_path: Path, binary: Path, model: Path, monkeypatch: pytest.MonkeyPatch
+) -> Iterator[Callable[..., Server]]:
     """Start `llama-server -m MODEL --host 127.0.0.1 --port P ARGS`; stopped afterwards."""
+    monkeypatch.setattr(loopback, "START_TIMEOUT", START_TIMEOUT)
     servers = Servers(tmp_path, "llama-server")
 
     def _start(*args: str, wait: bool = True, **env: str) -> Server:
@@ -115,11 +123,14 @@ def test_health_answers_503_until_the_model_is_loaded(start: Callable[..., Serve
     "Loading model" or refused, never anything else) and the order of its log."""
     server = start(wait=False)
     loading = {"error": {"code": 503, "message": "Loading model", "type": "unavailable_error"}}
+    deadline = time.monotonic() + START_TIMEOUT
     while True:
+        assert time.monotonic() < deadline, server.log.read_text()
         try:
             status, body, _ = request(f"{server.url}/health")
         except OSError:  # not listening yet
             assert server.process.poll() is None, server.log.read_text()
+            time.sleep(0.01)
             continue
         if status == 200:
             break
