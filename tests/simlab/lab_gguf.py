@@ -22,7 +22,10 @@ import numpy as np
 
 ARCH = "llama"
 NAME = "simlab tiny llama"
-EMBEDDING, HEADS, FEED_FORWARD, BLOCKS = 64, 4, 128, 2
+# Heads of 32: the lanes' quantized KV cache (--cache-type-k/-v q8_0) needs the head's size a
+# multiple of q8_0's block of 32; llama_init_from_model refuses 16 ("K cache type q8_0 with
+# block size 32 does not divide n_embd_head_k=16", src/llama-context.cpp, seen on this build).
+EMBEDDING, HEADS, FEED_FORWARD, BLOCKS = 64, 2, 128, 2
 # The training context llama.cpp reads as n_ctx_train (--ctx-size 0 takes it): the lanes' 131K.
 CONTEXT = 131072
 RMS_EPS = 1e-5

@@ -34,9 +34,9 @@ def test_the_model_reads_back_as_a_tiny_llama_with_chatml() -> None:
         "llama.embedding_length": 64,
         "llama.block_count": 2,
         "llama.feed_forward_length": 128,
-        "llama.attention.head_count": 4,
-        "llama.attention.head_count_kv": 4,
-        "llama.rope.dimension_count": 16,
+        "llama.attention.head_count": 2,
+        "llama.attention.head_count_kv": 2,
+        "llama.rope.dimension_count": 32,  # a head's size: 64 / 2
         "llama.attention.layer_norm_rms_epsilon": 9.999999747378752e-06,  # 1e-5 in float32
         "llama.vocab_size": VOCAB,
         "tokenizer.ggml.model": "llama",
@@ -87,6 +87,6 @@ def test_the_model_is_the_same_bytes_on_every_machine() -> None:
     # the pinned numpy.
     model = llama_build.lab_model().read_bytes()
     assert hashlib.sha256(model).hexdigest() == (
-        "adef8117f627759fe9263e378bbf48ed0574189fb8fcc283fc4784fefcb566bf"
+        "fb54b115eaf2d4a2749744889a0a53ef77eb211b7fe4d4a7ff88de20430f9a75"
     )
     assert len(model) == 520992
