@@ -25,6 +25,11 @@ GGUF_LANE = {
     # The lab serves it with llama.cpp's own llama-server and a tiny GGUF that answers nothing
     # sensible (tests/simlab/lab_gguf.py), as a base model would: the canary cannot judge it.
     "canary": False,
+    # The deploy's --threads 10 is a Grace CPU's 10 performance cores; llama.cpp's threads wait
+    # for each other spinning, and 10 of them on the lab machine's 2 busy cores decoded 0.92
+    # tok/s (the lane bench's first request, lab 16), against thousands with 2: the lab's CPU
+    # set, as an owner sets a machine's own.
+    "extra_args": ["--threads", "2"],
 }
 
 spark = [

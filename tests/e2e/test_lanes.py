@@ -252,7 +252,7 @@ def test_a_lane_answering_gibberish_fails_its_canary_then_serves_again(
         assert 'canary passed: "42 harbor"' in journal, journal
 
 
-def test_a_llama_cpp_lane_serves_beside_a_vllm_one_and_its_canary_catches_gibberish(
+def test_a_llama_cpp_lane_of_the_real_server_serves_beside_a_vllm_one(
     deployed: dict[str, Any],
 ) -> None:
     """Seed 002's llama.cpp lane (tests/e2e/llama_inventory.py) in place of lane B, on the first
