@@ -426,7 +426,9 @@ class LaneUnit:
                     str(self.lane.backend_port),
                     *canary_causes(self.lane),
                 ]
-            ),
+            )
+            if self.lane.canary
+            else None,
             "loading_mark": f"{LOADING_DIR}/{self.name}",
             **self.timeouts(),
         }
@@ -596,6 +598,8 @@ def serving(unit: LaneUnit):
     )
     if running and not changed and unit.headless:
         host.noop(f"lane {lane.name}: rank {unit.rank.node_rank if unit.rank else '?'} running")
+    elif running and not changed and not lane.canary:
+        host.noop(f"lane {lane.name} is serving on port {lane.port} (canary off)")
     elif running and not changed:
         # Left running, it was not asked at a start: the deploy asks it again (it may answer
         # garbage since, its weights replaced under it, say).
@@ -682,7 +686,11 @@ def serving_questions(unit: LaneUnit) -> list[Question]:
         question(LaneServing),
         question(util.RootFiles, paths=lane_files(lane.name)),
         question(LaneUnits),
-        *([] if unit.headless else [question(LaneAnswer, lane=lane.name, port=lane.backend_port)]),
+        *(
+            [question(LaneAnswer, lane=lane.name, port=lane.backend_port)]
+            if lane.canary and not unit.headless
+            else []
+        ),
         *(
             [
                 question(FetchState, model=lane.model, models_dir=unit.models_dir),

@@ -226,6 +226,12 @@ class Lane(BaseModel):
     api_key: bool = Field(
         True, description="True: clients need the lane's key, generated and kept on the box"
     )
+    canary: bool = Field(
+        True,
+        description="True: the lane's start asks a fixed sum and checks the answer (issue 16);"
+        " False for a model that cannot answer one (a base or embedding model): its start ends"
+        " at /health and compliance reports its canary off",
+    )
     tensor_parallel_size: int = Field(
         1,
         ge=1,

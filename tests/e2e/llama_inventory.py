@@ -22,6 +22,14 @@ GGUF_LANE = {
     # (1.6 GiB) and 4 GiB beside them take 51.8 of the 53.5 GiB this gives.
     "memory_fraction": 0.44,
     "max_model_len": 131072,  # seed 002
+    # The lab serves it with llama.cpp's own llama-server and a tiny GGUF that answers nothing
+    # sensible (tests/simlab/lab_gguf.py), as a base model would: the canary cannot judge it.
+    "canary": False,
+    # The deploy's --threads 10 is a Grace CPU's 10 performance cores; llama.cpp's threads wait
+    # for each other spinning, and 10 of them on the lab machine's 2 busy cores decoded 0.92
+    # tok/s (the lane bench's first request, lab 16), against thousands with 2: the lab's CPU
+    # set, as an owner sets a machine's own.
+    "extra_args": ["--threads", "2"],
 }
 
 spark = [

@@ -26,7 +26,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from tests.simlab import registry
+from tests.simlab import llama_build, registry
 from tests.simlab.paths import LAB_ID, PREFIX, REPO, STATE, log
 from tests.simlab.rootfs import (
     ADMIN_USER,
@@ -34,6 +34,7 @@ from tests.simlab.rootfs import (
     spark_base,
     stand_in_repositories,
 )
+from tests.simlab.serving import hf_standin
 from tests.simlab.waits import until
 
 MGMT_BRIDGE = PREFIX
@@ -335,10 +336,12 @@ def hub_url() -> str:
 def start_hub() -> None:
     """The lab's hub, listening on the management bridge once this returns."""
     log_file = (STATE / "hub.log").open("w")
+    model = {hf_standin.GGUF_MODEL_VARIABLE: str(llama_build.lab_model())}  # its GGUF files
     hub = subprocess.Popen(
         [sys.executable, "-m", "tests.simlab.hub", "--bind", f"{MGMT_PREFIX}.1",
          "--port", str(HUB_PORT), "--rate", str(HUB_RATE)],
         cwd=REPO, stdout=log_file, stderr=subprocess.STDOUT, start_new_session=True,
+        env=os.environ | model,
     )  # fmt: skip
     (STATE / "hub.pid").write_text(str(hub.pid))
     until(

@@ -105,7 +105,7 @@ def unpacked_package(package: str) -> Path:
     once (not installed: a service it ships would start on this machine)."""
     target = CACHE / package
     if not target.exists():
-        with _building(target) as needed:
+        with building(target) as needed:
             if needed:
                 staging = CACHE / f"{package}.staging"
                 shutil.rmtree(staging, ignore_errors=True)
@@ -140,7 +140,7 @@ def debian_mirror() -> str:
     raise RuntimeError(f"no apt source for Debian {SUITE} on this machine to debootstrap from")
 
 
-def _key(*parts: bytes) -> str:
+def cache_key(*parts: bytes) -> str:
     digest = hashlib.sha256()
     for part in parts:
         digest.update(part)
@@ -164,11 +164,12 @@ def _debootstrap(target: Path, packages: list[str]) -> None:
 
 
 @contextmanager
-def _building(target: Path) -> Iterator[bool]:
-    """Hold the cache's build lock; yields whether `target` still has to be built (labs
-    started side by side wait for one build instead of racing through the same directories)."""
+def building(target: Path, lock_name: str = ".build.lock") -> Iterator[bool]:
+    """Hold the cache's build lock (`lock_name`: a long build that no other one waits for
+    takes its own); yields whether `target` still has to be built (labs started side by side
+    wait for one build instead of racing through the same directories)."""
     CACHE.mkdir(parents=True, exist_ok=True)
-    with open(CACHE / ".build.lock", "w") as lock:
+    with open(CACHE / lock_name, "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         yield not target.exists()
 
@@ -225,7 +226,7 @@ def _customize_spark(root: Path) -> None:
 STALE_AFTER_S = 2 * 24 * 3600
 
 
-def _cached(path: Path) -> bool:
+def cached(path: Path) -> bool:
     """Whether `path` is built; marks it as used now, so that no other build removes it."""
     if not path.exists():
         return False
@@ -241,10 +242,10 @@ def spark_base() -> Path:
     """The cached root filesystem of a bare Spark (built on first use)."""
     parts = [" ".join(SPARK_PACKAGES).encode(), inspect.getsource(_customize_spark).encode()]
     parts += [path.read_bytes() for path in sorted(HARDWARE_DIR.iterdir())]
-    target = CACHE / f"spark-base-{_key(*parts)}"
-    if _cached(target):
+    target = CACHE / f"spark-base-{cache_key(*parts)}"
+    if cached(target):
         return target
-    with _building(target) as needed:
+    with building(target) as needed:
         if needed:
             ensure_host_tools()
             for stale in _unused(CACHE.glob("spark-base-*")):
@@ -265,10 +266,10 @@ def stand_in_repositories() -> Path:
 
     source = Path(standins.__file__).parent
     inputs = sorted(source.rglob("*.py")) + sorted((source / "files").iterdir())
-    target = CACHE / f"repos-{_key(*(path.read_bytes() for path in inputs))}"
+    target = CACHE / f"repos-{cache_key(*(path.read_bytes() for path in inputs))}"
     if target.exists():
         return target
-    with _building(target) as needed:
+    with building(target) as needed:
         if needed:
             staging = CACHE / "repos.staging"
             shutil.rmtree(staging, ignore_errors=True)
@@ -280,19 +281,20 @@ def stand_in_repositories() -> Path:
 def serving_image_tar() -> Path:
     """The stand-in of NGC's default vLLM image as a tarball of its tree, built on first use:
     the bottom layer of every stand-in image the lab's registry serves (image_layers)."""
-    from tests.simlab import serving
+    from tests.simlab import llama_build, serving
 
     source = Path(serving.__file__).parent
+    model = llama_build.lab_model()
     parts = [" ".join(SERVING_PACKAGES).encode()]
     parts += [path.read_bytes() for path in sorted(source.rglob("*.py"))]
     parts += [path.read_bytes() for path in serving.RELEASE_DATA]  # the data the image holds
-    parts += [serving.LLAMA_DATA.read_bytes()]  # the llama.cpp image's
+    parts += [model.read_bytes()]  # the lab's GGUF model, which the `hf` stand-in writes
     parts += [serving.nccl_of(serving.SERVING_IMAGE_TAG).encode()]  # from the image table
-    tar = IMAGES / f"serving-image-{_key(*parts)}.tar"
-    if not _cached(tar):
-        with _building(tar) as needed:
+    tar = IMAGES / f"serving-image-{cache_key(*parts)}.tar"
+    if not cached(tar):
+        with building(tar) as needed:
             if needed:
-                _build_serving_image(tar)
+                _build_serving_image(tar, model)
     return tar
 
 
@@ -301,13 +303,16 @@ def image_layers(tag: str) -> list[Path]:
     serving.LLAMA_IMAGE_TAG) as its layers' tarballs, bottom first: the default image's tree,
     and for another image a layer over it that removes what that image lacks and adds its own
     files (its vLLM release, its NCCL), as NGC's images share their base layers."""
-    from tests.simlab import serving
+    from tests.simlab import llama_build, serving
 
     base = serving_image_tar()
     if tag == serving.SERVING_IMAGE_TAG:
         return [base]
     if tag == serving.LLAMA_IMAGE_TAG:
-        return [base, _layer(base, "llama", serving.NOT_IN_LLAMA_IMAGE, serving.add_llama_server)]
+        # Named after the build (its key is its inputs'): another build, another layer.
+        binary = llama_build.llama_server()
+        add = serving.llama_server_adder(binary)
+        return [base, _layer(base, binary.parent.name, serving.NOT_IN_LLAMA_IMAGE, add)]
     ray = serving.IMAGES[tag].ray
     release, nccl = serving.release_of(tag), serving.nccl_of(tag)
     release_file = serving.RELEASE_FILE.relative_to("/")
@@ -327,9 +332,9 @@ def _layer(base: Path, name: str, gone: Iterable[Path], add: Callable[[Path], li
     empty `.wh.<name>` beside it: the OCI image spec's layer format, which docker applies)
     and what `add` writes into an empty tree (the relative paths it returns)."""
     tar = base.with_name(f"{base.stem}-{name}-layer.tar")
-    if _cached(tar):
+    if cached(tar):
         return tar
-    with _building(tar) as needed:
+    with building(tar) as needed:
         if needed:
             partial = tar.with_suffix(".partial")
             with tempfile.TemporaryDirectory() as staging:
@@ -351,8 +356,8 @@ def layer_blob(layer: Path) -> dict:
     config's diff_id: the OCI image spec)."""
     blob = layer.with_name(layer.name + ".gz")
     facts = layer.with_name(layer.name + ".gz.json")
-    if not _cached(facts):
-        with _building(facts) as needed:
+    if not cached(facts):
+        with building(facts) as needed:
             if needed:
                 partial = blob.with_suffix(".partial")
                 # mtime 0: the same tar gives the same blob, and so the same digest.
@@ -376,7 +381,7 @@ def _sha256(path: Path) -> str:
     return f"sha256:{digest.hexdigest()}"
 
 
-def _build_serving_image(tar: Path) -> None:
+def _build_serving_image(tar: Path, gguf_model: Path) -> None:
     from tests.simlab import serving
 
     ensure_host_tools()
@@ -387,7 +392,7 @@ def _build_serving_image(tar: Path) -> None:
     shutil.rmtree(root, ignore_errors=True)
     _debootstrap(root, SERVING_PACKAGES)
     log("adding Ray and the vllm stand-in to the serving image")
-    serving.assemble_serving_rootfs(root)
+    serving.assemble_serving_rootfs(root, gguf_model)
     partial = tar.with_suffix(".partial")
     subprocess.run(["tar", "-C", str(root), "--numeric-owner", "-cf", str(partial), "."],
                    check=True)  # fmt: skip

@@ -15,6 +15,9 @@ from tests.simlab.serving import hf_standin
 STANDIN = Path(hf_standin.__file__)
 
 
+pytestmark = pytest.mark.usefixtures("gguf_model")
+
+
 def hf(home: Path, *args: str) -> subprocess.CompletedProcess[str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("HF_")}
     return subprocess.run(

@@ -12,6 +12,8 @@ import time
 import urllib.request
 from pathlib import Path
 
+import pytest
+
 from tests.simlab.hub import Hub
 from tests.simlab.loopback import HTTP, free_port, request
 from tests.simlab.serving import hf_standin
@@ -23,6 +25,9 @@ CONFIG = (
 ).encode()
 CONFIG_GIT_ID = hashlib.sha1(b"blob %d\0" % len(CONFIG) + CONFIG).hexdigest()
 ZEROS_SHA256 = hashlib.sha256(bytes(256 * 2**20)).hexdigest()
+
+
+pytestmark = pytest.mark.usefixtures("gguf_model")
 
 
 def test_the_listing_gives_each_file_its_size_and_hash() -> None:

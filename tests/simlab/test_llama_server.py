@@ -1,200 +1,176 @@
-"""The llama.cpp image's `llama-server` stand-in, on this machine (loopback only, no lab).
+"""llama.cpp's own `llama-server`, as the lab builds it (llama_build.py), serving the lab's GGUF
+model (lab_gguf.py) on this machine: 127.0.0.1 and a free port, every server stopped within the
+test. Marked lab: it needs the lab's cache, where the server and the model are built once.
 
-It runs with this machine's python on 127.0.0.1 and a free port, against the option list of
-operations/data/ and a GGUF-looking file written here; every server is stopped within the test.
+What the lanes rely on is asked of the real server here (each expectation read in its source,
+tools/server/server-http.cpp and server-context.cpp at 0c1e57098, and seen on this build): its
+parser takes every option of the project's table, /health answers 503 until the model is loaded,
+the key guards every path but the public ones, /metrics with --metrics, /v1/models names the
+served name, a streamed chat completion ends with `[DONE]`.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
-import sys
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from spark.llamacpp_release import DATA
-from tests.simlab.loopback import Server, Servers, free_port, request
-from tests.simlab.serving import llama_server_standin as standin
-from tests.simlab.serving.standin_model import ANSWER_FILE
-from tests.simlab.test_rootfs import unpacked_layers
+from spark.llamacpp_release import options
+from tests.simlab import llama_build, loopback
+from tests.simlab.loopback import Server, Servers, request
 
-STANDIN = Path(standin.__file__)
-COMMIT, TABLE = standin.read_options(DATA)
-CANARY_QUESTION = "What is 2 + 40? Answer with the number and then the word harbor."
+pytestmark = pytest.mark.lab
+
+INVALID = {"error": {"code": 401, "message": "Invalid API Key", "type": "authentication_error"}}
 
 
-def standin_env(**extra: str) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("LLAMA_")}
-    return {**env, "SIMLAB_LLAMA_SHARE": str(DATA), "SIMLAB_LLAMA_LOAD_SECONDS": "0.2", **extra}
+@pytest.fixture(scope="module")
+def binary() -> Path:
+    return llama_build.llama_server()
 
 
-def run_server(*args: str, **env: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, str(STANDIN), *args],
-        capture_output=True, text=True, timeout=30, env=standin_env(**env), check=False,
-    )  # fmt: skip
+@pytest.fixture(scope="module")
+def model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The lab's model where a lane finds it: a GGUF file in a snapshot folder."""
+    path = tmp_path_factory.mktemp("snapshot") / "model-Q4_K_M.gguf"
+    path.write_bytes(llama_build.lab_model().read_bytes())
+    return path
+
+
+def clean_env(**extra: str) -> dict[str, str]:
+    """This environment without llama.cpp's own variables, and `extra`."""
+    return {k: v for k, v in os.environ.items() if not k.startswith("LLAMA_")} | extra
+
+
+# A real server's start on a busy machine: seconds, more than a stand-in's.
+START_TIMEOUT = 120.0
+
+
+@pytest.fixture
+def start(
+    tmp_path: Path, binary: Path, model: Path, monkeypatch: pytest.MonkeyPatch
+) -> Iterator[Callable[..., Server]]:
+    """Start `llama-server -m MODEL --host 127.0.0.1 --port P ARGS`; stopped afterwards."""
+    monkeypatch.setattr(loopback, "START_TIMEOUT", START_TIMEOUT)
+    servers = Servers(tmp_path, "llama-server")
+
+    def _start(*args: str, wait: bool = True, **env: str) -> Server:
+        def command(port: int) -> list[str]:
+            return [str(binary), "-m", str(model), "--host", "127.0.0.1", "--port", str(port),
+                    "--threads", "2", *args]  # fmt: skip
+
+        return servers.start(command, clean_env(**env), wait)
+
+    yield _start
+    servers.stop()
 
 
 def bearer(key: str) -> dict[str, str]:
     return {"Authorization": f"Bearer {key}"}
 
 
-@pytest.fixture
-def model(tmp_path: Path) -> Path:
-    """A file llama.cpp's GGUF reader would open: GGUF's magic, then 1 MiB of nothing."""
-    path = tmp_path / "snapshot" / "model-Q4_K_M.gguf"
-    path.parent.mkdir()
-    with path.open("wb") as out:
-        out.write(b"GGUF")
-        out.truncate(2**20)
-    return path
+# --- the build ------------------------------------------------------------------------------------
 
 
-@pytest.fixture
-def start(tmp_path: Path, model: Path) -> Iterator[Callable[..., Server]]:
-    """Start `llama-server -m MODEL --host 127.0.0.1 --port P ARGS`; stopped afterwards."""
-    servers = Servers(tmp_path, "llama-server")
-
-    def _start(*args: str, wait: bool = True, **env: str) -> Server:
-        def command(port: int) -> list[str]:
-            return [sys.executable, str(STANDIN), "-m", str(model), "--host", "127.0.0.1",
-                    "--port", str(port), *args]  # fmt: skip
-
-        return servers.start(command, standin_env(**env), wait)
-
-    yield _start
-    servers.stop()
+def test_the_build_names_its_commit(binary: Path) -> None:
+    result = subprocess.run([str(binary), "--version"], capture_output=True, text=True,
+                            check=False, env=clean_env())  # fmt: skip
+    # common/build-info.cpp.in: "version: %s (build %d, commit %s)"; the number and commit are
+    # llama_build.py's (the sdist holds no git history to read them from).
+    assert result.returncode == 0, result.stderr
+    assert result.stderr.splitlines()[0] == "version: 0.5.0-dev (build 1, commit 0c1e570)"
 
 
-# --- the command line -----------------------------------------------------------------------------
+def help_options(text: str) -> set[str]:
+    """The option names `llama-server --help` lists (common/arg.cpp common_arg::to_string: from
+    the line's start, the names joined by ", ", the first padded to 7 characters, then the
+    value hints, then the help after 2 or more spaces or on the next line)."""
+    names = set()
+    for line in text.splitlines():
+        if re.match(r"--?[A-Za-z]", line):  # not a section's "----- name -----" heading
+            column = re.split(r"\s{2,}", re.sub(r",\s+", ", ", line))[0]
+            names |= {word.split(" ")[0] for word in column.split(", ")}
+    return names
 
 
-@pytest.mark.parametrize(
-    ("args", "said"),
-    [
-        (["--foo"], "error: invalid argument: --foo"),
-        (["my-model.gguf"], "error: invalid argument: my-model.gguf"),  # no positional model
-        (["--ctx-size=4096"], "error: invalid argument: --ctx-size=4096"),  # no --x=v
-        (["-p", "hello"], "error: invalid argument: -p"),  # llama-cli's, excluded from the server
-        (["-c"], "expected value for argument"),
-        (["--port", "eighty"], 'error while handling argument "--port": stoi'),
-        (["-np", "0"], "error: invalid value for n_parallel"),
-        (["--api-key-file", "/nonexistent/keys"], "failed to open file '/nonexistent/keys'"),
-    ],
-)
-def test_command_lines_llama_server_refuses(args: list[str], said: str) -> None:
-    result = run_server(*args)
-    assert result.returncode == 1
-    assert said in result.stderr
-
-
-def test_options_of_the_list_and_underscores_are_read() -> None:
-    # --version exits as its handler does, once the words before it were read.
-    args = [
-        "--ctx_size",
-        "4096",
-        "-ngl",
-        "99",
-        "--jinja",
-        "--no-jinja",
-        "-ctk",
-        "q8_0",
-        "--version",
-    ]
-    result = run_server(*args)
-    assert (result.returncode, result.stderr.splitlines()[0]) == (0, f"version: 0 ({COMMIT})")
-
-
-def test_environment_first_then_the_command_line() -> None:
-    env = {"LLAMA_ARG_PORT": "9000", "LLAMA_API_KEY": "from-env", "LLAMA_ARG_ALIAS": "env-name"}
-    params = standin.parse(["--port", "9001", "--api-key", "a,b", "-a", "cli-name"], env, TABLE)
-    assert params.port == 9001  # a scalar: the command line's
-    # --api-key and --alias add to the environment's, as their handlers do.
-    assert params.api_keys == ["from-env", "a", "b"]
-    assert params.aliases == {"env-name", "cli-name"}
-    assert standin.parse([], {"LLAMA_ARG_HOST": "0.0.0.0"}, TABLE).hosts == ["0.0.0.0"]
-    assert standin.parse([], {}, TABLE).hosts == ["127.0.0.1"]
-    assert standin.parse([], {}, TABLE).port == 8080
-    with pytest.raises(standin.UsageError, match='environment variable "LLAMA_ARG_CTX_SIZE": stoi'):
-        standin.parse([], {"LLAMA_ARG_CTX_SIZE": "big"}, TABLE)
-    # LLAMA_ARG_NO_* sets a pair's negative; LLAMA_ARG_KV_UNIFIED=maybe is no boolean.
-    assert standin.parse([], {"LLAMA_ARG_NO_KV_UNIFIED": "1"}, TABLE).kv_unified is False
-    with pytest.raises(standin.UsageError, match="invalid boolean value"):
-        standin.parse([], {"LLAMA_ARG_KV_UNIFIED": "maybe"}, TABLE)
-
-
-def test_the_command_line_warns_over_the_environment() -> None:
-    result = run_server("--port", "9", "--version", LLAMA_ARG_PORT="8")
-    assert result.returncode == 0
-    assert (
-        "warn: LLAMA_ARG_PORT environment variable is set, but will be overwritten by command"
-        " line argument --port" in result.stderr
+def test_help_lists_every_option_of_the_projects_table(binary: Path) -> None:
+    """The table (spark/data/, read from arg.cpp by tools/llama_cpp_options.py) and the built
+    parser's own list agree: every option the deploy renders is one this binary takes."""
+    result = subprocess.run([str(binary), "--help"], capture_output=True, text=True,
+                            check=False, env=clean_env())  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    listed = help_options(result.stdout + result.stderr)
+    assert listed == set(options()), (
+        sorted(listed - set(options())),
+        sorted(set(options()) - listed),
     )
 
 
-def test_a_model_that_is_no_gguf_file_stops_the_start(tmp_path: Path) -> None:
-    missing = tmp_path / "absent.gguf"
-    result = run_server("-m", str(missing), "--port", str(free_port()))
-    assert result.returncode == 1
-    assert f"failed to open GGUF file '{missing}' (No such file or directory)" in result.stderr
-    assert f"load_model: failed to load model, '{missing}'" in result.stderr
-    assert "exiting due to model loading error" in result.stderr
-    html = tmp_path / "page.gguf"
-    html.write_text("<html>")
-    result = run_server("-m", str(html), "--port", str(free_port()))
-    assert result.returncode == 1
-    assert "invalid magic characters: '<htm', expected 'GGUF'" in result.stderr
+# --- serving --------------------------------------------------------------------------------------
 
 
-def test_no_model_is_router_mode_which_the_standin_does_not_run() -> None:
-    result = run_server("--port", str(free_port()))
-    assert result.returncode == 1
-    assert "router mode" in result.stderr
-
-
-# --- the server -----------------------------------------------------------------------------------
-
-
-def test_health_answers_503_while_loading_then_ok(start: Callable[..., Server]) -> None:
-    server = start(wait=False, SIMLAB_LLAMA_LOAD_SECONDS="1.5")
+def test_health_answers_503_until_the_model_is_loaded(start: Callable[..., Server]) -> None:
+    """server.cpp starts the HTTP server before load_model and sets is_ready after it; until
+    then every path but the UI's answers 503 (server-http.cpp middleware_server_state). The
+    tiny model loads in a blink: what is asked here is each answer seen while it starts (503
+    "Loading model" or refused, never anything else) and the order of its log."""
+    server = start(wait=False)
+    loading = {"error": {"code": 503, "message": "Loading model", "type": "unavailable_error"}}
+    deadline = time.monotonic() + START_TIMEOUT
+    while True:
+        assert time.monotonic() < deadline, server.log.read_text()
+        try:
+            status, body, _ = request(f"{server.url}/health")
+        except OSError:  # not listening yet
+            assert server.process.poll() is None, server.log.read_text()
+            time.sleep(0.01)
+            continue
+        if status == 200:
+            break
+        assert (status, json.loads(body)) == (503, loading)
+    assert json.loads(body) == {"status": "ok"}
+    assert request(f"{server.url}/v1/health")[0] == 200
     server.wait_for_log("listening on")
-    status, body, _ = request(f"{server.url}/health")
-    assert status == 503
-    assert json.loads(body) == {
-        "error": {"code": 503, "message": "Loading model", "type": "unavailable_error"}
-    }
-    assert request(f"{server.url}/v1/models")[0] == 503
-    server.wait_healthy()
-    status, body, headers = request(f"{server.url}/v1/health")
-    assert (status, json.loads(body)) == (200, {"status": "ok"})
-    assert headers["Server"] == "llama.cpp"
+    log = server.log.read_text()
+    # Unlike the stand-in's, "listening on" comes once the model is loaded; both from the
+    # server's llama_server(), not main() (tools/server/server.cpp SRV_INF, seen on this build).
+    loaded = log.index("llama_server: model loaded")
+    assert loaded < log.index(f"llama_server: listening on {server.url}"), log
 
 
 def test_a_key_guards_every_path_but_the_public_ones(
     start: Callable[..., Server], tmp_path: Path
 ) -> None:
     keys = tmp_path / "keys"
-    keys.write_text("# the lane's key\nfrom-file\n")
-    server = start("--api-key", "s3cret", "--api-key-file", str(keys))
-    invalid = {"error": {"code": 401, "message": "Invalid API Key", "type": "authentication_error"}}
+    keys.write_text("from-file\n")
+    server = start("--api-key", "s3cret", "--api-key-file", str(keys), "--metrics")
     for path in ("/v1/models", "/models", "/props", "/metrics", "/slots", "/nowhere"):
         for headers in ({}, bearer("wrong")):
             status, body, _ = request(f"{server.url}{path}", headers=headers)
-            assert (status, json.loads(body)) == (401, invalid), path
-    chat = {"messages": [{"role": "user", "content": "x"}]}
+            assert (status, json.loads(body)) == (401, INVALID), path
+    chat = {"messages": [{"role": "user", "content": "x"}], "max_tokens": 2}
     assert request(f"{server.url}/v1/chat/completions", chat)[0] == 401
-    for path in ("/health", "/v1/health", "/"):
+    for path in ("/health", "/v1/health"):
         assert request(f"{server.url}{path}")[0] == 200, path
     # Authorization with or without "Bearer ", or X-Api-Key (server-http.cpp), any of the keys.
     for headers in (bearer("s3cret"), {"Authorization": "s3cret"}, {"X-Api-Key": "from-file"}):
         assert request(f"{server.url}/v1/models", headers=headers)[0] == 200
+    for path in ("/metrics", "/slots", "/props"):
+        assert request(f"{server.url}{path}", headers=bearer("s3cret"))[0] == 200, path
     assert request(f"{server.url}/v1/chat/completions", chat, key="s3cret")[0] == 200
-    status, body, _ = request(f"{server.url}/nowhere", headers=bearer("s3cret"))
-    assert (status, json.loads(body)["error"]["type"]) == (404, "not_found_error")
+
+
+def test_without_a_key_every_path_answers(start: Callable[..., Server]) -> None:
+    server = start("--metrics")
+    for path in ("/v1/models", "/metrics", "/slots", "/props"):
+        assert request(f"{server.url}{path}")[0] == 200, path
 
 
 def test_the_key_from_the_environment(start: Callable[..., Server]) -> None:
@@ -203,32 +179,22 @@ def test_the_key_from_the_environment(start: Callable[..., Server]) -> None:
     assert request(f"{server.url}/v1/models", headers=bearer("env-key"))[0] == 200
 
 
-def test_models_and_props_name_the_alias_else_the_path(
-    start: Callable[..., Server], model: Path
-) -> None:
-    unnamed = start("-c", "8192", "-np", "2")
+def test_models_name_the_alias_else_the_path(start: Callable[..., Server], model: Path) -> None:
+    unnamed = start()
     listing = json.loads(request(f"{unnamed.url}/v1/models")[1])
-    assert listing["object"] == "list"
     assert [(m["id"], m["owned_by"]) for m in listing["data"]] == [(str(model), "llamacpp")]
-    assert listing["data"][0]["meta"]["n_ctx"] == 4096
+    assert listing["data"][0]["meta"]["n_ctx_train"] == 131072  # the GGUF's context_length
     named = start("--alias", "lane-b")
     assert json.loads(request(f"{named.url}/v1/models")[1])["data"][0]["id"] == "lane-b"
-    props = json.loads(request(f"{named.url}/props")[1])
-    assert (props["model_alias"], props["model_path"]) == ("lane-b", str(model))
-    # Auto slots: 4 over one unified cache, each seeing the whole context.
-    assert props["total_slots"] == 4
-    assert props["default_generation_settings"]["n_ctx"] == standin.MODEL_TRAIN_CONTEXT
 
 
 def test_metrics_only_with_the_option(start: Callable[..., Server]) -> None:
     plain = start()
     status, body, _ = request(f"{plain.url}/metrics")
     assert status == 501
-    assert json.loads(body)["error"] == {
-        "code": 501,
-        "message": "This server does not support metrics endpoint. Start it with `--metrics`",
-        "type": "not_supported_error",
-    }
+    assert json.loads(body)["error"]["message"] == (
+        "This server does not support metrics endpoint. Start it with `--metrics`"
+    )
     with_metrics = start("--metrics")
     status, body, _ = request(f"{with_metrics.url}/metrics")
     assert status == 200
@@ -236,132 +202,71 @@ def test_metrics_only_with_the_option(start: Callable[..., Server]) -> None:
 
 
 def chat(server: Server, content: str, **more: Any) -> tuple[int, Any]:
-    body = {"messages": [{"role": "user", "content": content}], **more}
+    body = {"messages": [{"role": "user", "content": content}], "max_tokens": 8, **more}
     status, text, _ = request(f"{server.url}/v1/chat/completions", body)
     return status, text if more.get("stream") else json.loads(text)
 
 
-def test_the_canary_question_is_answered(start: Callable[..., Server]) -> None:
-    server = start("--alias", "lane-b")
-    status, completion = chat(server, CANARY_QUESTION)
+def test_a_chat_completion_through_the_chat_template(start: Callable[..., Server]) -> None:
+    server = start("--alias", "lane-b", "--jinja")
+    status, completion = chat(server, "What is 2 + 40?")
     assert status == 200
-    assert completion["object"] == "chat.completion"
     assert completion["model"] == "lane-b"
     (choice,) = completion["choices"]
-    assert choice["message"] == {"role": "assistant", "content": "42 harbor"}
-    assert choice["finish_reason"] == "stop"
-    usage = completion["usage"]
-    assert usage["total_tokens"] == usage["prompt_tokens"] + usage["completion_tokens"] == 16
+    assert choice["message"]["role"] == "assistant"
+    # ChatML around one user turn, and the answer's opening: "<|im_start|>user\n" ... the
+    # tokens the tiny vocabulary spells it with.
+    assert completion["usage"]["completion_tokens"] <= 8
 
 
-@pytest.mark.parametrize(
-    ("answer", "message"),
-    [
-        ("gibberish", {"role": "assistant", "content": "Theorem quantum banana ledger"}),
-        ("empty-reasoning", {"role": "assistant", "content": "",
-                             "reasoning_content": "Thinking it over: 42 harbor"}),
-    ],
-)  # fmt: skip
-def test_a_file_beside_the_model_makes_it_answer_badly(
-    start: Callable[..., Server], model: Path, answer: str, message: dict[str, str]
-) -> None:
-    (model.parent / ANSWER_FILE).write_text(f"{answer}\n")
-    server = start()
-    got = chat(server, CANARY_QUESTION)[1]["choices"][0]["message"]
-    assert {k: v.strip()[: len(message[k])] for k, v in got.items()} == message
-
-
-def test_streaming_ends_with_done_and_usage_when_asked(start: Callable[..., Server]) -> None:
-    server = start()
-    status, text = chat(server, CANARY_QUESTION, stream=True,
-                        stream_options={"include_usage": True})  # fmt: skip
+def test_streaming_ends_with_done(start: Callable[..., Server]) -> None:
+    server = start("--jinja")
+    status, text = chat(server, "hi", stream=True, stream_options={"include_usage": True})
     assert status == 200
     events = [line.removeprefix("data: ") for line in text.split("\n\n") if line]
     assert events[-1] == "[DONE]"
     chunks = [json.loads(event) for event in events[:-1]]
-    assert chunks[0]["choices"][0]["delta"] == {"role": "assistant", "content": None}
-    assert chunks[1]["choices"][0]["delta"] == {"content": "42 harbor"}
-    assert chunks[2]["choices"][0] == {"finish_reason": "stop", "index": 0, "delta": {}}
-    assert chunks[3]["choices"] == [] and chunks[3]["usage"]["completion_tokens"] == 2
-    plain = chat(server, "hi", stream=True)[1]
-    assert '"usage"' not in plain and plain.endswith("data: [DONE]\n\n")
+    assert chunks[-1]["choices"] == [] and chunks[-1]["usage"]["completion_tokens"] <= 8
 
 
-def test_a_prompt_over_a_slots_context_is_refused(start: Callable[..., Server]) -> None:
-    # -c 1024 over 4 slots: 256 tokens each (seed 002's reason for --parallel 1).
-    long_prompt = "word " * 300
-    four = start("-c", "1024", "-np", "4")
-    status, body = chat(four, long_prompt)
-    assert status == 400
-    assert body == {
-        "error": {
-            "code": 400,
-            "message": "request (300 tokens) exceeds the available context size (256 tokens),"
-            " try increasing it",
-            "type": "exceed_context_size_error",
-            "n_prompt_tokens": 300,
-            "n_ctx": 256,
-        }
-    }
-    one = start("-c", "1024", "-np", "1")
-    assert chat(one, long_prompt)[0] == 200
-    assert chat(four, CANARY_QUESTION, stream=True)[0] == 200
-
-
-def test_completions_answer_too(start: Callable[..., Server]) -> None:
-    server = start()
-    status, text, _ = request(f"{server.url}/v1/completions", {"prompt": CANARY_QUESTION})
-    assert status == 200
-    assert json.loads(text)["choices"][0]["text"] == "42 harbor"
-    status, text, _ = request(f"{server.url}/completion", {"prompt": CANARY_QUESTION})
-    assert (status, json.loads(text)["content"]) == (200, "42 harbor")
+def test_the_deploys_own_options_are_taken(start: Callable[..., Server]) -> None:
+    """A lane's command line (spark/llamacpp.py DEFAULTS, and a lane's own keys) as the deploy
+    renders it for seed 002's lane, on this machine's CPU."""
+    server = start("--n-gpu-layers", "99", "--fit", "off", "--jinja", "--metrics",
+                   "--ctx-size", "131072", "--parallel", "1", "--cache-type-k", "q8_0",
+                   "--cache-type-v", "q8_0", "--alias", "qwen3-coder-next-gguf")  # fmt: skip
+    listing = json.loads(request(f"{server.url}/v1/models")[1])
+    assert listing["data"][0]["id"] == "qwen3-coder-next-gguf"
+    assert listing["data"][0]["meta"]["n_ctx"] == 131072
 
 
 # --- the image ------------------------------------------------------------------------------------
 
 
-def test_the_llama_image_is_the_serving_tree_with_llama_server(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """The llama.cpp image's layers over a serving image's tree written here: no Ray, vllm or
-    hf, /app/llama-server runnable with the tree's own standin_model and option list."""
+def test_the_llama_image_carries_the_build(binary: Path) -> None:
     from tests.simlab import rootfs, serving
 
-    tree = tmp_path / "tree"
-    # A file in each of NOT_IN_LLAMA_IMAGE's directories; its other paths are files.
-    share = serving.SHARE.relative_to("/")
-    directories = (serving.RAY_SITE / "ray", share / "release", serving.TORCH_PACKAGE)
-    above = {parent for d in directories for parent in (d, *d.parents)}
-    owned = [path for path in serving.NOT_IN_LLAMA_IMAGE if path not in above]
-    owned += [d / "__init__.py" for d in directories]
-    for path in owned:
-        (tree / path).parent.mkdir(parents=True, exist_ok=True)
-        (tree / path).write_text("x\n")
-    (tree / serving.MODEL_MODULE).write_text((STANDIN.parent / "standin_model.py").read_text())
-    base = tmp_path / "serving-image-0123456789ab.tar"
-    subprocess.run(["tar", "-C", str(tree), "-cf", str(base), "."], check=True)
-    monkeypatch.setattr(rootfs, "CACHE", tmp_path)  # for the build lock
-    monkeypatch.setattr(rootfs, "serving_image_tar", lambda: base)
-
-    layers = rootfs.image_layers(serving.LLAMA_IMAGE_TAG)
-
-    assert layers[0] == base and layers[1].name == "serving-image-0123456789ab-llama-layer.tar"
-    unpacked = unpacked_layers(layers, tmp_path / "image")
-    for gone in serving.NOT_IN_LLAMA_IMAGE:
-        assert not (unpacked / gone).exists(), gone
-    server = unpacked / "app/llama-server"
-    assert os.access(server, os.X_OK)
-    share = unpacked / serving.LLAMA_SHARE.relative_to("/")
-    assert (share / serving.LLAMA_DATA.name).read_bytes() == serving.LLAMA_DATA.read_bytes()
-    # Outside this checkout, with the tree's python path only: the image's own imports work.
-    env = {"PATH": os.environ["PATH"], "SIMLAB_LLAMA_SHARE": str(share),
-           "PYTHONPATH": str(unpacked / serving.MODEL_MODULE.parent)}  # fmt: skip
-    result = subprocess.run([sys.executable, "-S", str(server), "--version"], cwd=tmp_path,
-                            capture_output=True, text=True, env=env, check=False)  # fmt: skip
-    assert (result.returncode, result.stderr.splitlines()[0]) == (0, f"version: 0 ({COMMIT})")
+    base, layer = rootfs.image_layers(serving.LLAMA_IMAGE_TAG)
+    server = subprocess.run(["tar", "-xOf", str(layer), "./app/llama-server"],
+                            capture_output=True, check=True).stdout  # fmt: skip
+    assert server == binary.read_bytes()
+    listed = subprocess.run(["tar", "-tvf", str(layer)], capture_output=True, text=True,
+                            check=True).stdout  # fmt: skip
+    assert re.search(r"^-rwxr-xr-x .* \./app/llama-server$", listed, re.M), listed
+    # Every library it needs is in the base image's tree; glibc 2.36's ld.so is named too (the
+    # binary's own NEEDED list, objdump -p, on this build: it takes __tls_get_addr from it).
+    needed = subprocess.run(["objdump", "-p", str(binary)], capture_output=True, text=True,
+                            check=True).stdout  # fmt: skip
+    libraries = re.findall(r"NEEDED\s+(\S+)", needed)
+    assert sorted(libraries) == [
+        "ld-linux-x86-64.so.2", "libc.so.6", "libgcc_s.so.1", "libm.so.6", "libstdc++.so.6"
+    ]  # fmt: skip
+    tree = subprocess.run(["tar", "-tf", str(base)], capture_output=True, text=True,
+                          check=True).stdout.splitlines()  # fmt: skip
+    for library in libraries:
+        assert any(path.endswith(f"/{library}") for path in tree), library
     assert serving.image_changes(serving.LLAMA_IMAGE_TAG) == (
         "ENV LLAMA_ARG_HOST=0.0.0.0",
         "WORKDIR /app",
         'ENTRYPOINT ["/app/llama-server"]',
     )
-    assert serving.image_changes(serving.SERVING_IMAGE_TAG) == ()

@@ -491,11 +491,15 @@ def test_max_model_len_reads_human_numbers(text: str, value: int) -> None:
 
 
 def test_assemble_serving_rootfs(tmp_path: Path) -> None:
-    """Ray's wheels (downloaded into the cache once), the commands and the option list land."""
+    """Ray's wheels (downloaded into the cache once), the commands, the option list and the
+    lab's GGUF model land."""
     rootfs = tmp_path / "rootfs"
     (rootfs / "usr/bin").mkdir(parents=True)
     (rootfs / "usr/bin/python3.11").touch()
-    serving.assemble_serving_rootfs(rootfs)
+    model = tmp_path / "model.gguf"
+    model.write_bytes(b"GGUF and the rest")
+    serving.assemble_serving_rootfs(rootfs, model)
+    assert (rootfs / "usr/local/share/hf-standin/lab-model.gguf").read_bytes() == model.read_bytes()
     site = rootfs / "opt/ray-site"
     assert (site / f"ray-{serving.RAY_VERSION}.dist-info").is_dir()
     assert not (site / "ray/jars").exists()
@@ -549,7 +553,7 @@ def test_an_optional_value_may_be_left_out_where_the_release_says() -> None:
 
 def test_assemble_refuses_a_tree_without_the_python_ray_is_for(tmp_path: Path) -> None:
     with pytest.raises(RuntimeError, match=r"no python3\.11"):
-        serving.assemble_serving_rootfs(tmp_path)
+        serving.assemble_serving_rootfs(tmp_path, tmp_path / "model.gguf")
 
 
 def test_a_model_gives_its_load_time_and_answer_beside_its_config(tmp_path: Path) -> None:

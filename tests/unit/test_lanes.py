@@ -1149,3 +1149,24 @@ def test_the_canary_names_the_causes_of_the_lanes_model(lane: dict, causes: list
         assert word in cause
     (canary,) = [line for line in post_lines(rendered(lane=lane)[paths()[0]]) if "canary" in line]
     assert all(f'"{cause}"' in canary for cause in named)
+
+
+# --- a lane whose model the canary cannot judge (canary = false) ---------------------------------
+
+
+def test_a_lane_without_canary_waits_for_health_then_takes_the_next_turn() -> None:
+    unit = rendered(lane={"canary": False})[paths()[0]]
+    health, turn = post_lines(unit)
+    assert "/health" in health and turn.startswith("ExecStartPost=/bin/rm -f")
+    assert "spark-lane-canary" not in unit
+    assert "# No answer canary: the lane's model cannot answer its question" in unit
+
+
+def test_a_lane_without_canary_is_not_asked_it_when_in_place() -> None:
+    quiet = lane_unit({"canary": False})
+    assert lanes.LaneAnswer not in {fact for fact, _ in lanes.serving_questions(quiet)}
+    assert lanes.LaneAnswer in {fact for fact, _ in lanes.serving_questions(lane_unit())}
+    host = lane_host("lab-lanehost-serving.txt", rendered(lane={"canary": False}))
+    host.outputs[lanes.LaneAnswer] = GIBBERISH  # would refuse the box, were it asked
+    assert run_op(lanes.serving, host=host, unit=quiet) == []
+    assert host.noops[-1] == "lane coder is serving on port 10101 (canary off)"

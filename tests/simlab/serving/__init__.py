@@ -9,9 +9,11 @@ behind them is simulated (see vllm_standin.py). The other images of the deploy's
 layer over it (rootfs.image_layers).
 
 The llama.cpp image, LLAMA_IMAGE_TAG, is the same tree without Ray, `vllm`, `hf` and the vLLM
-lists, with the llama-server stand-in at /app/llama-server and its option list; its config
+lists, with llama.cpp's own `llama-server` at /app/llama-server (built for the CPU from the
+source of the commit whose options spark/data/ holds: tests/simlab/llama_build.py); its config
 holds the settings of the server stage of its Dockerfile (LLAMA_IMAGE_CHANGES) but for its
-HEALTHCHECK (the tree holds no curl).
+HEALTHCHECK (the tree holds no curl). Every image holds the lab's GGUF model where the `hf`
+stand-in reads it (hf_standin.GGUF_IN_IMAGE).
 """
 
 from __future__ import annotations
@@ -20,12 +22,13 @@ import platform
 import shutil
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
-from spark import llamacpp_release
 from spark.vllm_release import DATA, DEFAULT_IMAGE, IMAGES, KINDS, known_versions
 from tests.simlab.paths import CACHE
-from tests.simlab.serving import llama_server_standin, torch_standin
+from tests.simlab.serving import torch_standin
+from tests.simlab.serving.hf_standin import GGUF_IN_IMAGE
 from tests.simlab.serving.vllm_standin import SHARE
 
 SERVING_IMAGE_TAG = DEFAULT_IMAGE
@@ -46,7 +49,7 @@ RELEASE_DATA = [
     if kind != "env-vars"
 ]
 RELEASE_FILE = SHARE / "release"
-# What both stand-ins import (standin_model.py), on the image's python3 path.
+# What the vLLM stand-in imports (standin_model.py), on the image's python3 path.
 MODEL_MODULE = Path("usr/lib/python3/dist-packages/standin_model.py")
 # PyTorch's stand-in (torch_standin.py): what files/nccl_check.py, the NCCL test, imports.
 TORCH_PACKAGE = Path("usr/lib/python3/dist-packages/torch")
@@ -63,13 +66,12 @@ LLAMA_IMAGE_CHANGES = (
     'ENTRYPOINT ["/app/llama-server"]',
 )
 LLAMA_SERVER = Path("app/llama-server")
-LLAMA_DATA = llamacpp_release.data_path(llamacpp_release.DEFAULT_COMMIT)
-LLAMA_SHARE = llama_server_standin.SHARE
 # What of the vLLM image's tree the llama.cpp image lacks.
 NOT_IN_LLAMA_IMAGE = (
     *RAY_PATHS,
     Path("usr/local/bin/vllm"),
     Path("usr/local/bin/hf"),
+    Path(GGUF_IN_IMAGE).parent.relative_to("/"),
     SHARE.relative_to("/"),
     TORCH_PACKAGE,
 )
@@ -81,14 +83,17 @@ def image_changes(tag: str) -> tuple[str, ...]:
     return LLAMA_IMAGE_CHANGES if tag == LLAMA_IMAGE_TAG else ()
 
 
-def add_llama_server(root: Path) -> list[Path]:
-    """Put the llama-server stand-in and its option list into the tree at `root`; the paths
-    added (relative), for the image's tar."""
-    _executable(root / LLAMA_SERVER, Path(llama_server_standin.__file__).read_text())
-    share = root / LLAMA_SHARE.relative_to("/")
-    share.mkdir(parents=True, exist_ok=True)
-    shutil.copyfile(LLAMA_DATA, share / LLAMA_DATA.name)
-    return [LLAMA_SERVER.parent, LLAMA_SHARE.relative_to("/")]
+def llama_server_adder(binary: Path) -> Callable[[Path], list[Path]]:
+    """What puts the built `llama-server` (`binary`) into a tree: a function of the tree's root
+    returning the paths it added (relative), for the image's tar."""
+
+    def add(root: Path) -> list[Path]:
+        (root / LLAMA_SERVER).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(binary, root / LLAMA_SERVER)
+        (root / LLAMA_SERVER).chmod(0o755)
+        return [LLAMA_SERVER.parent]
+
+    return add
 
 
 def release_of(tag: str) -> str:
@@ -142,13 +147,13 @@ def _executable(path: Path, text: str) -> None:
     path.chmod(0o755)
 
 
-def assemble_serving_rootfs(rootfs: Path) -> None:
+def assemble_serving_rootfs(rootfs: Path, gguf_model: Path) -> None:
     """Make a debootstrapped Debian 12 tree with python3 the serving image.
 
     Adds Ray (core only: `ray start` runs without the dashboard extras), a `ray` command, the
     `vllm` stand-in and the option list it checks command lines against, the `hf download`
     stand-in, the stand-ins' model (standin_model.py) and PyTorch's (torch_standin.py, the NCCL
-    test's) on python3's path.
+    test's) on python3's path, and the lab's GGUF model (`gguf_model`) for the `hf` stand-in.
     """
     if not (rootfs / f"usr/bin/python{IMAGE_PYTHON}").exists():
         raise RuntimeError(f"{rootfs} has no python{IMAGE_PYTHON}, which Ray's wheels are for")
@@ -177,3 +182,5 @@ def assemble_serving_rootfs(rootfs: Path) -> None:
     for data in RELEASE_DATA:
         shutil.copyfile(data, share / data.name)
     (rootfs / RELEASE_FILE.relative_to("/")).write_text(release_of(SERVING_IMAGE_TAG) + "\n")
+    (rootfs / GGUF_IN_IMAGE[1:]).parent.mkdir(parents=True, exist_ok=True)
+    shutil.copyfile(gguf_model, rootfs / GGUF_IN_IMAGE[1:])

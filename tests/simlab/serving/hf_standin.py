@@ -20,9 +20,10 @@ pattern one value of a repeatable option (`--include A --include B`, or `--inclu
 
 The stand-in cannot list a real repository. Its repository holds config.json and weights
 (model.safetensors, WEIGHTS_BYTES of zeros, written sparse: no disk is used until another box
-copies them); a repository named *-GGUF holds GGUF files instead (gguf_files). A file named on
-the command line is in every repository: a name ending in .gguf is a GGUF file, any other a small
-text file.
+copies them); a repository named *-GGUF holds GGUF files instead (gguf_files), each the lab's
+GGUF model (tests/simlab/lab_gguf.py: one that llama.cpp's own llama-server loads) followed by
+zeros up to GGUF_BYTES. A file named on the command line is in every repository: a name ending
+in .gguf is a GGUF file, any other a small text file.
 """
 
 from __future__ import annotations
@@ -32,7 +33,6 @@ import functools
 import hashlib
 import json
 import os
-import struct
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -40,8 +40,10 @@ from pathlib import Path
 USAGE = "usage: hf download REPO_ID [FILENAMES]... [--include PATTERN]... [--exclude PATTERN]..."
 WEIGHTS_BYTES = 256 * 2**20
 GGUF_BYTES = 16 * 2**20
-# What a GGUF file starts with (ggml's gguf.cpp: the magic, version 3, no tensors, no metadata).
-GGUF_HEADER = b"GGUF" + struct.pack("<IQQ", 3, 0, 0)
+# The lab's GGUF model: in the serving image at GGUF_IN_IMAGE; the lab's hub, on the machine
+# running the lab, is given the cache's copy in GGUF_MODEL_VARIABLE.
+GGUF_MODEL_VARIABLE = "SIMLAB_GGUF_MODEL"
+GGUF_IN_IMAGE = "/usr/local/share/hf-standin/lab-model.gguf"
 GGUF_QUANTS = ("Q4_K_M", "Q8_0", "UD-Q4_K_XL")
 CHUNK = 2**20
 
@@ -104,10 +106,16 @@ def _digest(head: bytes, size: int, lfs: bool) -> str:
     return digest.hexdigest()
 
 
+@functools.cache
+def gguf_model() -> bytes:
+    """The lab's GGUF model, every GGUF file's first bytes."""
+    return Path(os.environ.get(GGUF_MODEL_VARIABLE, GGUF_IN_IMAGE)).read_bytes()
+
+
 def repo_file(repo_id: str, name: str) -> RepoFile:
     """The repository's file ``name``: a GGUF file, weights, its config, or a small text."""
     if name.endswith(".gguf"):
-        return RepoFile(GGUF_HEADER, GGUF_BYTES, lfs=True)
+        return RepoFile(gguf_model(), GGUF_BYTES, lfs=True)
     if name.endswith(".safetensors"):
         return RepoFile(b"", WEIGHTS_BYTES, lfs=True)
     if name == "config.json":

@@ -1,15 +1,15 @@
-"""The model the lab's serving stand-ins (vllm_standin.py, llama_server_standin.py) pretend to
-run: what it answers, and how a lab test makes it answer badly; and how they send a reply.
+"""The model the lab's vLLM stand-in (vllm_standin.py) pretends to run: what it answers, and
+how a lab test makes it answer badly; and how it sends a reply.
 
 It answers "What is A + B?" (and "the word W") with "A+B W", as the answer canary
 (templates/spark-lane-canary.j2) expects of a healthy lane, and otherwise lets the stand-in say
-what it got. A file named ANSWER_FILE beside the model (beside its config.json, or beside its
-GGUF file) holding "gibberish" makes it answer garbage, as a ModelOpt NVFP4 checkpoint does on
+what it got. A file named ANSWER_FILE beside the model (beside its config.json) holding
+"gibberish" makes it answer garbage, as a ModelOpt NVFP4 checkpoint does on
 SM121 (seed 003); "empty-reasoning" puts the whole answer in the reasoning and leaves the
 content empty, as a thinking template hiding the answer does. Tokens are counted as words.
 
 In the serving image this file lies on python3's path (serving/__init__.py puts it there), so
-both stand-ins import it by its own name. Standard library only.
+the stand-in imports it by its own name. Standard library only.
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ ADDITION = re.compile(r"\bWhat is (-?\d+) \+ (-?\d+)\?(?:.*?\bthe word (\w+))?",
 
 
 class Replies(BaseHTTPRequestHandler):
-    """Both stand-ins' request handlers: how they send an answer."""
+    """The stand-in's request handlers: how it sends an answer."""
 
     json_type = "application/json"
 
