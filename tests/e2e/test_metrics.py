@@ -129,11 +129,14 @@ def test_make_status_reads_every_box_without_ssh(deployed_lab: Deployed, keys: P
     lines = done.stdout.splitlines()
     assert done.returncode == 0, done.stdout + done.stderr
     assert lines[0].split()[:2] == ["box", "lanes"]
+    # The drift column, between its heading and the GPU clock's (the last column).
+    drift = slice(lines[0].index("drift"), lines[0].index("GPU clock"))
     for host in deployed_lab.lab.hosts:
         row = next(line for line in lines if line.startswith(f"{host.name} "))
         assert "coder up, fast up" in row
         assert f"{TWIN} 200G/9000/gid 3" in row
-        assert row.rstrip().endswith(" -")  # no drift
+        assert row[drift].strip() == "-"  # no drift
+        assert row.rstrip().endswith("max 2200 MHz")  # group_data's lock, read from its journal
 
 
 def test_a_lanes_own_metrics_answer_the_metrics_key_alone(deployed_lab: Deployed) -> None:
