@@ -9,7 +9,7 @@ STAMP := $(VENV)/.installed-$(shell sha256sum requirements.txt | cut -c1-12)
 INVENTORY ?= inventories/lab.py
 
 .PHONY: venv demo test unit plan compliance lane-bench lab-up lab-down bench copy-bench \
-	router-bench prometheus-config status clients
+	router-bench prometheus-config status clients variables
 
 $(STAMP): requirements.txt
 	@command -v python3 >/dev/null && python3 -c 'import venv, ensurepip' 2>/dev/null \
@@ -63,6 +63,11 @@ unit: $(STAMP)
 # BOX=<name> for one box, JSON=1 for the plan as JSON.
 plan: $(STAMP)
 	$(PY) -m stages.show_plan --inventory $(INVENTORY) $(if $(BOX),--box $(BOX)) $(if $(JSON),--json)
+
+# docs/variables.md, the inventory's variables reference, written from the keys' declarations
+# (spark/inventory.py, spark/fleet.py, spark/lane.py) and group_data/all.py's defaults.
+variables: $(STAMP)
+	$(PY) -m tools.options_reference
 
 # Is every box still what the inventory says? Read-only; INVENTORY=inventories/sim.py for the lab.
 compliance: $(STAMP)
