@@ -43,7 +43,9 @@ def type_name(annotation: Any) -> str:
     if origin in (Union, types.UnionType):
         return " | ".join(type_name(arg) for arg in get_args(annotation))
     if origin is not None:
-        inner = ", ".join("..." if arg is Ellipsis else type_name(arg) for arg in get_args(annotation))
+        inner = ", ".join(
+            "..." if arg is Ellipsis else type_name(arg) for arg in get_args(annotation)
+        )
         return f"{origin.__name__}[{inner}]"
     if annotation is type(None):
         return "None"
