@@ -48,7 +48,7 @@ spark = [
             # The ports the lab cabled to its switch (a switch only; tests/simlab/lab.py).
             "fabric_switch_ports": _lab.get("switch_ports", [1]),
             # The address this machine reaches the box at is its enP7s7's: a ring's rendezvous
-            # and sockets go there (README, Fabric shapes).
+            # and sockets go there (docs/reference.md, Fabric shapes).
             "management_address": host["mgmt_ip"],
             # The lab's hosts reach no registry: NVIDIA's repository is a local stand-in.
             "toolkit_repo_url": "file:/srv/simlab-repos/nvidia-container-toolkit",
