@@ -173,6 +173,11 @@ def port_problems(host: HostConfig, endpoint: Router) -> list[str]:
         owners.append(
             (lane.backend_port, lane.backend_port, f"the loopback_port of lane {lane.name} (lanes)")
         )
+        if lane.server_port != lane.backend_port:
+            owners.append(
+                (lane.server_port, lane.server_port, f"the server port of lane {lane.name}, on"
+                 " demand (loopback_port + 1000)")
+            )  # fmt: skip
     if host.metrics:
         exporter = metrics_exporter_port(host.metrics_port)
         owners.append(

@@ -40,6 +40,7 @@ from spark.lane import (
     clash_problems,
     context_warnings,
     image_with_ray,
+    listeners,
 )
 from spark.memory import box_budget
 from spark.ports import metrics_exporter_port, port_owners
@@ -565,7 +566,7 @@ def _metrics_port_problems(
     return problems + [
         f"lane {lane.name}: port {port} is {taken[port]}; give metrics_port another port"
         for lane in lanes
-        for port in dict.fromkeys((lane.port, lane.backend_port))
+        for port in dict.fromkeys(port for _, port in listeners(lane))
         if port in taken
     ]
 
