@@ -6,7 +6,8 @@ starts its lane and is answered once it serves; the lane stops after its idle ti
 to the other lane stops the first before the second starts (both units' states read on the box
 while it loads, and their timestamps); a second deploy changes nothing and starts no lane. The
 bench row (the time from the on-demand request to its first token against the lane's own start)
-is printed here, as the lab's bench is too heavy for the shared machine.
+is printed here, as the lab's bench is too heavy for the shared machine. A power cut and boot of
+the box: its sockets listen again, its on-demand lanes wait for a request, which starts one.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ import pytest
 
 from tests.conftest import pyinfra, reimage_all, run_on
 from tests.e2e.on_demand_lanes import CODER, FAST, IDLE_S, SPARE
+from tests.e2e.runs import power_cut, power_on
 from tests.e2e.test_host_layer import changes
 from tests.e2e.test_lanes import HTTP, key_of, unit
 from tests.simlab import lab as simlab
@@ -154,6 +156,23 @@ def test_two_lanes_that_do_not_fit_together_are_swapped_never_both_up(box: simla
     fast_stopped = int(shown[unit(FAST)]["InactiveEnterTimestampMonotonic"])
     assert fast_stopped <= int(shown[unit(SPARE)]["InactiveExitTimestampMonotonic"])
     stopped(box, SPARE)
+
+
+def test_after_a_reboot_the_socket_listens_and_its_lane_waits_for_a_request(
+    box: simlab.Host,
+) -> None:
+    power_cut(box)
+    power_on(box)
+    socket, coder = SOCKET.format("fast"), unit(CODER)
+
+    def booted() -> bool:
+        shown = states(box, socket, coder)
+        return shown[socket]["ActiveState"] == "active" and shown[coder]["ActiveState"] == "active"
+
+    until(booted, PATIENCE_S, "the socket listening and the resident lane serving after boot")
+    assert (active(box, FAST), active(box, SPARE)) == ("inactive", "inactive")
+    first_token(box, FAST)
+    stopped(box, FAST)
 
 
 def test_a_second_deploy_changes_nothing_and_starts_no_lane(box: simlab.Host) -> None:

@@ -23,7 +23,7 @@ from spark.ports import on_demand_server_port
 from stages.show_plan import served_line
 from tests.unit.harness import FakeHost, captured, refusal, run_op
 from tests.unit.test_config import merged
-from tests.unit.test_fleet import RESIDENT, W, Y, Z, small
+from tests.unit.test_fleet import RESIDENT, W, Y, Z, refused, small
 from tests.unit.test_lanes import ENVIRONMENT, lane_facts, lane_host, paths
 
 SOCKET = "/etc/systemd/system/spark-ondemand-coder.socket"
@@ -260,3 +260,12 @@ def test_the_socket_of_a_lane_no_longer_on_demand_is_removed(
 ) -> None:
     host = FakeHost({demand.OnDemandSockets: LISTENING})
     assert run_op(demand.on_demand_removed, host=host, keep=keep) == commands
+
+
+def test_the_router_port_on_an_on_demand_lanes_server_port_is_refused() -> None:
+    # y on demand at port 10102: its server on 12102 (11102 + 1000); the router on 12102 there.
+    box = {"lanes": [RESIDENT, small("y", 10102, 0.3, on_demand_idle_s=60)], "router_port": 12102}
+    assert (
+        "spark-1: router_port: 12102 (the router's) is the server port on demand (loopback_port +"
+        " 1000) of lane y (lanes); give router_port another port"
+    ) in refused({"spark-1": box})
