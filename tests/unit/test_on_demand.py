@@ -36,10 +36,9 @@ CHECK_START = (
     "systemctl reset-failed spark-lane-coder.service; systemctl restart spark-lane-coder.service"
     " || { journalctl -u spark-lane-coder.service -n 40 --no-pager >&2; exit 1; }"
 )
-# OnDemandSockets' command on a box with lane coder's socket listening, in the form
-# `systemctl show -p Id,ActiveState,UnitFileState` prints (systemd 252 on the lab's spark-1
-# printed these three lines for spark-ondemand-fast.socket after tests/e2e/test_on_demand.py's
-# deploy: Id, then ActiveState=active, then UnitFileState=enabled), the lane's name changed.
+# OnDemandSockets' command on the lab's spark-1 after tests/e2e/test_on_demand.py's deploy
+# (systemd 252): lanes fast and spare on demand, both sockets listening
+# (captured/lab-ondemand-sockets.txt); below, its first three lines with the lane renamed coder.
 LISTENING = "Id=spark-ondemand-coder.socket\nActiveState=active\nUnitFileState=enabled\n"
 
 
@@ -205,9 +204,9 @@ def test_a_resident_lane_made_on_demand_is_disabled_and_stopped_before_its_socke
 
 
 def test_the_socket_on_the_loopback_port_is_the_lanes_own_not_a_taken_port() -> None:
-    # The bare capture's listeners plus systemd holding 11101 (the socket), as `ss -ltnpH` shows
-    # a socket unit's listener: users:(("systemd",pid=1,fd=54)).
-    systemd = 'listen LISTEN 0 4096 127.0.0.1:11101 0.0.0.0:* users:(("systemd",pid=1,fd=54))\n'
+    # The bare capture's listeners plus systemd holding 11101 (the socket): the line `ss -ltnpH`
+    # printed for lane fast's socket on the lab's spark-1 (11102 there), with the fact's prefix.
+    systemd = 'listen LISTEN 1 4096 127.0.0.1:11101 0.0.0.0:* users:(("systemd",pid=1,fd=85))\n'
     bare = captured("lab-lanehost-bare.txt") + systemd
     files = dict.fromkeys([*paths(), SOCKET, PROXY])
     host = on_demand_host("lab-lanehost-bare.txt", files, None)
@@ -232,10 +231,9 @@ def test_the_deploy_asks_no_canary_of_an_on_demand_lane() -> None:
 
 
 def test_sockets_fact_reads_systemctl_show() -> None:
-    two = LISTENING + "Id=spark-ondemand-spare.socket\nActiveState=failed\nUnitFileState=enabled\n"
-    assert demand.OnDemandSockets().process(two.splitlines()) == {
-        "coder": {"ActiveState": "active", "UnitFileState": "enabled"},
-        "spare": {"ActiveState": "failed", "UnitFileState": "enabled"},
+    assert demand.OnDemandSockets().process(captured("lab-ondemand-sockets.txt").splitlines()) == {
+        "fast": {"ActiveState": "active", "UnitFileState": "enabled"},
+        "spare": {"ActiveState": "active", "UnitFileState": "enabled"},
     }
     assert demand.OnDemandSockets().command().endswith("; true")  # absent: no failure
 
