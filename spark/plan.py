@@ -597,7 +597,7 @@ def on_demand(lane: Lane, conflicts: tuple[tuple[str, str], ...]) -> OnDemand | 
 
 
 def own_lanes(
-    me: HostConfig, spark: SparkConfig, conflicts: tuple[tuple[str, str], ...] = ()
+    me: HostConfig, spark: SparkConfig, conflicts: tuple[tuple[str, str], ...]
 ) -> tuple[OwnLane, ...]:
     """The box's own lanes in start order, each after the one before it (one loads at a time:
     simultaneous starts contend, seed 003); ``conflicts``: its on-demand lanes never up
