@@ -44,10 +44,11 @@ def _idle(box: Box, lane: Lane) -> bool:
 
 def _awake(box: Box) -> tuple[list[Lane], list[str]]:
     """The box's lanes a request may be sent to (resident, or on demand and running), and a
-    note for each idle one left alone."""
+    note naming the idle ones left alone."""
     idle = [lane for lane in box.config.lanes if _idle(box, lane)]
     awake = [lane for lane in box.config.lanes if lane not in idle]
-    return awake, [f"{lane.name}: on demand, idle (not woken)" for lane in idle]
+    names = ", ".join(lane.name for lane in idle)
+    return awake, [f"{names} idle on demand (not woken)"] if idle else []
 
 
 def _http(box: Box, lane: Lane, path: str, with_key: bool) -> tuple[str, str]:
@@ -100,18 +101,24 @@ def test_no_lane_beyond_the_inventory(box: Box, found: Callable[[object], None])
     _report(found, [f"{name} is not in the inventory" for name in extra], "only configured lanes")
 
 
-def test_lanes_answer_health(box: Box, found: Callable[[object], None]) -> None:
+def test_lanes_answer_health(
+    box: Box, found: Callable[[object], None], note: Callable[[str], None]
+) -> None:
     """lanes /health"""
     awake, idle = _awake(box)
     answers = [(lane, _http(box, lane, "/health", lane.api_key)[0]) for lane in awake]
     problems = [f"{lane.name}: {status}" for lane, status in answers if status != "200"]
     found("; ".join(problems + idle))
+    if idle:
+        note("; ".join(idle))
     assert not problems, (
         f"expected /health answering 200 on every lane's port, with its key, found: {problems}"
     )
 
 
-def test_lanes_serve_their_names(box: Box, found: Callable[[object], None]) -> None:
+def test_lanes_serve_their_names(
+    box: Box, found: Callable[[object], None], note: Callable[[str], None]
+) -> None:
     """lanes /v1/models names"""
     problems = []
     awake, idle = _awake(box)
@@ -124,6 +131,8 @@ def test_lanes_serve_their_names(box: Box, found: Callable[[object], None]) -> N
         if (status, names) != ("200", [lane.served_name]):
             problems.append(f"{lane.name}: {status} {names}")
     found("; ".join(problems + idle))
+    if idle:
+        note("; ".join(idle))
     assert not problems, f"expected each lane's /v1/models listing its served name: {problems}"
 
 
@@ -223,7 +232,9 @@ def test_memory_guard_watching(box: Box, found: Callable[[object], None]) -> Non
     _report(found, problems, f"{SERVICE} enabled and active, with the inventory's threshold")
 
 
-def test_on_demand_lanes_wait_on_their_sockets(box: Box, found: Callable[[object], None]) -> None:
+def test_on_demand_lanes_wait_on_their_sockets(
+    box: Box, found: Callable[[object], None], note: Callable[[str], None]
+) -> None:
     """on-demand lanes: socket, proxy, conflicts"""
     problems, checked = [], []
     for own in box.plan.lanes:
@@ -247,5 +258,6 @@ def test_on_demand_lanes_wait_on_their_sockets(box: Box, found: Callable[[object
         missing = [other for other in wanted.conflicts if unit_name(other) not in conflicts]
         if missing:
             problems.append(f"{name}: no Conflicts= with {', '.join(missing)}")
-    found("; ".join(problems) or ", ".join(checked) or "no lane on demand")
+    found("; ".join(problems))
+    note(", ".join(checked) or "no lane on demand")
     assert not problems, f"expected each on-demand lane's socket, proxy and conflicts: {problems}"

@@ -4,7 +4,8 @@ that do not fit together, on demand with 20 s of idle time, beside the resident 
 One deploy from bare, then on the first box: a request through the front with the lane's key
 starts its lane and is answered once it serves; the lane stops after its idle time; a request
 to the other lane stops the first before the second starts (both units' states read on the box
-while it loads, and their timestamps); a second deploy changes nothing and starts no lane. The
+while it loads, and their timestamps); a second deploy changes nothing and starts no lane, and
+compliance passes without waking one. The
 bench row (the time from the on-demand request to its first token against the lane's own start)
 is printed here, as the lab's bench is too heavy for the shared machine. A power cut and boot of
 the box: its sockets listen again, its on-demand lanes wait for a request, which starts one.
@@ -23,6 +24,7 @@ import pytest
 from tests.conftest import pyinfra, reimage_all, run_on
 from tests.e2e.on_demand_lanes import CODER, FAST, IDLE_S, SPARE
 from tests.e2e.runs import power_cut, power_on
+from tests.e2e.test_compliance import PARALLEL, compliance, not_passing
 from tests.e2e.test_host_layer import changes
 from tests.e2e.test_lanes import HTTP, key_of, unit
 from tests.simlab import lab as simlab
@@ -177,7 +179,15 @@ def test_after_a_reboot_the_socket_listens_and_its_lane_waits_for_a_request(
     stopped(box, FAST)
 
 
-def test_a_second_deploy_changes_nothing_and_starts_no_lane(box: simlab.Host) -> None:
+def test_a_second_deploy_changes_nothing_and_compliance_passes_waking_no_lane(
+    box: simlab.Host,
+) -> None:
     again = pyinfra(INVENTORY, "deploy.py")
     assert changes(again) == 0, again.stdout
+    assert (active(box, FAST), active(box, SPARE)) == ("inactive", "inactive")
+    code, table, output = compliance(*PARALLEL, inventory=INVENTORY)
+    assert code == 0 and not_passing(table) == {}, output
+    assert table["on-demand lanes: socket, proxy, conflicts"][box.name] == "PASS fast, spare"
+    idle = "PASS fast, spare idle on demand (not woken)"
+    assert table["lanes /health"][box.name] == idle, table["lanes /health"]
     assert (active(box, FAST), active(box, SPARE)) == ("inactive", "inactive")
