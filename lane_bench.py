@@ -25,7 +25,7 @@ if Path.cwd().resolve() != COLLECTION:
         " group_data/ from the directory it starts in"
     )
 
-from operations import lanes
+from operations import lanes, on_demand
 from stages import settings
 
 spark = settings.load(inventory)  # the deploy's own validation: the same lanes, ports and models
@@ -36,11 +36,18 @@ for lane in me.lanes:
     spec = lane.spec
     figures = spec.throughput.for_probe() if spec and spec.throughput else "{}"
     probe = [lanes.BENCH_COMMAND, lane.name, str(lane.backend_port), "--figures", figures]
+    # A lane on demand started first, through its proxy (its load is no part of the figures):
+    # the proxy holds it through the probe, and it stops after its idle time (docs/on-demand.md).
+    started = (
+        f"systemctl start {on_demand.proxy_name(lane.name)} && " if lane.on_demand_idle_s else ""
+    )
     server.shell(
         name=f"Lane {lane.name}: throughput of {lane.served_name}",
         commands=[
             f"[ -x {lanes.BENCH_COMMAND} ] || {{ echo '{lanes.BENCH_COMMAND} is not on this"
-            " box: deploy first'; exit 1; }; " + " ".join(shlex.quote(arg) for arg in probe)
+            " box: deploy first'; exit 1; }; "
+            + started
+            + " ".join(shlex.quote(arg) for arg in probe)
         ],
         _continue_on_error=True,
     )

@@ -415,7 +415,13 @@ def lanes(
             "spark_lane_info", 1, "A lane of the plan", lane=name, engine=lane["engine"],
             served_name=lane["served_name"], image=lane["image"], port=str(lane["port"]),
         )  # fmt: skip
-        metrics.add("spark_lane_up", int(active == "active"), "The lane's unit is active", **labels)
+        if lane.get("on_demand"):
+            if not on_demand_lane(metrics, name, active, show, drift):
+                continue
+        else:
+            metrics.add(
+                "spark_lane_up", int(active == "active"), "The lane's unit is active", **labels
+            )
         if lane["backend_port"] is not None:
             ok = active == "active" and health(lane["backend_port"])
             metrics.add("spark_lane_healthy", int(ok), "The lane answers /health", **labels)
@@ -437,6 +443,40 @@ def lanes(
                 Drift("lane", name, "active", active or "unknown",
                  f"journalctl -u spark-lane-{name}; systemctl start spark-lane-{name}")
             )  # fmt: skip
+
+
+def on_demand_lane(
+    metrics: Metrics,
+    name: str,
+    active: str | None,
+    show: Callable[[str], str | None],
+    drift: list[Drift],
+) -> bool:
+    """An on-demand lane (docs/on-demand.md) is inactive while idle, by design: it is up while
+    its socket listens (a request starts it) and its unit has not failed; whether it runs now is
+    spark_lane_running. False: idle, nothing more to read of it (no /health, no canary)."""
+    socket = f"spark-ondemand-{name}.socket"
+    listening = unit_state(show(socket) or "").get("ActiveState") == "active"
+    labels = {"lane": name}
+    metrics.add(
+        "spark_lane_on_demand", 1, "The lane is started by requests, stopped idle", **labels
+    )
+    metrics.add(
+        "spark_lane_up", int(listening and active != "failed"),
+        "The lane's unit is active (on demand: its socket listens, its unit not failed)", **labels,
+    )  # fmt: skip
+    metrics.add("spark_lane_running", int(active == "active"), "The lane's unit runs", **labels)
+    if not listening:
+        drift.append(
+            Drift("lane", name, "socket listening", "not listening",
+             f"journalctl -u {socket}; systemctl start {socket}")
+        )  # fmt: skip
+    elif active == "failed":
+        drift.append(
+            Drift("lane", name, "inactive or active", "failed",
+             f"journalctl -u spark-lane-{name}; systemctl reset-failed spark-lane-{name}")
+        )  # fmt: skip
+    return active == "active"
 
 
 def nccl(metrics: Metrics, verdict_file: Path, now: float) -> None:

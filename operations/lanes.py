@@ -14,6 +14,7 @@ from pyinfra.api import FactBase, operation
 from pyinfra.api.exceptions import OperationError
 from pyinfra.facts.files import Sha1File
 
+from operations import on_demand as demand
 from operations import ray, util
 from operations.asked import Question, answer, question
 from operations.preflight import hf_cache_dir
@@ -21,6 +22,7 @@ from operations.weights import FetchState
 from spark import llamacpp
 from spark.box_paths import HF_CACHE_IN_CONTAINER, HF_TOKEN, MODELS_DIR, SECRETS_DIR, key_path
 from spark.lane import ENV_NAME, SLUG, Lane, MpRank
+from spark.plan import OnDemand
 from spark.sm121 import is_modelopt_nvfp4, is_qwen3, quantization, uses_cutlass_fp4
 
 UNIT_DIR = "/etc/systemd/system"
@@ -47,6 +49,9 @@ USERS = re.compile(r'\("([^"]*)",pid=(\d+)')  # ss -p: users:(("sshd",pid=63,fd=
 SECRET_OK = "root 600"
 # The authenticating front's process (operations/front.py): it owns each lane's port.
 FRONT = "nginx"
+# An on-demand lane's socket (operations/on_demand.py): systemd holds it, and the proxy it starts
+# (systemd-socket-proxyd) shares it.
+SOCKET_OWNER = "systemd"
 
 
 def unit_name(lane: str) -> str:
@@ -302,6 +307,7 @@ class LaneUnit:
       master port (the head: every other box's; another box: the head's), on executor mp
     + fetch_unit: the unit fetching its model (operations/weights.py ``fetched``), which it
       starts after; None: its model is on the box or the box stops without it
+    + on_demand: started by a request, stopped when idle (operations/on_demand.py); None: resident
     """
 
     lane: Lane
@@ -315,6 +321,7 @@ class LaneUnit:
     rank: MpRank | None = None
     peers: tuple[str, ...] = ()
     fetch_unit: str | None = None
+    on_demand: OnDemand | None = None
 
     @property
     def name(self) -> str:
@@ -404,7 +411,7 @@ class LaneUnit:
         return {
             "lane": self.name,
             "port": self.lane.port,
-            "backend_port": self.lane.backend_port,
+            "server_port": self.lane.server_port,
             "after": unit_name(self.after) if self.after else None,
             "fetch_unit": self.fetch_unit,
             "container": PREFIX + self.name,
@@ -423,7 +430,7 @@ class LaneUnit:
                 for arg in [
                     CANARY_COMMAND,
                     self.name,
-                    str(self.lane.backend_port),
+                    str(self.lane.server_port),
                     *canary_causes(self.lane),
                 ]
             )
@@ -431,6 +438,7 @@ class LaneUnit:
             else None,
             "loading_mark": f"{LOADING_DIR}/{self.name}",
             **self.timeouts(),
+            **demand.lane_unit_variables(self.name, self.on_demand, unit_name),
         }
 
 
@@ -451,11 +459,13 @@ def _secret_commands(state: dict, name: str) -> tuple[list[str], bool]:
 
 def _port_owner_problem(state: dict, lane: Lane) -> str | None:
     """A port of the lane that another service holds: its own (the front's, nginx) or its
-    vLLM's on loopback; a lane's container is one the deploy restarts or removes."""
-    for key, port, ours in (
-        ("port", lane.port, (PREFIX, FRONT)),
-        ("loopback_port", lane.backend_port, (PREFIX,)),
-    ):
+    vLLM's on loopback (an on-demand lane's: its socket's, systemd's, and its server's); a
+    lane's container is one the deploy restarts or removes."""
+    socket = (PREFIX,) if lane.server_port == lane.backend_port else (PREFIX, SOCKET_OWNER)
+    ports = [("port", lane.port, (PREFIX, FRONT)), ("loopback_port", lane.backend_port, socket)]
+    if lane.server_port != lane.backend_port:
+        ports.append(("server port on demand (loopback_port + 1000)", lane.server_port, (PREFIX,)))
+    for key, port, ours in ports:
         owner = state["listeners"].get(port)
         if owner is not None and not owner.startswith(ours):
             return (
@@ -577,6 +587,17 @@ def serving(unit: LaneUnit):
         start = f"{fetch_wait(name, unit.fetch_unit)}; {start}"
     running = current.get("ActiveState") == "active"
     changed = bool(unit_changes or env_changes or new_key)
+    if unit.on_demand is not None:  # not enabled, started by its socket (operations/on_demand.py)
+        yield from demand.activated(
+            lane.name,
+            name,
+            unit.on_demand,
+            lane_state=current,
+            lane_changed=changed,
+            reload=bool(unit_changes),
+            check_start=f"{start.format('restart')} || {show_log}",
+        )
+        return
     enabled = current.get("UnitFileState") == "enabled"
     if unit.fetch_unit and enabled and not running and not changed:
         fetch = answer(FetchState, model=lane.model, models_dir=unit.models_dir)
@@ -688,9 +709,10 @@ def serving_questions(unit: LaneUnit) -> list[Question]:
         question(LaneUnits),
         *(
             [question(LaneAnswer, lane=lane.name, port=lane.backend_port)]
-            if lane.canary and not unit.headless
+            if lane.canary and not unit.headless and unit.on_demand is None
             else []
         ),
+        *(demand.activation_questions(lane.name) if unit.on_demand is not None else []),
         *(
             [
                 question(FetchState, model=lane.model, models_dir=unit.models_dir),

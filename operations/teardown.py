@@ -73,7 +73,10 @@ def removed(paths: list[str]):
     if not any(found.values()):
         host.noop("nothing of the deploy's is on the box")
         return
-    enabled = [name for name in found["unit files"] if name.endswith((".service", ".timer"))]
+    # What may be enabled: services, timers, an on-demand lane's socket (operations/on_demand.py).
+    enabled = [
+        name for name in found["unit files"] if name.endswith((".service", ".timer", ".socket"))
+    ]
     if enabled:
         yield f"systemctl disable {' '.join(enabled)}"
     if units:

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 from pydantic import BaseModel, ConfigDict
 
+from spark.lane import listeners
 from spark.memory import box_budget
 from spark.options import option
 from spark.ports import metrics_exporter_port, port_owners
@@ -185,14 +186,15 @@ def key_problems(hosts: tuple[HostConfig, ...]) -> list[str]:
 
 def port_problems(host: HostConfig, endpoint: Router) -> list[str]:
     """The router's two ports (the front's and its own on loopback) against every port the box
-    holds: its lanes' (front and loopback), the metrics endpoint's and its exporter's, Ray's,
-    the distributed back-end's, the ephemeral range, SSH's (spark/ports.py)."""
+    holds: its lanes' (front, loopback, an on-demand lane's server), the metrics endpoint's and
+    its exporter's, Ray's, the distributed back-end's, the ephemeral range, SSH's
+    (spark/ports.py)."""
     owners = port_owners(host.ray.port, host.ssh_port)
-    for lane in host.lanes:
-        owners.append((lane.port, lane.port, f"the port of lane {lane.name} (lanes)"))
-        owners.append(
-            (lane.backend_port, lane.backend_port, f"the loopback_port of lane {lane.name} (lanes)")
-        )
+    owners += [
+        (port, port, f"the {key} of lane {lane.name} (lanes)")
+        for lane in host.lanes
+        for key, port in listeners(lane)
+    ]
     if host.metrics:
         exporter = metrics_exporter_port(host.metrics_port)
         owners.append(

@@ -39,6 +39,7 @@ from spark.lane import (
     clash_problems,
     context_warnings,
     image_with_ray,
+    listeners,
 )
 from spark.memory import box_budget
 from spark.options import option
@@ -732,7 +733,7 @@ def _metrics_port_problems(
     return problems + [
         f"lane {lane.name}: port {port} is {taken[port]}; give metrics_port another port"
         for lane in lanes
-        for port in dict.fromkeys((lane.port, lane.backend_port))
+        for port in dict.fromkeys(port for _, port in listeners(lane))
         if port in taken
     ]
 

@@ -31,7 +31,7 @@ from spark.catalog import CATALOG, ModelSpec
 from spark.checks import HF_ID, matching, refused
 from spark.llamacpp_release import DEFAULT_COMMIT
 from spark.memory import FRACTION_LIMIT
-from spark.ports import MASTER_PORT
+from spark.ports import MASTER_PORT, on_demand_server_port
 from spark.sm121 import SM121_ADDITIONS, SM121_RULES
 from spark.vllm_release import (
     DEFAULT_IMAGE,
@@ -343,7 +343,7 @@ class Lane(BaseModel):
             self.model,
             "--served-model-name", self.served_name,
             "--host", "127.0.0.1",
-            "--port", str(self.backend_port),
+            "--port", str(self.server_port),
             "--gpu-memory-utilization", f"{self.memory_fraction:g}",
             "--max-model-len", str(self.max_model_len),
         ]  # fmt: skip
@@ -370,7 +370,7 @@ class Lane(BaseModel):
         box's front as a vLLM lane."""
         return llamacpp.server_args(
             served_name=self.served_name,
-            port=self.backend_port,
+            port=self.server_port,
             context=self.max_model_len,
             slots=self.slots or llamacpp.DEFAULT_SLOTS,
             kv_cache=self.kv_cache_dtype,
@@ -382,6 +382,14 @@ class Lane(BaseModel):
     def backend_port(self) -> int:
         """Where the server listens, on 127.0.0.1; the front forwards `port` there."""
         return self.loopback_port or self.port + 1000
+
+    @property
+    def server_port(self) -> int:
+        """Where the server itself listens, on 127.0.0.1: backend_port, or for a lane on demand,
+        whose backend_port systemd's socket holds, the port spark/ports.py gives it."""
+        if self.on_demand_idle_s is None:
+            return self.backend_port
+        return on_demand_server_port(self.backend_port)
 
     @property
     def is_cluster(self) -> bool:
@@ -676,6 +684,19 @@ def _retired(vllm: Release, name: str) -> str:
     return f" (vLLM {older[-1]} did; {vllm.label} warns and ignores it{instead})"
 
 
+# How a clash names an on-demand lane's server port (spark/ports.py on_demand_server_port).
+ON_DEMAND_SERVER = "server port on demand (loopback_port + 1000)"
+
+
+def listeners(lane: Lane) -> list[tuple[str, int]]:
+    """The lane's ports on its box, each named as a clash names it: the front's, the loopback
+    port it forwards to, and an on-demand lane's server port behind its socket."""
+    ports = [("port", lane.port), ("loopback_port", lane.backend_port)]
+    if lane.server_port != lane.backend_port:
+        ports.append((ON_DEMAND_SERVER, lane.server_port))
+    return ports
+
+
 def _same_port(lanes: list[Lane], users: list[tuple[str, str]]) -> bool:
     names = {name for name, _ in users}
     return len({lane.port for lane in lanes if lane.name in names}) == 1
@@ -697,8 +718,8 @@ def clash_problems(lanes: Iterable[Lane], owners: list[tuple[int, int, str]]) ->
     # Clients' ports (the front's) and vLLM's own on loopback: one listener each on the box.
     ports: dict[int, list[tuple[str, str]]] = {}
     for lane in lanes:
-        ports.setdefault(lane.port, []).append((lane.name, "port"))
-        ports.setdefault(lane.backend_port, []).append((lane.name, "loopback_port"))
+        for key, port in listeners(lane):
+            ports.setdefault(port, []).append((lane.name, key))
     for port, users in ports.items():
         keys = {key for _, key in users}
         if len(users) < 2 or (keys == {"loopback_port"} and _same_port(lanes, users)):
@@ -714,7 +735,7 @@ def clash_problems(lanes: Iterable[Lane], owners: list[tuple[int, int, str]]) ->
                 + f" are all {port}; give each its own (loopback_port defaults to port + 1000)"
             )
     for lane in lanes:
-        for key, port in (("port", lane.port), ("loopback_port", lane.backend_port)):
+        for key, port in listeners(lane):
             owner = next((o for low, high, o in owners if low <= port <= high), None)
             if owner:
                 problems.append(f"{lane.name}: {key} {port} is {owner}; pick another port")

@@ -111,6 +111,20 @@ class ModelOnBox(Record):
     catalog_bytes: int  # the room its fetch needs where the hub does not answer its size
 
 
+class OnDemand(Record):
+    """A lane on demand as systemd runs it (docs/on-demand.md): a socket on the loopback port the
+    front forwards to, whose first connection starts systemd-socket-proxyd, which requires the
+    lane's unit (active once it serves) and exits after ``idle_s`` without a connection; the
+    lane's unit, not enabled, stops once the proxy is gone (StopWhenUnneeded=)."""
+
+    idle_s: int
+    socket_port: int  # the lane's loopback_port, the front's target
+    server_port: int  # where its server listens (spark/ports.py on_demand_server_port)
+    # The box's on-demand lanes earlier in its list that do not fit beside this one: its unit
+    # conflicts with them and is ordered after them, so one stops before the other starts.
+    conflicts: tuple[str, ...]
+
+
 class ServedLane(Record):
     """A lane as this box runs it (operations/lanes.py LaneUnit takes these fields)."""
 
@@ -124,6 +138,7 @@ class ServedLane(Record):
     rank: MpRank | None  # a cluster lane on vLLM's own multi-node mode: this box's rank
     peers: tuple[str, ...]  # the addresses this box's rank meets (mp)
     fetch_unit: str | None  # its model's fetch, which it starts after (fetch_weights)
+    on_demand: OnDemand | None = None  # None: resident, enabled and started by the deploy
 
     @property
     def title(self) -> str:
@@ -251,7 +266,8 @@ class MetricsLane(Record):
     served_name: str
     image: str
     port: int
-    backend_port: int | None
+    backend_port: int | None  # where its server answers /health (an on-demand lane's own port)
+    on_demand: bool = False  # inactive while idle, by design
 
 
 class MetricsTwin(Record):
@@ -547,6 +563,7 @@ def served(
     lane: Lane,
     after: str | None,
     rank: MpRank | None = None,
+    conflicts: tuple[tuple[str, str], ...] = (),
 ) -> ServedLane:
     on_ray = lane.cluster_executor == "ray"
     head_ip = head_address(spark) if lane.is_cluster else ""
@@ -562,19 +579,35 @@ def served(
         rank=rank,
         peers=tuple(str(box.fabric[0].address.ip) for box in others) if rank else (),
         fetch_unit=fetch_unit(lane.model) if fetched_in_background(me, lane) else None,
+        on_demand=on_demand(lane, conflicts),
     )
 
 
-def own_lanes(me: HostConfig, spark: SparkConfig) -> tuple[OwnLane, ...]:
+def on_demand(lane: Lane, conflicts: tuple[tuple[str, str], ...]) -> OnDemand | None:
+    """How systemd runs a lane on demand, ``conflicts`` being its box's (Memory.conflicts: pairs
+    in the box's order); None for a resident lane."""
+    if lane.on_demand_idle_s is None:
+        return None
+    return OnDemand(
+        idle_s=lane.on_demand_idle_s,
+        socket_port=lane.backend_port,
+        server_port=lane.server_port,
+        conflicts=tuple(first for first, second in conflicts if second == lane.name),
+    )
+
+
+def own_lanes(
+    me: HostConfig, spark: SparkConfig, conflicts: tuple[tuple[str, str], ...]
+) -> tuple[OwnLane, ...]:
     """The box's own lanes in start order, each after the one before it (one loads at a time:
-    simultaneous starts contend, seed 003)."""
+    simultaneous starts contend, seed 003); ``conflicts``: its on-demand lanes never up
+    together (Memory.conflicts)."""
     result, after = [], None
     for lane in me.lanes:
         if lane.is_cluster:
             continue
-        result.append(
-            OwnLane(weights=weights(me, lane, spark), served=served(me, spark, lane, after))
-        )
+        served_lane = served(me, spark, lane, after, conflicts=conflicts)
+        result.append(OwnLane(weights=weights(me, lane, spark), served=served_lane))
         after = lane.name
     return tuple(result)
 
@@ -729,7 +762,8 @@ def metrics(me: HostConfig, spark: SparkConfig) -> Metrics | None:
                 served_name=lane.served_name,
                 image=lane.image,
                 port=lane.port,
-                backend_port=None if headless else lane.backend_port,
+                backend_port=None if headless else lane.server_port,
+                on_demand=lane.on_demand_idle_s is not None,
             )
         )
     return Metrics(
@@ -768,7 +802,7 @@ def scraped_lane(lane: Lane) -> ScrapedLane:
     return ScrapedLane(
         name=lane.name,
         path=lane_metrics_path(lane.name),
-        backend_port=lane.backend_port,
+        backend_port=lane.server_port,  # never an on-demand lane's socket: a scrape wakes it
         key=lane.api_key,
     )
 
@@ -806,7 +840,8 @@ def fleet_endpoint(spark: SparkConfig) -> FleetEndpoint:
 
 
 def box_plan(me: HostConfig, spark: SparkConfig, router_gib: float) -> BoxPlan:
-    lanes = own_lanes(me, spark)
+    shares = memory(me, spark, router_gib)
+    lanes = own_lanes(me, spark, shares.conflicts)
     units = spark.units(me.name)
     return BoxPlan(
         name=me.name,
@@ -823,7 +858,7 @@ def box_plan(me: HostConfig, spark: SparkConfig, router_gib: float) -> BoxPlan:
             variables=me.cluster_environment(spark.head),
             notes=me.environment_notes(),
         ),
-        memory=memory(me, spark, router_gib),
+        memory=shares,
         memory_guard=MemoryGuard(
             floor_gib=me.memory_guard_min_available_gib,
             lanes=tuple((lane.name, lane.priority or 0) for lane in units),

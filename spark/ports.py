@@ -73,3 +73,15 @@ def port_owners(ray_port: int, ssh_port: int = 22) -> list[tuple[int, int, str]]
 def metrics_exporter_port(metrics_port: int) -> int:
     """Where the node exporter listens on 127.0.0.1: the port after the one nginx serves."""
     return metrics_port + 1
+
+
+# A lane on demand (on_demand_idle_s): systemd's socket holds its loopback_port, where the front
+# forwards, and systemd-socket-proxyd passes each connection on to the server, which listens this
+# far above it (docs/on-demand.md). The front, the socket and the server: three listeners, one each.
+ON_DEMAND_SERVER_OFFSET = 1000
+
+
+def on_demand_server_port(loopback_port: int) -> int:
+    """Where an on-demand lane's server listens on 127.0.0.1: above its loopback_port, which its
+    socket holds (loopback_port defaults to port + 1000, so this to port + 2000)."""
+    return loopback_port + ON_DEMAND_SERVER_OFFSET

@@ -6,6 +6,7 @@ it needs another box."""
 from pyinfra.api import deploy
 
 from operations import asked, front, images, lanes, memguard, metrics, preflight, weights
+from operations import on_demand as demand
 from operations.asked import Question
 from spark.box_paths import MODELS_DIR, WEIGHTS_PORT
 from spark.plan import BoxPlan, Metrics, ModelOnBox, ServedLane
@@ -82,6 +83,7 @@ def lanes_and_front(box: BoxPlan) -> None:
         [
             *memguard.questions(),
             *lanes.questions(list(box.images), hf_token=bool(box.hf_token_file)),
+            *demand.questions(),
             *(
                 question
                 for lane in box.lanes
@@ -109,6 +111,10 @@ def lanes_and_front(box: BoxPlan) -> None:
     if box.hf_token_file:
         lanes.hf_token(name="Hugging Face token (root 0600)", src=box.hf_token_file)
     lanes.lanes_removed(name="Lanes no longer configured: removed", keep=list(box.lane_units))
+    demand.on_demand_removed(
+        name="Sockets of lanes no longer on demand: removed",
+        keep=[lane.served.lane.name for lane in box.lanes if lane.served.on_demand],
+    )
     if box.prune_unused:
         images.images_pruned(name="Images no lane uses: removed", keep=list(box.images))
         weights.models_pruned(

@@ -34,10 +34,17 @@ def served_line(served: ServedLane) -> str:
     if served.rank is not None and served.rank.headless:
         where = f"headless rank {served.rank.node_rank}, master {served.rank.master_addr}"
     after = f", after {served.after}" if served.after else ""
+    demand = ""
+    if (wanted := served.on_demand) is not None:
+        conflicts = f", stops {' and '.join(wanted.conflicts)} first" if wanted.conflicts else ""
+        demand = (
+            f"; on demand: a socket on loopback {wanted.socket_port}, the server on"
+            f" {wanted.server_port}, stopped after {wanted.idle_s} s idle{conflicts}"
+        )
     return (
         f"{lane.name}: {lane.engine} {lane.model} as {lane.served_name}, {where},"
         f" {lane.image}, memory {lane.memory_fraction:g}, key {'yes' if lane.api_key else 'no'}"
-        f"{after}"
+        f"{after}{demand}"
     )
 
 

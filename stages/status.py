@@ -82,9 +82,15 @@ def row(box: str, samples: Samples | None, error: str = "") -> Row:
         by(samples, "spark_lane_up", "lane"),
         by(samples, "spark_lane_canary_passed", "lane"),
     )
+    on_demand, running = (
+        by(samples, "spark_lane_on_demand", "lane"),
+        by(samples, "spark_lane_running", "lane"),
+    )
     lanes = []
     for lane, value in up.items():
         state = "up" if value == 1 else "DOWN"
+        if on_demand.get(lane) == 1 and value == 1:  # idle by design (docs/on-demand.md)
+            state = "up on demand" if running.get(lane) == 1 else "idle on demand"
         if canary.get(lane) == 0:
             state += ",canary FAILED"
         lanes.append(f"{lane} {state}")

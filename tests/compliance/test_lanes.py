@@ -1,7 +1,9 @@
 """The lanes: each unit enabled, serving and started after the one before; /health and /v1/models
 answer through the front; each answers the canary's question right; every path refuses a request
 without the key; each server (vLLM, llama.cpp) on loopback only; the keys and the front's key
-maps root-only; the memory guard watching."""
+maps root-only; the memory guard watching. A lane on demand (docs/on-demand.md) is idle by
+design: its socket listening, its unit not enabled; no check here sends it a request (that would
+start it), the ones that need its server read it only while it runs."""
 
 from __future__ import annotations
 
@@ -21,10 +23,32 @@ from operations.lanes import (
     unit_name,
 )
 from operations.memguard import SERVICE, stop_order
+from operations.on_demand import proxy_name, socket_name
 
 if TYPE_CHECKING:
     from spark.lane import Lane
     from tests.compliance.conftest import Box
+
+
+def _show(box: Box, unit: str, properties: str) -> dict[str, str]:
+    shown = box.run(f"systemctl show -p {properties} {unit}").stdout
+    return dict(line.split("=", 1) for line in shown.splitlines() if "=" in line)
+
+
+def _idle(box: Box, lane: Lane) -> bool:
+    """An on-demand lane not running now: a request would start it."""
+    if lane.on_demand_idle_s is None:
+        return False
+    return _show(box, unit_name(lane.name), "ActiveState").get("ActiveState") != "active"
+
+
+def _awake(box: Box) -> tuple[list[Lane], list[str]]:
+    """The box's lanes a request may be sent to (resident, or on demand and running), and a
+    note naming the idle ones left alone."""
+    idle = [lane for lane in box.config.lanes if _idle(box, lane)]
+    awake = [lane for lane in box.config.lanes if lane not in idle]
+    names = ", ".join(lane.name for lane in idle)
+    return awake, [f"{names} idle on demand (not woken)"] if idle else []
 
 
 def _http(box: Box, lane: Lane, path: str, with_key: bool) -> tuple[str, str]:
@@ -51,10 +75,14 @@ def _report(found: Callable[[object], None], problems: list[str], what: str) -> 
 def test_lanes_enabled_active_in_order(box: Box, found: Callable[[object], None]) -> None:
     """lanes enabled, serving, in order"""
     problems, previous = [], None
+    on_demand = {lane.served.lane.name for lane in box.plan.lanes if lane.served.on_demand}
     for name in box.plan.lane_units:  # an mp cluster lane's rank too, after the box's own lanes
-        shown = box.run(f"systemctl show -p ActiveState,UnitFileState,After {unit_name(name)}")
-        state = dict(line.split("=", 1) for line in shown.stdout.splitlines() if "=" in line)
-        if (state.get("ActiveState"), state.get("UnitFileState")) != ("active", "enabled"):
+        state = _show(box, unit_name(name), "ActiveState,UnitFileState,After")
+        found_state = (state.get("ActiveState"), state.get("UnitFileState"))
+        if name in on_demand:  # not enabled (no [Install]), running or not
+            if found_state not in (("active", "static"), ("inactive", "static")):
+                problems.append(f"{name} {found_state[0]} {found_state[1]} (on demand)")
+        elif found_state != ("active", "enabled"):
             problems.append(f"{name} {state.get('ActiveState')} {state.get('UnitFileState')}")
         if previous and unit_name(previous) not in state.get("After", "").split():
             problems.append(f"{name} not after {previous}")
@@ -73,17 +101,28 @@ def test_no_lane_beyond_the_inventory(box: Box, found: Callable[[object], None])
     _report(found, [f"{name} is not in the inventory" for name in extra], "only configured lanes")
 
 
-def test_lanes_answer_health(box: Box, found: Callable[[object], None]) -> None:
+def test_lanes_answer_health(
+    box: Box, found: Callable[[object], None], note: Callable[[str], None]
+) -> None:
     """lanes /health"""
-    answers = [(lane, _http(box, lane, "/health", lane.api_key)[0]) for lane in box.config.lanes]
+    awake, idle = _awake(box)
+    answers = [(lane, _http(box, lane, "/health", lane.api_key)[0]) for lane in awake]
     problems = [f"{lane.name}: {status}" for lane, status in answers if status != "200"]
-    _report(found, problems, "/health answering 200 on every lane's port, with its key")
+    found("; ".join(problems + idle))
+    if idle:
+        note("; ".join(idle))
+    assert not problems, (
+        f"expected /health answering 200 on every lane's port, with its key, found: {problems}"
+    )
 
 
-def test_lanes_serve_their_names(box: Box, found: Callable[[object], None]) -> None:
+def test_lanes_serve_their_names(
+    box: Box, found: Callable[[object], None], note: Callable[[str], None]
+) -> None:
     """lanes /v1/models names"""
     problems = []
-    for lane in box.config.lanes:
+    awake, idle = _awake(box)
+    for lane in awake:
         status, body = _http(box, lane, "/v1/models", lane.api_key)
         try:
             names = [model["id"] for model in json.loads(body)["data"]]
@@ -91,19 +130,23 @@ def test_lanes_serve_their_names(box: Box, found: Callable[[object], None]) -> N
             names = None
         if (status, names) != ("200", [lane.served_name]):
             problems.append(f"{lane.name}: {status} {names}")
-    _report(found, problems, "each lane's /v1/models listing its served name")
+    found("; ".join(problems + idle))
+    if idle:
+        note("; ".join(idle))
+    assert not problems, f"expected each lane's /v1/models listing its served name: {problems}"
 
 
 def test_lanes_answer_the_canary(box: Box, found: Callable[[object], None]) -> None:
     """lanes answer the canary"""
     # The question each lane's start asks (templates/spark-lane-canary.j2), asked again: a lane
     # can answer right at its start and garbage later (its weights replaced under it, say).
-    problems, off = [], []
-    for lane in box.config.lanes:
+    problems = []
+    awake, off = _awake(box)
+    for lane in awake:
         if not lane.canary:  # its model cannot answer it (a lane's setting): said in the report
             off.append(f"{lane.name}: canary off (canary = false)")
             continue
-        result = box.run(f"{CANARY_COMMAND} {lane.name} {lane.backend_port}")
+        result = box.run(f"{CANARY_COMMAND} {lane.name} {lane.server_port}")
         if result.rc != 0:
             said = result.stdout.strip().splitlines()
             problems.append(said[0] if said else f"{lane.name}: exit {result.rc}")
@@ -141,6 +184,9 @@ def test_servers_listen_on_loopback_only(box: Box, found: Callable[[object], Non
         server, front = (_listeners(box, port) for port in (lane.backend_port, lane.port))
         if sorted({address for address, _ in server}) != ["127.0.0.1"]:
             problems.append(f"{lane.name}: {lane.backend_port} on {server or 'nothing'}")
+        behind = _listeners(box, lane.server_port) if lane.server_port != lane.backend_port else []
+        if any(address != "127.0.0.1" for address, _ in behind):  # on demand, while it runs
+            problems.append(f"{lane.name}: {lane.server_port} on {behind}")
         if not front or any('"nginx"' not in users for _, users in front):
             problems.append(f"{lane.name}: {lane.port} held by {front or 'nothing'}, not nginx")
     _report(found, problems, "each lane's server on 127.0.0.1 only, its port held by nginx")
@@ -184,3 +230,34 @@ def test_memory_guard_watching(box: Box, found: Callable[[object], None]) -> Non
     if config.get("lanes") != order:
         problems.append("stop order differs from the inventory's priorities")
     _report(found, problems, f"{SERVICE} enabled and active, with the inventory's threshold")
+
+
+def test_on_demand_lanes_wait_on_their_sockets(
+    box: Box, found: Callable[[object], None], note: Callable[[str], None]
+) -> None:
+    """on-demand lanes: socket, proxy, conflicts"""
+    problems, checked = [], []
+    for own in box.plan.lanes:
+        wanted, name = own.served.on_demand, own.served.lane.name
+        if wanted is None:
+            continue
+        checked.append(name)
+        socket = _show(box, socket_name(name), "ActiveState,UnitFileState,Listen")
+        if (socket.get("ActiveState"), socket.get("UnitFileState")) != ("active", "enabled"):
+            problems.append(f"{socket_name(name)} {socket.get('ActiveState')}")
+        if socket.get("Listen") != f"127.0.0.1:{wanted.socket_port} (Stream)":
+            problems.append(f"{socket_name(name)} listens on {socket.get('Listen')}")
+        proxy = _show(box, proxy_name(name), "ExecStart")
+        target = f"--exit-idle-time={wanted.idle_s}s 127.0.0.1:{wanted.server_port}"
+        if target not in proxy.get("ExecStart", ""):
+            problems.append(f"{proxy_name(name)} not passing to {target}")
+        lane = _show(box, unit_name(name), "StopWhenUnneeded,Conflicts")
+        if lane.get("StopWhenUnneeded") != "yes":
+            problems.append(f"{name}: StopWhenUnneeded={lane.get('StopWhenUnneeded')}")
+        conflicts = set(lane.get("Conflicts", "").split())
+        missing = [other for other in wanted.conflicts if unit_name(other) not in conflicts]
+        if missing:
+            problems.append(f"{name}: no Conflicts= with {', '.join(missing)}")
+    found("; ".join(problems))
+    note(", ".join(checked) or "no lane on demand")
+    assert not problems, f"expected each on-demand lane's socket, proxy and conflicts: {problems}"

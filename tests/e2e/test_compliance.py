@@ -51,10 +51,10 @@ def read_table(output: str) -> Table:
     return table
 
 
-def compliance(*args: str) -> tuple[int, Table, str]:
+def compliance(*args: str, inventory: str = INVENTORY) -> tuple[int, Table, str]:
     """Run the suite as a user does; its exit code, table and whole output."""
     result = subprocess.run(
-        [PYTHON, "-m", "pytest", "tests/compliance", "--inventory", INVENTORY,
+        [PYTHON, "-m", "pytest", "tests/compliance", "--inventory", inventory,
          "-p", "no:cacheprovider", *args],
         cwd=REPO, capture_output=True, text=True, stdin=subprocess.DEVNULL, timeout=600,
         env=dict(os.environ, SIMLAB_STATE=str(STATE)),

@@ -340,6 +340,24 @@ def test_make_lane_bench_runs_the_probe_for_every_lane_of_every_box(tmp_path: Pa
     assert len(ran) == 4
 
 
+def test_an_on_demand_lane_is_started_through_its_proxy_before_the_probe(tmp_path: Path) -> None:
+    """Its load is no part of the figures: the proxy holds it through the probe, its idle time
+    stops it after (docs/on-demand.md)."""
+    lane = {
+        "name": "tiny", "image": "nvcr.io/nvidia/vllm:26.04-py3", "model": "Qwen/Qwen3-0.6B",
+        "served_name": "tiny", "port": 10105, "memory_fraction": 0.2, "max_model_len": 8192,
+        "on_demand_idle_s": 60,
+    }  # fmt: skip
+    hosts = {"spark-1": TWO_SPARKS["spark-1"] | {"lanes": [lane]}}
+    run = run_pyinfra(tmp_path, hosts, REPO, "-vv", "lane_bench.py")
+    assert run.returncode == 0, run.stdout + run.stderr
+    (line,) = [line for line in run.stderr.splitlines() if " >>> " in line]
+    assert (
+        "systemctl start spark-ondemand-tiny.service && /usr/local/sbin/spark-lane-bench tiny"
+        " 11105 --figures '{}'" in line
+    ), line
+
+
 # --- the field's figures -------------------------------------------------------------------------
 
 

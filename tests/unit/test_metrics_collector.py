@@ -475,3 +475,68 @@ def test_a_box_without_a_lock_neither_asks_nor_reports_it(box: dict) -> None:
     assert ("spark_gpu_clock_locked_mhz", ()) not in samples(text)
     assert not any(argv[0] == "journalctl" for argv in box["asked"])
     assert not any(kind == "gpu_clock" for kind, *_ in drift)
+
+
+# Lane fast on demand (docs/on-demand.md): `systemctl show` of its unit idle and of its socket
+# listening, written by hand in the form of the captures above (-p ActiveState, no timestamps).
+ON_DEMAND = {
+    **EXPECTED,
+    "lanes": [
+        EXPECTED["lanes"][0],
+        EXPECTED["lanes"][1] | {"backend_port": 12102, "on_demand": True},
+    ],
+}
+IDLE = "ActiveState=inactive\nActiveEnterTimestampMonotonic=0\n"
+LISTENING = "ActiveState=active\nActiveEnterTimestampMonotonic=300000000\n"
+
+
+def test_an_idle_on_demand_lane_is_up_not_running_and_no_drift(box: dict) -> None:
+    changes = {"spark-lane-fast.service": IDLE, "spark-ondemand-fast.socket": LISTENING}
+    text, drift = collect(box, ON_DEMAND, **changes)
+    got = samples(text)
+    fast = (("lane", "fast"),)
+    assert got[("spark_lane_on_demand", fast)] == 1
+    assert got[("spark_lane_up", fast)] == 1
+    assert got[("spark_lane_running", fast)] == 0
+    # Idle: neither its /health nor a canary is read (a request to its socket would start it).
+    assert ("spark_lane_healthy", fast) not in got
+    assert ("spark_lane_canary_passed", fast) not in got
+    assert [d for d in drift if d.subject == "fast"] == []
+    assert ("spark_lane_on_demand", (("lane", "coder"),)) not in got
+
+
+def test_a_running_on_demand_lane_is_checked_on_its_servers_own_port(box: dict) -> None:
+    running = "ActiveState=active\nActiveEnterTimestampMonotonic=400500000\n"
+    changes = {"spark-lane-fast.service": running, "spark-ondemand-fast.socket": LISTENING}
+    ports: list[int] = []
+
+    def health(port: int) -> bool:
+        ports.append(port)
+        return True
+
+    expected = {**ON_DEMAND, "nccl_verdict": str(box["verdict"])}
+    outputs = {**box["outputs"], **changes}
+    text, _ = spark_metrics.collect(
+        expected, proc=box["proc"], sys_fs=box["sys"], now=5600.0, health=health,
+        command=lambda argv: outputs.get(argv[2] if argv[0] == "systemctl" else argv[0]),
+    )  # fmt: skip
+    got = samples(text)
+    assert got[("spark_lane_running", (("lane", "fast"),))] == 1
+    assert got[("spark_lane_healthy", (("lane", "fast"),))] == 1
+    assert ports == [11101, 12102]  # the coder's loopback port, fast's server behind its socket
+
+
+@pytest.mark.parametrize(
+    ("lane", "socket", "found"),
+    [
+        (IDLE, "ActiveState=inactive\n", "not listening"),
+        ("ActiveState=failed\n", LISTENING, "failed"),
+    ],
+)
+def test_an_on_demand_lane_without_its_socket_or_failed_is_down_and_drift(
+    box: dict, lane: str, socket: str, found: str
+) -> None:
+    changes = {"spark-lane-fast.service": lane, "spark-ondemand-fast.socket": socket}
+    text, drift = collect(box, ON_DEMAND, **changes)
+    assert samples(text)[("spark_lane_up", (("lane", "fast"),))] == 0
+    assert [d.found for d in drift if d.subject == "fast"] == [found]

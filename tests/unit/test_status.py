@@ -107,6 +107,28 @@ def test_a_lane_down_a_failed_canary_low_memory_and_a_failing_nccl_are_red() -> 
     ]
 
 
+def test_on_demand_lanes_idle_or_running_are_green_and_one_without_its_socket_red() -> None:
+    """The collector's series for lanes on demand (files/spark_metrics.py on_demand_lane):
+    idle by design is no problem; up is its socket listening."""
+    text = "\n".join(
+        [
+            'spark_lane_up{lane="coder"} 1',
+            'spark_lane_up{lane="fast"} 1',
+            'spark_lane_on_demand{lane="fast"} 1',
+            'spark_lane_running{lane="fast"} 0',
+            'spark_lane_up{lane="spare"} 1',
+            'spark_lane_on_demand{lane="spare"} 1',
+            'spark_lane_running{lane="spare"} 1',
+            'spark_lane_up{lane="third"} 0',
+            'spark_lane_on_demand{lane="third"} 1',
+            'spark_lane_running{lane="third"} 0',
+        ]
+    )
+    row = status.row("spark-1", status.samples_of(text + "\n"))
+    assert row.cells[0] == ("coder up, fast idle on demand, spare up on demand, third DOWN")
+    assert row.problems == ["lane third DOWN"]
+
+
 def test_a_verdict_older_than_a_week_is_red() -> None:
     text = "spark_nccl_verdict_present 1\nspark_nccl_passed 1\nspark_nccl_age_seconds 605000\n"
     assert status.row("b", status.samples_of(text)).problems == ["NCCL pass 0.00 GB/s 7d ago"]

@@ -73,6 +73,22 @@ def test_everything_found_is_stopped_and_removed_nginx_reloaded() -> None:
     ]
 
 
+def test_an_on_demand_lanes_socket_is_disabled_too() -> None:
+    # In the fact's format (written by hand): lane fast on demand, its socket listening.
+    found = (
+        "units\nspark-lane-fast.service\nspark-ondemand-fast.service\nspark-ondemand-fast.socket\n"
+        "unit files\nspark-lane-fast.service\nspark-ondemand-fast.service\n"
+        "spark-ondemand-fast.socket\ncontainers\npaths\ntable\n"
+    )
+    commands = run_op(teardown.removed, host=FakeHost({teardown.Pieces: found}), paths=list(PATHS))
+    assert commands[:2] == [
+        "systemctl disable spark-lane-fast.service spark-ondemand-fast.service"
+        " spark-ondemand-fast.socket",
+        "systemctl stop spark-lane-fast.service spark-ondemand-fast.service"
+        " spark-ondemand-fast.socket || true",
+    ]
+
+
 def test_the_gpu_clock_lock_is_reset_with_its_unit() -> None:
     # The lab's capture with the clock's unit file added by hand (the deploy writes it there).
     found = captured("lab-teardown-pieces-deployed.txt").replace(

@@ -1,0 +1,193 @@
+"""Lanes on demand on the simulated lab (tests/e2e/on_demand_inventory.py): two lanes of each box
+that do not fit together, on demand with 20 s of idle time, beside the resident coder lane.
+
+One deploy from bare, then on the first box: a request through the front with the lane's key
+starts its lane and is answered once it serves; the lane stops after its idle time; a request
+to the other lane stops the first before the second starts (both units' states read on the box
+while it loads, and their timestamps); a second deploy changes nothing and starts no lane, and
+compliance passes without waking one. The
+bench row (the time from the on-demand request to its first token against the lane's own start)
+is printed here, as the lab's bench is too heavy for the shared machine. A power cut and boot of
+the box: its sockets listen again, its on-demand lanes wait for a request, which starts one.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+import urllib.request
+from typing import Any
+
+import pytest
+
+from tests.conftest import pyinfra, reimage_all, run_on
+from tests.e2e.on_demand_lanes import CODER, FAST, IDLE_S, SPARE
+from tests.e2e.runs import power_cut, power_on
+from tests.e2e.test_compliance import PARALLEL, compliance, not_passing
+from tests.e2e.test_host_layer import changes
+from tests.e2e.test_lanes import HTTP, key_of, unit
+from tests.simlab import lab as simlab
+from tests.simlab.waits import until
+
+pytestmark = pytest.mark.lab
+
+INVENTORY = "tests/e2e/on_demand_inventory.py"
+SOCKET = "spark-ondemand-{}.socket"
+# How long a lane may take to start on the shared machine, and to stop after its idle time.
+PATIENCE_S = 300
+
+
+@pytest.fixture(scope="module")
+def box(lab: simlab.Lab) -> simlab.Host:
+    reimage_all(lab)
+    started = time.monotonic()
+    pyinfra(INVENTORY, "deploy.py")
+    print(f"on demand: deploy from bare {time.monotonic() - started:.0f} s")
+    return lab.hosts[0]
+
+
+def states(host: simlab.Host, *units: str) -> dict[str, dict[str, str]]:
+    """Each unit's properties that say whether and when it ran (`systemctl show`)."""
+    properties = "Id,ActiveState,UnitFileState,InactiveExitTimestampMonotonic"
+    properties += ",ActiveEnterTimestampMonotonic,InactiveEnterTimestampMonotonic"
+    text = run_on(host, f"systemctl show -p {properties} {' '.join(units)}")
+    shown = {}
+    for block in text.strip().split("\n\n"):
+        fields = dict(line.split("=", 1) for line in block.splitlines())
+        shown[fields["Id"]] = fields
+    return shown
+
+
+def active(host: simlab.Host, lane: dict[str, Any]) -> str:
+    return states(host, unit(lane))[unit(lane)]["ActiveState"]
+
+
+def first_token(host: simlab.Host, lane: dict[str, Any]) -> tuple[float, str]:
+    """A streamed chat to the lane through the front, with its key: the seconds until its first
+    token's event, and the whole answer."""
+    body = {"model": lane["served_name"], "max_tokens": 8, "stream": True,
+            "messages": [{"role": "user", "content": "count to 3"}]}  # fmt: skip
+    req = urllib.request.Request(
+        f"http://{host.mgmt_ip}:{lane['port']}/v1/chat/completions", json.dumps(body).encode()
+    )
+    req.add_header("Authorization", f"Bearer {key_of(host, lane).strip()}")
+    req.add_header("Content-Type", "application/json")
+    started = time.monotonic()
+    with HTTP.open(req, timeout=PATIENCE_S) as response:
+        assert response.status == 200
+        first = response.readline()
+        waited = time.monotonic() - started
+        text = (first + response.read()).decode()
+    assert first.startswith(b"data: ") and text.rstrip().endswith("data: [DONE]"), text
+    return waited, text
+
+
+def started_s(host: simlab.Host, lane: dict[str, Any]) -> float:
+    """The lane's own start, as systemd timed its last one: from leaving inactive to active (its
+    container, health wait and canary)."""
+    shown = states(host, unit(lane))[unit(lane)]
+    start = int(shown["InactiveExitTimestampMonotonic"])
+    return (int(shown["ActiveEnterTimestampMonotonic"]) - start) / 1e6
+
+
+def stopped(host: simlab.Host, lane: dict[str, Any]) -> None:
+    until(lambda: active(host, lane) == "inactive", PATIENCE_S, f"{lane['name']} stopped")
+
+
+def test_the_deploy_leaves_the_on_demand_lanes_stopped_their_sockets_listening(
+    box: simlab.Host,
+) -> None:
+    shown = states(box, unit(FAST), unit(SPARE), SOCKET.format("fast"), SOCKET.format("spare"))
+    for lane in (FAST, SPARE):
+        # Not enabled (its unit has no [Install]: "static"), stopped after the deploy's check.
+        lane_state = shown[unit(lane)]
+        assert (lane_state["ActiveState"], lane_state["UnitFileState"]) == ("inactive", "static")
+        socket = shown[SOCKET.format(lane["name"])]
+        assert (socket["ActiveState"], socket["UnitFileState"]) == ("active", "enabled")
+    # The deploy started each once (health and canary), and systemd stopped it right after.
+    assert int(shown[unit(FAST)]["InactiveEnterTimestampMonotonic"]) > 0
+    listeners = run_on(box, "sudo ss -ltnpH")
+    assert "127.0.0.1:11102 " in listeners and '"systemd"' in listeners, listeners
+    assert "127.0.0.1:12102 " not in listeners, listeners  # no server while idle
+    assert run_on(box, f"systemctl is-active {unit(CODER)}").strip() == "active"
+
+
+def test_a_request_starts_its_lane_which_stops_after_its_idle_time(box: simlab.Host) -> None:
+    waited, _ = first_token(box, FAST)
+    assert active(box, FAST) == "active"
+    own = started_s(box, FAST)
+    # The bench row (`make bench` prints its rows so): the first token of a request that
+    # started its lane against the lane's own start.
+    print(
+        f"on demand: first token after {waited:.1f} s, the lane's own start {own:.1f} s:"
+        f" ratio {waited / own:.2f}"
+    )
+    stopped(box, FAST)
+    shown = states(box, "spark-ondemand-fast.service", SOCKET.format("fast"))
+    assert shown["spark-ondemand-fast.service"]["ActiveState"] == "inactive"
+    assert shown[SOCKET.format("fast")]["ActiveState"] == "active"  # listening for the next
+    # The proxy ended cleanly, with the plan's idle time (--exit-idle-time), and the lane with it.
+    proxy = run_on(box, "systemctl show -p Result,ExecStart spark-ondemand-fast.service")
+    assert "Result=success" in proxy.splitlines(), proxy
+    assert f"--exit-idle-time={IDLE_S}s 127.0.0.1:12102" in proxy, proxy
+
+
+def test_two_lanes_that_do_not_fit_together_are_swapped_never_both_up(box: simlab.Host) -> None:
+    first_token(box, FAST)
+    assert active(box, FAST) == "active"
+    seen: list[tuple[str, str]] = []
+    done = threading.Event()
+
+    def watch() -> None:
+        while not done.is_set():
+            shown = states(box, unit(FAST), unit(SPARE))
+            seen.append((shown[unit(FAST)]["ActiveState"], shown[unit(SPARE)]["ActiveState"]))
+
+    watcher = threading.Thread(target=watch)
+    watcher.start()
+    try:
+        first_token(box, SPARE)
+    finally:
+        done.set()
+        watcher.join()
+    up = ("active", "activating", "reloading")
+    assert not [pair for pair in seen if pair[0] in up and pair[1] in up], seen
+    assert any(pair[1] == "activating" for pair in seen), seen  # watched while it loaded
+    shown = states(box, unit(FAST), unit(SPARE))
+    assert shown[unit(FAST)]["ActiveState"] == "inactive"
+    # The first stopped before the second left inactive (systemd's own timestamps).
+    fast_stopped = int(shown[unit(FAST)]["InactiveEnterTimestampMonotonic"])
+    assert fast_stopped <= int(shown[unit(SPARE)]["InactiveExitTimestampMonotonic"])
+    stopped(box, SPARE)
+
+
+def test_after_a_reboot_the_socket_listens_and_its_lane_waits_for_a_request(
+    box: simlab.Host,
+) -> None:
+    power_cut(box)
+    power_on(box)
+    socket, coder = SOCKET.format("fast"), unit(CODER)
+
+    def booted() -> bool:
+        shown = states(box, socket, coder)
+        return shown[socket]["ActiveState"] == "active" and shown[coder]["ActiveState"] == "active"
+
+    until(booted, PATIENCE_S, "the socket listening and the resident lane serving after boot")
+    assert (active(box, FAST), active(box, SPARE)) == ("inactive", "inactive")
+    first_token(box, FAST)
+    stopped(box, FAST)
+
+
+def test_a_second_deploy_changes_nothing_and_compliance_passes_waking_no_lane(
+    box: simlab.Host,
+) -> None:
+    again = pyinfra(INVENTORY, "deploy.py")
+    assert changes(again) == 0, again.stdout
+    assert (active(box, FAST), active(box, SPARE)) == ("inactive", "inactive")
+    code, table, output = compliance(*PARALLEL, inventory=INVENTORY)
+    assert code == 0 and not_passing(table) == {}, output
+    assert table["on-demand lanes: socket, proxy, conflicts"][box.name] == "PASS fast, spare"
+    idle = "PASS fast, spare idle on demand (not woken)"
+    assert table["lanes /health"][box.name] == idle, table["lanes /health"]
+    assert (active(box, FAST), active(box, SPARE)) == ("inactive", "inactive")
