@@ -7,10 +7,9 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from pyinfra.api.exceptions import OperationError
 
 from operations import environment
-from tests.unit.harness import FakeHost, captured, file_facts, run_op
+from tests.unit.harness import FakeHost, captured, file_facts, refusal, run_op
 
 ENV = "/etc/spark/cluster.env"
 PROFILE = "/etc/profile.d/spark-cluster-env.sh"
@@ -73,16 +72,34 @@ def test_a_changed_value_rewrites_the_file_only() -> None:
     assert 'VLLM_HOST_IP="192.168.100.11"\n' in host.uploads[ENV]
 
 
+# The plan computes every name, value and note from checked data; given anyway, each stops this
+# box alone (a failed command, asking nothing first), never the run.
 @pytest.mark.parametrize("key", ["1NCCL", "NCCL-IB", "A B", "", "X=Y", "NCCL\n"])
-def test_invalid_names_are_refused(key: str) -> None:
-    with pytest.raises(OperationError, match="not a valid environment variable name"):
-        run_op(environment.cluster_env, {key: "1"}, path=ENV, host=FakeHost({}))
+def test_invalid_names_stop_this_box_alone(key: str) -> None:
+    commands = run_op(environment.cluster_env, {key: "1"}, path=ENV, host=FakeHost({}))
+    assert refusal(commands) == (
+        f"spark-test: the cluster environment: {key!r} is not a valid environment variable name"
+    )
 
 
 @pytest.mark.parametrize("value", ["a\nB=2", "a\r", "a\0"])
-def test_values_with_line_breaks_or_nul_are_refused(value: str) -> None:
-    with pytest.raises(OperationError, match="line break or NUL"):
-        run_op(environment.cluster_env, {"X": value}, path=ENV, host=FakeHost({}))
+def test_values_with_line_breaks_or_nul_stop_this_box_alone(value: str) -> None:
+    commands = run_op(environment.cluster_env, {"X": value}, path=ENV, host=FakeHost({}))
+    assert refusal(commands) == (
+        f"spark-test: the cluster environment: the value of X holds a line break or NUL: {value!r}"
+    )
+
+
+def test_every_problem_is_said_at_once() -> None:
+    variables = {"A B": "1", "X": "a\rb"}
+    commands = run_op(
+        environment.cluster_env, variables, path=ENV, notes={"X": "c\nd"}, host=FakeHost({})
+    )
+    assert refusal(commands) == (
+        "spark-test: the cluster environment: 'A B' is not a valid environment variable name;"
+        " the value of X holds a line break or NUL: 'a\\rb'; the note of X holds a line break"
+        " or NUL: 'c\\nd'"
+    )
 
 
 @pytest.mark.parametrize("shell", ["sh", "bash"])
@@ -131,8 +148,10 @@ def test_notes_go_above_their_variable_and_change_nothing_once_written() -> None
     assert run_op(environment.cluster_env, VARIABLES, path=ENV, notes=notes, host=again) == []
 
 
-def test_a_note_with_a_line_break_is_refused() -> None:
-    with pytest.raises(OperationError, match="the note of X holds a line break"):
-        run_op(
-            environment.cluster_env, {"X": "1"}, path=ENV, notes={"X": "a\nY=2"}, host=FakeHost({})
-        )
+def test_a_note_with_a_line_break_stops_this_box_alone() -> None:
+    commands = run_op(
+        environment.cluster_env, {"X": "1"}, path=ENV, notes={"X": "a\nY=2"}, host=FakeHost({})
+    )
+    assert refusal(commands) == (
+        "spark-test: the cluster environment: the note of X holds a line break or NUL: 'a\\nY=2'"
+    )

@@ -70,7 +70,8 @@ def node_host(fact: str, files: dict[str, str | None] | None = None) -> FakeHost
 
 def node_op(role: dict, host: FakeHost, **kwargs) -> list[str]:
     """ray.node on ``host`` with this file's image and env file (``kwargs``: the rest)."""
-    arguments = {"env_file": ENV_FILE, "image": IMAGE, "environment": ENVIRONMENT} | kwargs
+    arguments = {"env_file": ENV_FILE, "image": IMAGE, "environment": ENVIRONMENT, "port": 6379}
+    arguments |= kwargs
     return run_op(ray.node, **role, **arguments, host=host)
 
 
@@ -421,3 +422,22 @@ def test_a_head_goes_on_without_a_stopped_worker_and_a_worker_without_another() 
         with ctx_state.use(run_state(stopped)):
             commands = node_op(role, head="spark-1", host=host)  # fmt: skip
         assert commands[-1] == "systemctl start spark-ray.service", role
+
+
+@pytest.mark.parametrize(
+    ("changed", "said"),
+    [
+        ({"image": "nvcr.io/nvidia/vllm:$TAG"}, "'nvcr.io/nvidia/vllm:$TAG'"),
+        ({"environment": {"NCCL%h": "1"}}, "'NCCL%h'"),
+        ({"models": (("/srv/my models", "/models"),)}, "'/srv/my models'"),
+    ],
+)
+def test_a_word_systemd_would_expand_stops_this_box_alone(changed: dict, said: str) -> None:
+    # The inventory admits none of these (an image reference, the plan's names, an absolute
+    # path of plain characters); given anyway, the box fails before anything is asked or
+    # pulled, and the run goes on for the others.
+    commands = node_op(HEAD, FakeHost({}), **changed)
+    assert refusal(commands) == (
+        f"spark-test: {said} cannot stand unquoted in spark-ray.service (letters, digits and"
+        " ._/:=,@+- only)"
+    )
