@@ -297,5 +297,6 @@ router_health_interval_s = 10
 # two workers with room for a longer model list.
 router_memory_gib = 1.0
 
-# Last: every box's data over the values above, checked before pyinfra connects to any box.
-preconnect.check(globals())
+# Every box's data, as pyinfra reads it (this file whole, wherever this line is, every other
+# group_data file, the command line's --data), checked before pyinfra connects to any box.
+preconnect.check()
