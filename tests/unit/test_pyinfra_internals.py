@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import inspect
 import re
+from collections.abc import Iterator
 from importlib.metadata import version
 from pathlib import Path
 
@@ -18,6 +19,7 @@ from pyinfra import host
 from pyinfra.api import operation
 from pyinfra.api.exceptions import PyinfraError
 from pyinfra.api.state import BaseStateCallback, StateStage
+from pyinfra.context import ctx_host, ctx_state
 
 from tests.unit.local_run import Run
 
@@ -25,6 +27,16 @@ REPO = Path(__file__).resolve().parents[2]
 # The pyinfra whose internals this file was written against, read from its source
 # (pyinfra/api/host.py, state.py, operation.py, operations.py).
 READ_AT = "3.10.0"
+
+
+@pytest.fixture(autouse=True)
+def contexts_restored() -> Iterator[None]:
+    """pyinfra's run stopped by "No hosts remaining!" leaves its state as the context's
+    (pyinfra/context.py ``use`` restores only on a normal exit): the next test gets it back."""
+    state, host = ctx_state.get(), ctx_host.get()
+    yield
+    ctx_state.set(state)
+    ctx_host.set(host)
 
 
 @operation()
