@@ -48,7 +48,7 @@ spark = [
             # The ports the lab cabled to its switch (a switch only; tests/simlab/lab.py).
             "fabric_switch_ports": _lab.get("switch_ports", [1]),
             # The address this machine reaches the box at is its enP7s7's: a ring's rendezvous
-            # and sockets go there (README, Fabric shapes).
+            # and sockets go there (docs/reference.md, Fabric shapes).
             "management_address": host["mgmt_ip"],
             # The lab's hosts reach no registry: NVIDIA's repository is a local stand-in.
             "toolkit_repo_url": "file:/srv/simlab-repos/nvidia-container-toolkit",
@@ -68,9 +68,9 @@ spark = [
             # other labs share, so the mark is the lab's, not a Spark's 21.875: the stand-in's
             # all_gather of 4 MiB on this machine at a load average of 21 gave 0.78 GB/s of bus
             # bandwidth between 2 ranks and 0.03-0.04 between 8 (the 8-box bench stopped under
-            # the 0.05 this mark was), so it is 0.005 GB/s, a sixth of the slowest. 4 MiB keeps
-            # the run to seconds; the verdict's other conditions (NET/IB on every twin) are the
-            # deploy's own.
+            # 0.05, and two boxes at load 12 did), so it is 0.005 GB/s, a sixth of the slowest.
+            # 4 MiB keeps the run to seconds; the verdict's other conditions (NET/IB on every
+            # twin) are the deploy's own.
             "nccl_test_min_busbw_gbs": 0.005,
             "nccl_test_max_bytes": 4 << 20,
         },
