@@ -32,7 +32,6 @@ if Path.cwd().resolve() != COLLECTION:
         " deploy would run on defaults nobody checked"
     )
 
-import endpoints
 from operations import asked
 from stages import detected, run_summary, runmode, settings
 from stages.cluster import cluster
@@ -52,4 +51,4 @@ lanes_and_front(box, _if=once)
 cluster(box, _if=once)
 
 # Clients reach a box at the address the inventory connects to.
-endpoints.report(state, settings.load(inventory).host(host.name), address=box.address)
+run_summary.report_endpoints(state, settings.load(inventory).host(host.name), address=box.address)

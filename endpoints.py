@@ -1,25 +1,17 @@
-"""After a run: the lanes' endpoints of every box, printed as a table, and an OpenCode client
-configuration per box (clients/<box>.json). Reporting only: nothing here touches a host."""
+"""The lanes' endpoints of a box as its clients see them: the table printed after a run and an
+OpenCode client configuration per box (clients/<box>.json), from the validated configuration
+alone. stages/run_summary.py prints and writes them after the run; stages/clients.py merges
+them on this machine. Nothing here touches a host or reads a run."""
 
 from __future__ import annotations
 
-import json
-import os
 import re
-import weakref
 from collections.abc import Sequence
-from pathlib import Path
 from typing import NamedTuple
 
-import click
-from pyinfra.api import State
-from pyinfra.api.host import Host
-from pyinfra.api.state import BaseStateCallback, StateStage
-
-from spark.box_paths import SECRETS_DIR, key_path
+from spark.box_paths import key_path
 from spark.inventory import HostConfig
 from spark.lane import AGENT_CONTEXT
-from stages.run_summary import serving
 
 
 class Endpoint(NamedTuple):
@@ -126,63 +118,3 @@ def endpoints_table(endpoints: dict[str, Sequence[Endpoint]]) -> str:
         "    " + "  ".join(f"{c:{w}}" for c, w in zip(row, widths, strict=True)).rstrip()
         for row in rows
     )
-
-
-class EndpointsReport(BaseStateCallback):
-    """Once the run is over (pyinfra's results printed, hosts disconnecting): the endpoints of
-    every box whose own lanes serve (stages/run_summary.py serving: its deploy succeeded, or
-    stopped only in the cluster stage), and clients/<box>.json for each."""
-
-    def __init__(self) -> None:
-        self.endpoints: dict[str, list[Endpoint]] = {}
-        self.done = False
-
-    def host_disconnect(self, state: State, host: Host) -> None:
-        # Disconnect: after the results (never with --dry); Execute: pyinfra stopped the run,
-        # every box failed ("No hosts remaining!"), and disconnects from there.
-        if self.done or state.current_stage not in (StateStage.Execute, StateStage.Disconnect):
-            return
-        self.done = True
-        # In the inventory's order (the boxes report in the order their deploys were loaded).
-        up = [box.name for box in state.inventory if serving(state, box)]
-        served = {box: self.endpoints[box] for box in up if self.endpoints.get(box)}
-        if not served:
-            return
-        # clients/ beside the deploy, or SPARK_CLIENTS_DIR: the test suite gives each simulated
-        # lab its own, as the boxes of its labs share their names.
-        clients = Path(os.environ.get("SPARK_CLIENTS_DIR") or Path(state.cwd or ".") / "clients")
-        clients.mkdir(parents=True, exist_ok=True)
-        for box, endpoints in served.items():
-            text = json.dumps(opencode_config(box, endpoints), indent=2) + "\n"
-            (clients / f"{box}.json").write_text(text)
-        click.echo("--> Lanes serving:", err=True)
-        click.echo(endpoints_table(served), err=True)
-        box, lanes = next(iter(served.items()))
-        click.echo(
-            f"    OpenCode: `make clients` copies each lane's key ({SECRETS_DIR}/<lane>.key) to"
-            f" {OPENCODE_DIR}/<box>-<lane>.key ({box} {lanes[0].lane}:"
-            f" {key_file(box, lanes[0].lane)}) and merges every box's providers"
-            f" (clients/<box>.json) into {OPENCODE_DIR}/opencode.json.",
-            err=True,
-        )
-        click.echo(
-            "    Any OpenAI-style client, vLLM and llama.cpp lanes alike: base URL = the URL,"
-            " model = the served name, API key = the lane's key (Authorization: Bearer).",
-            err=True,
-        )
-        for box, endpoints in served.items():
-            for endpoint in endpoints:
-                if note := agent_note(endpoint):
-                    click.echo(f"    {box} {endpoint.lane}: {note}", err=True)
-
-
-_reports: weakref.WeakKeyDictionary[State, EndpointsReport] = weakref.WeakKeyDictionary()
-
-
-def report(state: State, box: HostConfig, address: str) -> None:
-    """Print this box's endpoints after the run (call from deploy.py, once per box); clients
-    reach it at ``address``."""
-    if state not in _reports:
-        _reports[state] = EndpointsReport()
-        state.add_callback_handler(_reports[state])
-    _reports[state].endpoints[box.name] = endpoints_of(box, address)

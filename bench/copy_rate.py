@@ -39,14 +39,14 @@ from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from pathlib import Path
 
+from spark.topology import FABRIC_MTU
+
 REPO = Path(__file__).resolve().parents[1]
 SERVE = REPO / "files" / "spark_serve.py"
 FETCH = REPO / "files" / "spark_fetch.py"
 MODEL = "bench/model"
 COMMIT = hashlib.sha1(MODEL.encode()).hexdigest()  # any 40 hex digits: the fetcher echoes it
 PORT = 60991  # operations/weights.py's share port (docs/reference.md: The weights)
-# The plan's fabric MTU (spark/inventory.py FABRIC_MTU; not imported: that needs pydantic).
-MTU = 9000
 SERVER_NS, CLIENT_NS = "copybench-serve", "copybench-fetch"
 SERVER_IP, CLIENT_IP = "10.254.29.1", "10.254.29.2"  # a /30 of their own, issue 29's
 PATTERN = 64 * 2**20  # the weights: this much random data, repeated
@@ -120,7 +120,7 @@ def link(loopback: bool) -> Iterator[tuple[str, list[str], list[str], str]]:
         inside = ["ip", "-n", namespace]
         steps += [
             [*inside, "link", "set", "lo", "up"],
-            [*inside, "link", "set", device, "mtu", str(MTU), "up"],
+            [*inside, "link", "set", device, "mtu", str(FABRIC_MTU), "up"],
             [*inside, "addr", "add", f"{address}/30", "dev", device],
         ]
     try:
@@ -132,7 +132,7 @@ def link(loopback: bool) -> Iterator[tuple[str, list[str], list[str], str]]:
         yield f"loopback (network namespaces refused: {error.stderr.strip()})", [], [], "127.0.0.1"
         return
     try:
-        yield (f"two network namespaces joined by a veth pair, MTU {MTU}",
+        yield (f"two network namespaces joined by a veth pair, MTU {FABRIC_MTU}",
                ["ip", "netns", "exec", SERVER_NS], ["ip", "netns", "exec", CLIENT_NS],
                SERVER_IP)  # fmt: skip
     finally:

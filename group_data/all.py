@@ -132,5 +132,6 @@ router_port = 10100
 router_health_interval_s = 10
 router_memory_gib = 1.0
 
-# Last: every box's data over the values above, checked before pyinfra connects to any box.
-preconnect.check(globals())
+# Every box's data, as pyinfra reads it (this file whole, wherever this line is, every other
+# group_data file, the command line's --data), checked before pyinfra connects to any box.
+preconnect.check()

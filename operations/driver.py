@@ -7,7 +7,6 @@ import shlex
 
 from pyinfra import host, logger
 from pyinfra.api import FactBase, operation
-from pyinfra.api.exceptions import OperationError
 
 from operations import util
 from operations.asked import Question, answer, question
@@ -150,10 +149,20 @@ def branch_held(
         driver.branch_held(name="Hold driver branch 580", branch=580,
                            package="nvidia-driver-580-open")
     """
+    # Arguments the inventory's checks refuse before any box is contacted (spark/inventory.py:
+    # driver_package, driver_version); here they stop this box alone.
+    wrong = []
     if _names_other_branch(package, branch):
-        raise OperationError(f"{package} is not a package of driver branch {branch}")
+        wrong.append(
+            f"driver_package {package} is not of branch {branch}; use nvidia-driver-{branch}-open"
+        )
     if version is not None and not _on_branch(version, branch):
-        raise OperationError(f"{version} is not a version of driver branch {branch}")
+        wrong.append(
+            f"driver_version {version} is not of branch {branch}; use None or a {branch}.x build"
+        )
+    if wrong:
+        yield from util.refused(f"{host.name}: " + "; ".join(wrong))
+        return
     installed = answer(DriverPackages)
     others = {
         name: state["version"]

@@ -5,8 +5,8 @@ from __future__ import annotations
 import re
 import shlex
 
+from pyinfra import host
 from pyinfra.api import operation
-from pyinfra.api.exceptions import OperationError
 
 from operations import util
 from operations.asked import Question, question
@@ -45,15 +45,12 @@ def cluster_env(
 
         environment.cluster_env(name="Cluster environment", variables=cluster.environment)
     """
-    for key, value in variables.items():
-        if not ENV_NAME.fullmatch(key):
-            raise OperationError(f"{key!r} is not a valid environment variable name")
-        if any(character in value for character in UNSAYABLE):
-            raise OperationError(f"the value of {key} holds a line break or NUL: {value!r}")
     notes = notes or {}
-    for key, note in notes.items():
-        if any(character in note for character in UNSAYABLE):
-            raise OperationError(f"the note of {key} holds a line break or NUL: {note!r}")
+    # The plan computes every name, value and note from checked data (spark/inventory.py
+    # cluster_environment): a problem here is the plan's, and stops this box alone.
+    if wrong := unwritable(variables, notes):
+        yield from util.refused(f"{host.name}: the cluster environment: {'; '.join(wrong)}")
+        return
     found = util.on_box(path, profile_path)
     yield from util.template(
         "cluster.env.j2",
@@ -64,6 +61,27 @@ def cluster_env(
     yield from util.template(
         "profile-cluster-env.sh.j2", profile_path, found=found, env_file=shlex.quote(path)
     )
+
+
+def unwritable(variables: dict[str, str], notes: dict[str, str]) -> list[str]:
+    """What the environment file cannot carry: a name no shell or systemd takes, a value or a
+    note with a line break or NUL (sh and systemd would split it differently)."""
+    wrong = [
+        f"{key!r} is not a valid environment variable name"
+        for key in variables
+        if not ENV_NAME.fullmatch(key)
+    ]
+    wrong += [
+        f"the value of {key} holds a line break or NUL: {value!r}"
+        for key, value in variables.items()
+        if any(character in value for character in UNSAYABLE)
+    ]
+    wrong += [
+        f"the note of {key} holds a line break or NUL: {note!r}"
+        for key, note in notes.items()
+        if any(character in note for character in UNSAYABLE)
+    ]
+    return wrong
 
 
 def questions(path: str) -> list[Question]:

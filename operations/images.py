@@ -11,7 +11,7 @@ from pyinfra import host
 from pyinfra.api import FactBase, operation
 
 from operations import util
-from operations.asked import answer
+from operations.asked import Question, answer, question
 from operations.lanes import LocalImages, local_name
 from spark.box_paths import PULL_STATUS_DIR, pull_status, pull_unit
 
@@ -238,3 +238,9 @@ def pulled_in_unit(image: str, layers: dict[str, int], box: str) -> str:
         f' [ "$said" = done ] || {{ echo {failed} "${{said:-{unit} ended without a status:'
         f' journalctl -u {unit}}}" >&2; exit 1; }}'
     )
+
+
+def questions() -> list[Question]:
+    """What ``image_present`` reads of a box that holds its image (operations/asked.py); the
+    registry and the room are asked only where it must pull, a change anyway."""
+    return [question(LocalImages)]

@@ -6,7 +6,6 @@ import json
 
 from pyinfra import host
 from pyinfra.api import operation
-from pyinfra.api.exceptions import OperationError
 from pyinfra.facts.systemd import SystemdEnabled, SystemdStatus
 
 from operations import util
@@ -53,11 +52,18 @@ def memory_guard(
     It runs with no lanes too (it then only watches), so it is in place before the first one
     loads. A changed script, configuration or unit restarts it; it holds no state.
     """
+    # Both checked before any box is contacted (spark/inventory.py: memory_guard_min_available_gib,
+    # a lane's name): here they stop this box alone.
+    wrong = [
+        f"lane names are 1-32 of a-z 0-9 - (got {name!r})"
+        for name, _ in lanes
+        if not SLUG.fullmatch(name)
+    ]
     if not min_available_gib > 0:
-        raise OperationError(f"min_available_gib must be above 0 (got {min_available_gib})")
-    bad = [name for name, _priority in lanes if not SLUG.fullmatch(name)]
-    if bad:
-        raise OperationError(f"lane names are 1-32 of a-z 0-9 - (got {bad})")
+        wrong.insert(0, f"memory_guard_min_available_gib must be above 0 (got {min_available_gib})")
+    if wrong:
+        yield from util.refused(f"{host.name}: the memory guard: {'; '.join(wrong)}")
+        return
     settings = {"min_available_gib": min_available_gib, "lanes": stop_order(lanes)}
     unit_path = f"/etc/systemd/system/{SERVICE}"
     found = util.on_box(script, config, unit_path)

@@ -12,6 +12,7 @@ from pyinfra.api import FactBase, operation
 from operations import preflight, util
 from operations.asked import Question, answer, question
 from spark.box_paths import MODELS_DIR, NCCL_RESULT_DIR, NCCL_VERDICT
+from spark.ports import TORCH_STORE_PORT
 
 CHECK_SOURCE = Path(__file__).parents[1] / "files" / "nccl_check.py"
 CHECK_PATH = "/usr/local/lib/spark/nccl_check.py"
@@ -20,11 +21,6 @@ COMMAND = "/usr/local/sbin/spark-nccl-test"
 RESULT_DIR = NCCL_RESULT_DIR
 VERDICT = NCCL_VERDICT
 CONTAINER = "spark-nccl-test"
-# torch's TCPStore default port (torch.distributed env:// rendezvous), which the cluster's
-# firewall admits from the fabric (operations/firewall.py BACKEND_PORTS); the ranks' NCCL
-# listeners take ephemeral ports, admitted there too. A ring has no cluster firewall (no Ray):
-# its rendezvous is on the management network, open only while the test runs.
-MASTER_PORT = 29500
 # Seconds a rank waits for the others and runs (a Spark pair moves the 1 GiB sizes in well
 # under a minute at 22 GB/s); then it is killed and the verdict says the run did not complete.
 TIMEOUT_S = 300
@@ -124,7 +120,10 @@ def prepared(
         timeout=TIMEOUT_S,
         docker_run=shlex.join(docker_run),
         env_names=" ".join(f"-e {name}" for name in env_names),  # valid names: environment.py
-        port=MASTER_PORT,
+        # The ranks' rendezvous (spark/ports.py), which the cluster's firewall admits from the
+        # fabric (BACKEND_PORTS); a ring has no cluster firewall (no Ray): its rendezvous is on
+        # the management network, open only while the test runs.
+        port=TORCH_STORE_PORT,
         max_bytes=max_bytes,
         hcas=shlex.quote(",".join(hcas)),
         min_busbw=f"{min_busbw_gbs:g}",

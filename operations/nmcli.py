@@ -200,7 +200,7 @@ def ethernet(
     con_name: str,
     ifname: str,
     address: str,
-    mtu: int = 9000,
+    mtu: int,
     autoconnect: bool = True,
     ipv6_method: str = "disabled",
 ):
@@ -236,6 +236,7 @@ def ethernet(
             con_name="Fabric link 1",
             ifname="enp1s0f1np1",
             address="192.168.100.10/24",
+            mtu=9000,
         )
     """
     # nmcli's own text for each value, so the live text compares as it is.

@@ -296,7 +296,7 @@ def _check_command(silent: list[Peer], mtu: int) -> str:
 
 
 @operation()
-def fabric_peers(peers: list[Peer], mtu: int = 9000):
+def fabric_peers(peers: list[Peer], mtu: int):
     """
     Check that each twin reaches the same twin of every other box with full-size frames.
 
@@ -321,6 +321,7 @@ def fabric_peers(peers: list[Peer], mtu: int = 9000):
         preflight.fabric_peers(
             name="Fabric twins reach the other boxes",
             peers=[("enp1s0f1np1", "spark-2", "192.168.100.11")],
+            mtu=9000,
         )
     """
     if not peers:

@@ -44,6 +44,7 @@ from spark.lane import (
 from spark.memory import box_budget
 from spark.options import option
 from spark.ports import metrics_exporter_port, port_owners
+from spark.topology import FABRIC_MTU
 from spark.vllm_release import nccl_deadlock_warning
 
 # host.data keys that pyinfra and its connectors read themselves: they pass unchecked and
@@ -69,9 +70,6 @@ SUPPORTED_BRANCH = 580
 # 580.178.04, its applications clock 2418; boosting it reaches ~2400 under load: public GB10
 # write-ups). A lock's maximum above it locks nothing.
 GB10_MAX_GRAPHICS_MHZ = 3003
-# Jumbo frames on the fabric (seed 001); NVIDIA's guide leaves 1500, which measured 18.9-21 GB/s
-# of NCCL against 23.74 GB/s at 9000 (dgx-spark-playbooks#25).
-FABRIC_MTU = 9000
 # Its message sizes: 1 MiB (files/nccl_check.py's first) to 16 GiB (NVIDIA's -b 16G -e 16G);
 # a mark above two twins' line rate (2 x 200 Gb/s = 50 GB/s) cannot be reached.
 NCCL_TEST_MIN_BYTES, NCCL_TEST_MAX_BYTES = 1 << 20, 16 << 30

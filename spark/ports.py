@@ -15,15 +15,22 @@ PORT_OPTIONS = (
     "--metrics-export-port",
 )
 
+# Two rendezvous ports, both right, for two programs (a box may hold both at once: the NCCL
+# test runs again while the cluster lane serves):
 # vLLM's own multi-node mode (a cluster lane on executor mp): the head's --master-port, where
-# every rank joins its torch.distributed group; vLLM's default (vllm/config/parallel.py), and
-# the one eugr/spark-vllm-docker's launch-cluster.sh passes.
+# every rank joins its torch.distributed group; vLLM's default (vllm/config/parallel.py
+# ParallelConfig.master_port), and the one eugr/spark-vllm-docker's launch-cluster.sh passes.
 MASTER_PORT = 29501
+# The NCCL test's (files/nccl_check.py, env:// rendezvous): the MASTER_PORT its ranks are given,
+# rank 0's TCPStore; torch.distributed's usual one (torchrun's --master-port default,
+# torch/distributed/run.py), and the TCPStore and data-parallel master port vLLM's security
+# page lists.
+TORCH_STORE_PORT = 29500
 # The distributed back-end's fixed ports (vLLM docs, usage/security.md): torch's TCPStore and
-# the data-parallel master at MASTER_PORT 29500, KV cache transfer at 14579, and the multi-node
+# the data-parallel master at TORCH_STORE_PORT, KV cache transfer at 14579, and the multi-node
 # master port above. NCCL, Gloo and vLLM's other sockets take ports from the kernel's ephemeral
 # range, which the rules add.
-BACKEND_PORTS = [(14579, 14579), (29500, 29500), (MASTER_PORT, MASTER_PORT)]
+BACKEND_PORTS = [(14579, 14579), (TORCH_STORE_PORT, TORCH_STORE_PORT), (MASTER_PORT, MASTER_PORT)]
 
 
 def listen_ports(port: int) -> list[tuple[int, int]]:
@@ -55,8 +62,8 @@ def port_owners(ray_port: int, ssh_port: int = 22) -> list[tuple[int, int, str]]
             (
                 low,
                 high,
-                "the distributed back-end's (torch's TCPStore 29500, vLLM's 14579 and its"
-                f" multi-node master port {MASTER_PORT})",
+                f"the distributed back-end's (torch's TCPStore {TORCH_STORE_PORT}, vLLM's 14579"
+                f" and its multi-node master port {MASTER_PORT})",
             )
             for low, high in BACKEND_PORTS
         ),

@@ -15,6 +15,11 @@ PORT_TWINS = {
     1: ("enp1s0f1np1", "enP2p1s0f1np1"),
 }
 
+# Jumbo frames on the fabric (seed 001); NVIDIA's guide leaves 1500, which measured 18.9-21 GB/s
+# of NCCL against 23.74 GB/s at 9000 (dgx-spark-playbooks#25). Below it, an owner says why
+# (spark/inventory.py).
+FABRIC_MTU = 9000
+
 # Derived addresses: one /24 per twin per cable, counted up from 192.168.100.0, and host .10
 # for the first box, .11 for the next (NVIDIA's two-Spark plan, 192.168.100.0/24 and
 # 192.168.101.0/24 with .10 and .11; spark_cluster_setup.py LAST_OCTET_START = 10). Rings give

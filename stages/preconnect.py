@@ -2,28 +2,31 @@
 
 pyinfra 3.10's CLI (pyinfra_cli/cli.py `_main`) reads the inventory file, then each file of
 group_data/ with the inventory read so far as `inventory` (pyinfra_cli/inventory.py
-`make_inventory_from_files`), then connects to every box (`connect_all`); deploy.py is loaded
-only after that, and a state callback registered before `State.init` is dropped by it. So the
-last project code to run before connecting is group_data/all.py: it calls ``check`` with its
-own values, which are every box's defaults, and each box's data from the inventory file goes
-over them as pyinfra merges them. A problem stops the run there, every problem of every box
-listed, even when no box answers, with every `--limit` or `--exclude` that matches no box.
-`--data` and the SSH options on the command line are not in that inventory yet (pyinfra hands
-them to the real inventory only): they are read from the command being run and go over
-everything, as pyinfra applies them. deploy.py validates the whole data again once it is
-loaded, for runs through pyinfra's API.
+`make_inventory_from_files`: the files in the directory's listing order, each one whole), builds
+the inventory from them and the command line's `--data` and SSH options, then connects to every
+box (`connect_all`). pyinfra 3 has no hook between the two, and a state callback registered
+before `State.init` is dropped by it; deploy.py is loaded only after connecting. So group_data/
+all.py calls ``check`` while pyinfra reads it, and ``check`` reads the inventory again as pyinfra
+is reading it, with pyinfra's own `make_inventory` and the command's own arguments: every line
+of every group_data file counts (a value written below the call too, a group's own file read
+after all.py), the command line's data over everything, as each box will have it. Its own
+call, in that second reading, does nothing. A problem stops the run there, every problem of
+every box listed, even when no box answers, with every `--limit` or `--exclude` that matches
+no box. deploy.py validates the whole data again once it is loaded, for runs through
+pyinfra's API.
 """
 
 from __future__ import annotations
 
 import fnmatch
-from types import ModuleType
 from typing import Any
 
 import click
 import pyinfra
+from pyinfra import state
 from pyinfra.api import Inventory
 from pyinfra.context import ctx_inventory
+from pyinfra_cli.inventory import make_inventory
 from pyinfra_cli.util import parse_cli_arg
 
 from stages import settings
@@ -66,31 +69,50 @@ def unmatched_patterns(inventory: Inventory) -> list[str]:
     return problems
 
 
-def box_data(defaults: dict[str, Any]) -> dict[str, dict[str, Any]]:
-    """Each box of the inventory being read, its data over ``defaults`` (a group_data file's
-    names: no dunders and no modules, as pyinfra keeps them), and the command line's `--data`
-    over both (a host's data reads the inventory's override data first: pyinfra/api/host.py
-    `Host.__init__`)."""
-    given = {
-        key: value
-        for key, value in defaults.items()
-        if not key.startswith("__") and not isinstance(value, ModuleType)
-    }
-    overrides = command_line_data()
-    return {host.name: given | host.data.dict() | overrides for host in ctx_inventory.get()}
+class Rereading:
+    """Whether ``check`` is reading the inventory again: its own call then does nothing."""
+
+    now = False
 
 
-def check(defaults: dict[str, Any]) -> None:
-    """Stop the pyinfra run now, before it connects, when the inventory over ``defaults``
-    has problems, or a `--limit` or `--exclude` matches no box: each on its own line, named by
-    box and key, and no traceback (a SystemExit passes pyinfra's file loader and its CLI, which
+def as_pyinfra_reads_it() -> Inventory:
+    """The inventory of the pyinfra command being run, read again as its CLI reads it
+    (pyinfra_cli/cli.py `_main`: `make_inventory` of the command's inventory argument, its
+    `--group-data` directories, the directory it runs in, the command line's data over all)."""
+    params = click.get_current_context().params
+    Rereading.now = True
+    try:
+        return make_inventory(
+            params["inventory"],
+            override_data=command_line_data(),
+            cwd=state.cwd,
+            group_data_directories=params.get("group_data"),
+        )
+    finally:
+        Rereading.now = False
+
+
+def box_data(inventory: Inventory) -> dict[str, dict[str, Any]]:
+    """Each box's data as pyinfra gives it to the box (pyinfra/api/host.py ``HostData``: the
+    command line's data, the box's own, its groups', the group "all"'s), in the inventory's
+    order (it derives addresses)."""
+    return {host.name: host.data.dict() for host in inventory}
+
+
+def check() -> None:
+    """Stop the pyinfra run now, before it connects, when the inventory as pyinfra reads it has
+    problems, or a `--limit` or `--exclude` matches no box: each on its own line, named by box
+    and key, and no traceback (a SystemExit passes pyinfra's file loader and its CLI, which
     catch Exception only: pyinfra_cli/util.py `exec_file`, pyinfra_cli/cli.py `cli`). Outside
     pyinfra's command line (a test, `make plan`, compliance reading the inventory; each
     validates it itself) it does nothing."""
-    if not (pyinfra.is_cli and ctx_inventory.isset()):
+    if not (pyinfra.is_cli and ctx_inventory.isset()) or Rereading.now:
         return
-    reasons = unmatched_patterns(ctx_inventory.get())
-    reasons += [reason] if (reason := settings.refusal(box_data(defaults), defaults)) else []
+    inventory = as_pyinfra_reads_it()
+    reasons = unmatched_patterns(inventory)
+    # group "all"'s data: group_data/all.py's names (pyinfra_cli/inventory.py), as settings.load
+    refused = settings.refusal(box_data(inventory), inventory.get_data())
+    reasons += [refused] if refused else []
     if reasons:
         for reason in reasons:
             click.echo(click.style(f"--> {reason}", "red"), err=True)

@@ -1,5 +1,6 @@
-"""After a run: one line per box, "converged" or where it stopped and why. Reporting only:
-nothing here touches a host.
+"""After a run: one line per box, "converged" or where it stopped and why, then the endpoints of
+every box whose own lanes serve and its client configuration. Reporting only: nothing here
+touches a host.
 
 A problem found on one box stops that box alone (operations/util.py: ``refused``), and pyinfra
 goes on with the others; with four boxes its output interleaves them. This table says, once
@@ -10,12 +11,28 @@ pyinfra exits 1 when a box failed (pyinfra_cli/cli.py: _exit).
 
 from __future__ import annotations
 
+import json
+import os
+import weakref
+from pathlib import Path
+
 import click
 from pyinfra.api import State
 from pyinfra.api.host import Host
 from pyinfra.api.state import BaseStateCallback, StateStage
 
+from endpoints import (
+    OPENCODE_DIR,
+    Endpoint,
+    agent_note,
+    endpoints_of,
+    endpoints_table,
+    key_file,
+    opencode_config,
+)
 from operations.util import failed_operation, stopped_at
+from spark.box_paths import SECRETS_DIR
+from spark.inventory import HostConfig
 from stages.cluster import STAGE as CLUSTER
 
 CONVERGED = "converged"
@@ -79,3 +96,63 @@ def register(state: State, done: str = CONVERGED) -> None:
     or teardown.py; once per run is kept)."""
     if not any(isinstance(handler, RunSummary) for handler in state.callback_handlers):
         state.add_callback_handler(RunSummary(done))
+
+
+class EndpointsReport(BaseStateCallback):
+    """Once the run is over (pyinfra's results printed, hosts disconnecting): the endpoints of
+    every box whose own lanes serve (``serving``: its deploy succeeded, or stopped only in the
+    cluster stage), and clients/<box>.json for each (endpoints.py)."""
+
+    def __init__(self) -> None:
+        self.endpoints: dict[str, list[Endpoint]] = {}
+        self.done = False
+
+    def host_disconnect(self, state: State, host: Host) -> None:
+        # Disconnect: after the results (never with --dry); Execute: pyinfra stopped the run,
+        # every box failed ("No hosts remaining!"), and disconnects from there.
+        if self.done or state.current_stage not in (StateStage.Execute, StateStage.Disconnect):
+            return
+        self.done = True
+        # In the inventory's order (the boxes report in the order their deploys were loaded).
+        up = [box.name for box in state.inventory if serving(state, box)]
+        served = {box: self.endpoints[box] for box in up if self.endpoints.get(box)}
+        if not served:
+            return
+        # clients/ beside the deploy, or SPARK_CLIENTS_DIR: the test suite gives each simulated
+        # lab its own, as the boxes of its labs share their names.
+        clients = Path(os.environ.get("SPARK_CLIENTS_DIR") or Path(state.cwd or ".") / "clients")
+        clients.mkdir(parents=True, exist_ok=True)
+        for box, endpoints in served.items():
+            text = json.dumps(opencode_config(box, endpoints), indent=2) + "\n"
+            (clients / f"{box}.json").write_text(text)
+        click.echo("--> Lanes serving:", err=True)
+        click.echo(endpoints_table(served), err=True)
+        box, lanes = next(iter(served.items()))
+        click.echo(
+            f"    OpenCode: `make clients` copies each lane's key ({SECRETS_DIR}/<lane>.key) to"
+            f" {OPENCODE_DIR}/<box>-<lane>.key ({box} {lanes[0].lane}:"
+            f" {key_file(box, lanes[0].lane)}) and merges every box's providers"
+            f" (clients/<box>.json) into {OPENCODE_DIR}/opencode.json.",
+            err=True,
+        )
+        click.echo(
+            "    Any OpenAI-style client, vLLM and llama.cpp lanes alike: base URL = the URL,"
+            " model = the served name, API key = the lane's key (Authorization: Bearer).",
+            err=True,
+        )
+        for box, endpoints in served.items():
+            for endpoint in endpoints:
+                if note := agent_note(endpoint):
+                    click.echo(f"    {box} {endpoint.lane}: {note}", err=True)
+
+
+_reports: weakref.WeakKeyDictionary[State, EndpointsReport] = weakref.WeakKeyDictionary()
+
+
+def report_endpoints(state: State, box: HostConfig, address: str) -> None:
+    """Print this box's endpoints after the run (call from deploy.py, once per box); clients
+    reach it at ``address``."""
+    if state not in _reports:
+        _reports[state] = EndpointsReport()
+        state.add_callback_handler(_reports[state])
+    _reports[state].endpoints[box.name] = endpoints_of(box, address)

@@ -53,8 +53,8 @@ def pyinfra_keys() -> list[str]:
 
 def refusal(hosts: dict[str, dict[str, Any]], defaults: dict[str, Any]) -> str | None:
     """Every problem of these boxes' data (as host.data.dict() gives it) over ``defaults``
-    (group_data's), None without any: the deploy's own validation, for data read before
-    pyinfra's inventory is complete."""
+    (group_data's), None without any: the deploy's own validation, for the inventory read
+    before pyinfra connects (stages/preconnect.py)."""
     try:
         load_from_dicts(hosts, pyinfra_keys(), defaults, str(COLLECTION))
     except ConfigError as error:

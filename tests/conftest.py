@@ -14,8 +14,8 @@ import pytest
 from tests.simlab import lab as simlab
 from tests.simlab.paths import REPO, STATE
 
-# The OpenCode client files the deploy writes (endpoints.py): one folder per lab, whose boxes
-# have the same names as another lab's.
+# The OpenCode client files the deploy writes (stages/run_summary.py): one folder per lab, whose
+# boxes have the same names as another lab's.
 CLIENTS = STATE / "clients"
 
 PYINFRA = str(Path(REPO) / ".venv/bin/pyinfra")

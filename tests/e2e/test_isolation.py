@@ -14,7 +14,7 @@ The first run's table (its lines wrapped here):
 
     --> Boxes:
         spark-1  converged on its own; stopped at Cluster | NCCL test: NET/IB on every twin,
-                 all_gather at 0.05 GB/s or more at 4194304 B: the NCCL test runs a rank on
+                 all_gather at 0.005 GB/s or more at 4194304 B: the NCCL test runs a rank on
                  every box: it waits for spark-4, stopped at Lanes and front | Lane coder:
                  qwen3-coder-next on port 10101: port 10101 of lane coder is taken by python3;
                  stop that service or give the lane another port in group_data `lanes`; it runs
@@ -65,7 +65,7 @@ TAKEN = (
 )
 # The operations' names, as deploy.py gives them, the lane's with its served name and port.
 LANE_OP = f"Lane coder: {LANE['served_name']} on port {LANE['port']}"
-NCCL_OP = "NCCL test: NET/IB on every twin, all_gather at 0.05 GB/s or more at 4194304 B"
+NCCL_OP = "NCCL test: NET/IB on every twin, all_gather at 0.005 GB/s or more at 4194304 B"
 
 
 def deploy() -> tuple[subprocess.CompletedProcess, str, float]:

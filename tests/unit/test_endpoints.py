@@ -1,4 +1,5 @@
-"""endpoints.py: the endpoints table and the OpenCode client files after a run."""
+"""endpoints.py: the endpoints table and the OpenCode client files; stages/run_summary.py
+EndpointsReport: both after a run, for the boxes whose lanes serve."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from pyinfra.api.state import StateStage
 
 import endpoints
 from spark.inventory import load_from_dicts
+from stages import run_summary
 from tests.unit.harness import Box, run_state
 from tests.unit.test_config import TWO_SPARKS, merged
 
@@ -84,7 +86,7 @@ def test_endpoints_table() -> None:
 def test_report_after_a_run_only_for_boxes_whose_lanes_serve(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    report = endpoints.EndpointsReport()
+    report = run_summary.EndpointsReport()
     report.endpoints = {"spark-1": ENDPOINTS, "spark-2": ENDPOINTS, "spark-3": ENDPOINTS}
     # spark-2 stopped at its lane; spark-3 only at the cluster stage, after its own lanes
     # (written by hand, as operations/util.refused words them).
@@ -147,7 +149,7 @@ def test_the_client_files_go_where_spark_clients_dir_says(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     monkeypatch.setenv("SPARK_CLIENTS_DIR", str(tmp_path / "lab-7" / "clients"))
-    report = endpoints.EndpointsReport()
+    report = run_summary.EndpointsReport()
     report.endpoints = {"spark-1": ENDPOINTS}
     state = run_state({}, current_stage=StateStage.Disconnect, cwd=tmp_path)
     state.inventory = [Box("spark-1")]

@@ -272,6 +272,31 @@ def test_a_fetch_landing_in_time_lets_the_lane_start_within_the_deploy(tmp_path:
 
 SERVE = "/etc/systemd/system/spark-weights-serve.service"
 SERVER = "/usr/local/lib/spark/spark_serve.py"  # where the unit runs the server from
+SERVER_SOURCE = (Path(__file__).parents[2] / "files/spark_serve.py").read_text()  # put as it is
+# The unit as a deploy leaves it for 192.168.100.10:60991 (templates/spark-weights-serve.service
+# .j2), written out here.
+SERVE_UNIT = """\
+# Weights served to the fleet: written by the spark deploy (operations/weights.py); edits are overwritten.
+[Unit]
+Description=Spark weights: this box's Hugging Face cache served read-only on its fabric address 192.168.100.10:60991
+After=network-online.target
+Wants=network-online.target
+
+[Service]
+# The blobs only, each named by its hash, sent by sendfile, a cut copy resumed by a Range
+# (files/spark_serve.py); the boxes that copy them check each against the hub's.
+# Bound to the fabric address: reached over the fabric alone (the cluster firewall admits this
+# port, in the ephemeral range, from the fabric only).
+# "+": as root, before any model is fetched here.
+ExecStartPre=+/usr/bin/install -d -m 755 /var/lib/spark/models/hub
+ExecStart=/usr/bin/python3 /usr/local/lib/spark/spark_serve.py 60991 --bind 192.168.100.10 --directory /var/lib/spark/models/hub
+DynamicUser=yes
+Restart=always
+RestartSec=5s
+
+[Install]
+WantedBy=multi-user.target
+"""  # noqa: E501 - the unit's own lines
 
 
 def test_the_blobs_are_served_on_the_fabric_address_read_only() -> None:
@@ -282,18 +307,17 @@ def test_the_blobs_are_served_on_the_fabric_address_read_only() -> None:
         "systemctl enable spark-weights-serve.service",
         "systemctl restart spark-weights-serve.service",
     ]
-    assert host.uploads[SERVER] == (Path(__file__).parents[2] / "files/spark_serve.py").read_text()
-    unit = host.uploads[SERVE]
+    assert host.uploads == {SERVER: SERVER_SOURCE, SERVE: SERVE_UNIT}
     assert (
         f"\nExecStart=/usr/bin/python3 {SERVER} 60991 --bind 192.168.100.10"
         f" --directory {MODELS}/hub\n"
-    ) in unit
-    assert "\nDynamicUser=yes\n" in unit  # no root, nothing writable
+    ) in SERVE_UNIT
+    assert "\nDynamicUser=yes\n" in SERVE_UNIT  # no root, nothing writable
     # As written and running: nothing (systemctl show's lines, as the lab's lanes show them).
     running = FakeHost(
         {
             weights.ServeState: "ActiveState=active\nUnitFileState=enabled",
-            **file_facts({SERVE: unit, SERVER: host.uploads[SERVER]}),
+            **file_facts({SERVE: SERVE_UNIT, SERVER: SERVER_SOURCE}),
         }
     )
     assert run_op(weights.blobs_served, "192.168.100.10", 60991, MODELS, host=running) == []
@@ -301,7 +325,7 @@ def test_the_blobs_are_served_on_the_fabric_address_read_only() -> None:
     older = FakeHost(
         {
             weights.ServeState: "ActiveState=active\nUnitFileState=enabled",
-            **file_facts({SERVE: unit, SERVER: "an older server"}),
+            **file_facts({SERVE: SERVE_UNIT, SERVER: "an older server"}),
         }
     )
     commands = run_op(weights.blobs_served, "192.168.100.10", 60991, MODELS, host=older)

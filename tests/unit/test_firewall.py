@@ -6,6 +6,8 @@ Captures (FirewallState's command, run with sudo on the simulated lab):
 - lab-worker-flushed-firewall.txt: spark-2 after `nft flush chain inet spark input`: the table's
   comment (its digest) as deployed, its rules gone.
 - lab-bare-firewall.txt: spark-2 freshly reimaged (no nft installed, no unit).
+Written out (the files a deploy of ARGS leaves on a box, its ruleset's digest the lab's):
+- deployed-firewall.nft.sample.txt, deployed-spark-firewall.service.sample.txt.
 """
 
 from __future__ import annotations
@@ -40,9 +42,10 @@ def firewall_host(fact: str, files: dict[str, str | None] | None = None) -> Fake
 
 
 def deployed_files() -> dict[str, str]:
-    host = firewall_host(captured("lab-bare-firewall.txt"))
-    run_op(firewall.cluster_ports_fabric_only, **ARGS, host=host)
-    return {path: host.uploads[path] for path in (RULES, UNIT)}
+    return {
+        RULES: captured("deployed-firewall.nft.sample.txt"),
+        UNIT: captured("deployed-spark-firewall.service.sample.txt"),
+    }
 
 
 def test_fact_reads_a_deployed_and_a_bare_box() -> None:
@@ -102,6 +105,7 @@ def test_bare_box_gets_nftables_the_ruleset_and_its_unit() -> None:
     assert "udp" not in rules.split("chain input")[1]  # WireGuard, Tailscale, mosh: left open
     assert f"ExecStart=/usr/sbin/nft -f {RULES}" in host.uploads[UNIT]
     assert "After=nftables.service" in host.uploads[UNIT]
+    assert host.uploads == deployed_files()  # as written out for the tests of a deployed box
 
 
 def test_in_place_yields_nothing() -> None:

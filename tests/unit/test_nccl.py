@@ -7,6 +7,7 @@ Captures (the fact's command, NcclTestState):
   deploy wrote the test (no key, no verdict), with a root shell's full capability set.
 - nccl-test-state-passed.sample.txt: written by hand, a pair's head after a passing run; its
   numbers are the field's (23.7 GB/s at MTU 9000: dgx-spark-playbooks#25), not a run's.
+Written out: deployed-spark-nccl-test.sample.txt, the script a deploy of ARGS leaves on spark-2.
 """
 
 from __future__ import annotations
@@ -58,10 +59,12 @@ def box(fact: str, files: dict[str, str | None] | None = None, name: str = "spar
 
 
 def deployed() -> dict[str, str]:
-    """The check and the script as a first deploy leaves them on spark-2."""
-    host = box(captured("nccl-test-state-bare.sample.txt"))
-    run_op(nccl.prepared, **ARGS, host=host)
-    return {path: host.uploads[path] for path in FILES}
+    """The check (files/nccl_check.py, put as it is) and the script as a deploy of ARGS leaves
+    them on spark-2."""
+    return {
+        nccl.CHECK_PATH: nccl.CHECK_SOURCE.read_text(),
+        nccl.COMMAND: captured("deployed-spark-nccl-test.sample.txt"),
+    }
 
 
 def test_fact_reads_a_bare_box() -> None:
@@ -90,8 +93,7 @@ def test_a_verdict_that_is_not_json_is_a_failed_one() -> None:
 def test_a_bare_box_gets_the_check_and_the_script() -> None:
     host = box(captured("nccl-test-state-bare.sample.txt"))
     commands = run_op(nccl.prepared, **ARGS, host=host)
-    assert set(host.uploads) == set(FILES)
-    assert host.uploads[nccl.CHECK_PATH] == nccl.CHECK_SOURCE.read_text()
+    assert host.uploads == deployed()  # as written out for the tests of a deployed box
     assert any("chmod 755 /usr/local/sbin/spark-nccl-test" in c for c in commands), commands
     assert host.noops == []
 

@@ -454,3 +454,29 @@ def test_the_report_reads_each_ranks_architecture_from_its_rank_file(tmp_path, c
         "rank 0 (vm): NCCL 2.28.9+cuda13.0 on aarch64 in an-image:"
     )
     assert "rank 0 (vm, aarch64, NCCL 2.28.9+cuda13.0)" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    ("busbw", "mark", "said"),
+    [
+        # The 8-box bench's refusal read "0.05 GB/s, under the pass mark 0.05 GB/s" (issue 40):
+        # the figure is shown to the decimal where it reads under the mark.
+        (0.049, 0.05, "bus bandwidth 0.049 GB/s, under the pass mark 0.05 GB/s"),
+        (0.0496, 0.05, "bus bandwidth 0.0496 GB/s, under the pass mark 0.05 GB/s"),
+        (0.04, 0.05, "bus bandwidth 0.04 GB/s, under the pass mark 0.05 GB/s"),
+        (21.8749, 21.875, "bus bandwidth 21.87 GB/s, under the pass mark 21.875 GB/s"),
+        (2.571, 21.875, "bus bandwidth 2.57 GB/s, under the pass mark 21.875 GB/s"),
+    ],
+)
+def test_a_bandwidth_under_the_mark_reads_under_it(busbw: float, mark: float, said: str) -> None:
+    rows = [
+        nccl_check.Row("all_gather", 1 << 20, 0.1, 0.0, 1.0, 0, "RING/SIMPLE"),
+        nccl_check.Row("all_gather", 4 << 20, 0.1, 0.0, busbw, 0, "RING/SIMPLE"),  # the largest
+    ]
+    problems = nccl_check.verdict(rows, [], transport=None, expect_hcas=[], min_busbw=mark)
+    assert problems == [f"all_gather 4194304 B: {said}"]
+
+
+def test_a_bandwidth_at_the_mark_passes() -> None:
+    row = nccl_check.Row("all_gather", 4 << 20, 0.1, 0.0, 0.05, 0, "RING/SIMPLE")
+    assert nccl_check.verdict([row], [], transport=None, expect_hcas=[], min_busbw=0.05) == []

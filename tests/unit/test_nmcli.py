@@ -82,7 +82,7 @@ def ethernet(
     capture: str, live: str = "lab-live-link-exact.txt", **kwargs
 ) -> tuple[list[str], list[str]]:
     host = host_for(capture, live)
-    arguments = {"con_name": NAME, "ifname": IFNAME, "address": ADDRESS, **kwargs}
+    arguments = {"con_name": NAME, "ifname": IFNAME, "address": ADDRESS, "mtu": 9000, **kwargs}
     return run_op(nmcli.ethernet, host=host, **arguments), host.noops
 
 
@@ -411,7 +411,7 @@ def test_the_live_link_is_read_only_where_the_profile_is_right_and_up() -> None:
         ("lab-nmcli-inactive.txt", [f"nmcli connection up uuid {OURS}"]),
     ):  # fmt: skip
         host = FakeHost({nmcli.NmConnections: captured(capture)})
-        arguments = {"con_name": NAME, "ifname": IFNAME, "address": ADDRESS}
+        arguments = {"con_name": NAME, "ifname": IFNAME, "address": ADDRESS, "mtu": 9000}
         assert run_op(nmcli.ethernet, host=host, **arguments) == commands
 
 
@@ -495,7 +495,11 @@ def test_two_profiles_with_the_name_are_refused() -> None:
     host = FakeHost({nmcli.NmConnections: f"{text}--\n{duplicate}\n"})
     assert re.search(
         f"several NetworkManager profiles are named '{NAME}'",
-        refusal(run_op(nmcli.ethernet, host=host, con_name=NAME, ifname=IFNAME, address=ADDRESS)),
+        refusal(
+            run_op(
+                nmcli.ethernet, host=host, con_name=NAME, ifname=IFNAME, address=ADDRESS, mtu=9000
+            )
+        ),
     )
 
 

@@ -14,8 +14,8 @@ from typing import Any
 import click
 import pyinfra
 import pytest
-from pyinfra.api import Inventory
-from pyinfra.context import ctx_inventory
+from pyinfra.api import Inventory, State
+from pyinfra.context import ctx_inventory, ctx_state
 
 from spark.inventory import load_from_dicts, unknown_pyinfra_keys
 from stages import preconnect, settings
@@ -66,35 +66,78 @@ def test_pyinfras_keys_from_its_own_definitions_pass_and_a_typo_is_listed_with_t
     assert settings.refusal(merged(TWO_SPARKS), group_defaults()) is None
 
 
-def test_box_data_is_each_boxs_data_over_the_group_datas_names() -> None:
-    defaults = {"__file__": "all.py", "settings": settings, "fabric_mtu": 9000, "nccl_debug": False}
-    read = Inventory(([("spark-1", {"nccl_debug": True}), ("spark-2", {})], {}))
+def test_box_data_is_each_boxs_data_as_pyinfra_gives_it() -> None:
+    # The command line's data over the box's own, over its groups', over the group "all"'s
+    # (pyinfra/api/host.py HostData), in the inventory's order (it derives addresses).
+    read = Inventory(
+        ([("spark-1", {"nccl_debug": True}), ("spark-2", {})], {"fabric_mtu": 9000}),
+        spark=(["spark-2"], {"nccl_debug": False, "fabric_mtu": 1500}),
+        override_data={"lanes": []},
+    )
+    boxes = preconnect.box_data(read)
 
-    with ctx_inventory.use(read):
-        boxes = preconnect.box_data(defaults)
-
-    assert list(boxes) == ["spark-1", "spark-2"]  # the inventory's order: it derives addresses
-    assert boxes["spark-1"] == {"fabric_mtu": 9000, "nccl_debug": True}
-    assert boxes["spark-2"] == {"fabric_mtu": 9000, "nccl_debug": False}
+    assert list(boxes) == ["spark-1", "spark-2"]
+    assert boxes["spark-1"] == {"fabric_mtu": 9000, "nccl_debug": True, "lanes": []}
+    assert boxes["spark-2"] == {"fabric_mtu": 1500, "nccl_debug": False, "lanes": []}
 
 
-def test_check_stops_a_cli_run_with_every_problem_and_lets_good_data_through(
-    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+# An inventory of three boxes cabled as a ring, each with its management address (a ring's
+# rendezvous goes there: tests/unit/test_topology.py MANAGEMENT).
+RING = [
+    (
+        f"spark-{n}",
+        {"spark_role": "head" if n == 1 else "worker", "management_address": f"10.0.0.2{n}"},
+    )
+    for n in (1, 2, 3)
+]
+
+
+def checked(tmp_path: Path, below: str, capsys: pytest.CaptureFixture[str], *data: str) -> str:
+    """``check`` as pyinfra's CLI runs it, from this collection's group_data/all.py with
+    ``below`` written after its call, over RING (`--data` ``data``): what it refused, "" when it
+    let the run go on."""
+    (tmp_path / "group_data").mkdir()
+    text = (REPO / "group_data" / "all.py").read_text()
+    (tmp_path / "group_data" / "all.py").write_text(f"{text}\n{below}\n")
+    inventory = tmp_path / "inventory.py"
+    inventory.write_text(f"spark = {RING!r}\n")
+    command = click.Context(click.Command("pyinfra"))
+    command.params |= {"inventory": str(inventory), "group_data": (), "data": data}
+    run = State()
+    run.cwd = str(tmp_path)
+    reading = Inventory(([name for name, _ in RING], {}))  # pyinfra's, while it reads group_data
+    with command, ctx_state.use(run), ctx_inventory.use(reading), pytest.MonkeyPatch.context() as m:
+        m.setattr(pyinfra, "is_cli", True)
+        try:
+            preconnect.check()
+        except SystemExit as stopped:
+            assert stopped.code == 1
+            return click.unstyle(capsys.readouterr().err)
+    return ""
+
+
+def test_a_value_written_below_the_check_is_checked_with_its_new_value(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    defaults = merged({"any": {}})["any"]
-    bad = Inventory(([("spark-1", {"spark_role": "head", "fabric_mtu": 100})], {}))
-    good = Inventory(([("spark-1", {"spark_role": "head"})], {}))
-    monkeypatch.setattr(pyinfra, "is_cli", True)
+    # Issue 40: `fabric_topology = "ring3"` below the call was refused as "pair joins 2 boxes,
+    # the inventory has 3": the check saw the value above it. Now every line counts.
+    assert checked(tmp_path, 'fabric_topology = "ring3"', capsys) == ""
 
-    with ctx_inventory.use(good):
-        preconnect.check(defaults)
-    with ctx_inventory.use(bad), pytest.raises(SystemExit) as stopped:
-        preconnect.check(defaults)
 
-    assert stopped.value.code == 1
-    err = capsys.readouterr().err
-    assert "spark-1: fabric_mtu: " in err
-    assert "No box was contacted." in err
+def test_a_bad_value_written_below_the_check_stops_the_run(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    said = checked(tmp_path, 'fabric_topology = "ring3"\nfabric_mtu = 100', capsys)
+    for box in ("spark-1", "spark-2", "spark-3"):
+        assert f"\n{box}: fabric_mtu: Input should be greater than or equal to 1500" in said
+    assert "No box was contacted." in said
+
+
+def test_the_command_lines_data_goes_over_all_of_it(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    said = checked(tmp_path, 'fabric_topology = "ring3"', capsys, "fabric_mtu=100")
+    assert "\nspark-1: fabric_mtu: Input should be greater than or equal to 1500" in said
 
 
 def test_check_outside_pyinfras_cli_does_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -104,7 +147,7 @@ def test_check_outside_pyinfras_cli_does_nothing(monkeypatch: pytest.MonkeyPatch
     monkeypatch.setattr(pyinfra, "is_cli", False)
 
     with ctx_inventory.use(bad):
-        assert preconnect.check(merged({"any": {}})["any"]) is None
+        assert preconnect.check() is None
 
 
 # --- the real pyinfra CLI, every box unreachable ---------------------------------------------
@@ -192,20 +235,23 @@ def test_the_owners_inventory_started_elsewhere_stops_before_connecting(tmp_path
     assert "Traceback" not in output
 
 
-def test_the_command_lines_data_goes_over_every_box_parsed_as_pyinfra_parses_it() -> None:
+def test_the_command_lines_data_is_parsed_as_pyinfra_parses_it() -> None:
     """pyinfra 3.10 splits each `--data` at its first "=" and turns "true"/"false", numbers and
     JSON into values (pyinfra_cli/cli.py `_set_override_data`, pyinfra_cli/util.py
     `parse_cli_arg`); the override wins over the box's own data (pyinfra/api/host.py)."""
-    defaults = {"fabric_mtu": 9000, "nccl_debug": False, "lanes": []}
-    read = Inventory(([("spark-1", {"nccl_debug": True}), ("spark-2", {})], {}))
     command = click.Context(click.Command("pyinfra"))
     command.params["data"] = ("nccl_debug=false", "fabric_mtu=1500", 'lanes=[{"name": "a=b"}]')
+    command.params["ssh_user"] = "nvidia"
 
-    with command, ctx_inventory.use(read):
-        boxes = preconnect.box_data(defaults)
+    with command:
+        given = preconnect.command_line_data()
 
-    over = {"fabric_mtu": 1500, "nccl_debug": False, "lanes": [{"name": "a=b"}]}
-    assert boxes == {"spark-1": over, "spark-2": over}
+    assert given == {
+        "nccl_debug": False,
+        "fabric_mtu": 1500,
+        "lanes": [{"name": "a=b"}],
+        "ssh_user": "nvidia",
+    }
 
 
 def test_a_typo_given_with_data_is_shown_before_connecting(tmp_path: Path) -> None:

@@ -77,7 +77,7 @@ def test_a_box_failed_in_this_run_is_left_out() -> None:
 
 def test_a_single_box_has_no_peer_to_reach() -> None:
     host = FakeHost({})
-    assert run_op(preflight.fabric_peers, [], host=host) == []
+    assert run_op(preflight.fabric_peers, [], mtu=9000, host=host) == []
     assert host.noops == ["no other box in the inventory: no fabric peer to reach"]
 
 

@@ -13,6 +13,10 @@ nvcr.io/nvidia/vllm:26.04-py3 with Ray 2.60.0; the lab withholds CAP_SYS_RESOURC
 - raynode-image-without-ray.sample.txt, raynode-ray-2.51.sample.txt: written by hand in the
   fact's line format (an image without Ray: dgx-spark-playbooks#109; a Ray without token auth)
   with a root shell's full capability set.
+Written out (the files a deploy of this file's IMAGE, ENVIRONMENT and token leaves):
+- deployed-spark-ray-head.service.sample.txt, deployed-spark-ray-worker.service.sample.txt: the
+  unit of spark-1 (the head) and spark-2 (its worker).
+- deployed-spark-ray-nodes.sample.txt: spark-ray-nodes, the same on both.
 """
 
 from __future__ import annotations
@@ -70,15 +74,29 @@ def node_host(fact: str, files: dict[str, str | None] | None = None) -> FakeHost
 
 def node_op(role: dict, host: FakeHost, **kwargs) -> list[str]:
     """ray.node on ``host`` with this file's image and env file (``kwargs``: the rest)."""
-    arguments = {"env_file": ENV_FILE, "image": IMAGE, "environment": ENVIRONMENT} | kwargs
+    arguments = {"env_file": ENV_FILE, "image": IMAGE, "environment": ENVIRONMENT, "port": 6379}
+    arguments |= kwargs
     return run_op(ray.node, **role, **arguments, host=host)
 
 
-def deployed_files(role: dict, environment: dict[str, str] = ENVIRONMENT, **kwargs) -> dict:
-    """The unit and script a first deploy writes, as the box then holds them."""
+def rendered(role: dict, environment: dict[str, str] = ENVIRONMENT, **kwargs) -> dict:
+    """The unit and script a first deploy writes on a bare box."""
     host = node_host(captured("lab-bare-raynode.txt"))
     node_op(role, host, environment=environment, token=TOKEN, **kwargs)
     return {path: host.uploads[path] for path in FILES}
+
+
+def deployed_files(role: dict) -> dict[str, str]:
+    """The unit and script a deploy left on the head or the worker, as written out."""
+    return {
+        ray.UNIT_PATH: captured(f"deployed-spark-ray-{role['role']}.service.sample.txt"),
+        ray.NODES_COMMAND: captured("deployed-spark-ray-nodes.sample.txt"),
+    }
+
+
+@pytest.mark.parametrize("role", [HEAD, WORKER], ids=["head", "worker"])
+def test_a_bare_box_gets_the_files_a_deployed_one_has(role: dict) -> None:
+    assert rendered(role) == deployed_files(role)
 
 
 def test_fact_reads_a_deployed_node() -> None:
@@ -194,7 +212,7 @@ def test_head_unit_binds_to_the_fabric_with_dashboard_on_loopback_and_token_by_f
 
 def test_the_workers_read_the_weights_on_their_own_box_never_downloading() -> None:
     models = (("/var/lib/spark/models", "/root/.cache/huggingface"), ("/srv/m", "/srv/m"))
-    unit = deployed_files(WORKER, models=models)[ray.UNIT_PATH]
+    unit = rendered(WORKER, models=models)[ray.UNIT_PATH]
     words = unit.replace("\\\n", " ").split()
     for volume in ("/var/lib/spark/models:/root/.cache/huggingface", "/srv/m:/srv/m"):
         assert words[words.index(volume) - 1] == "-v"
@@ -204,7 +222,7 @@ def test_the_workers_read_the_weights_on_their_own_box_never_downloading() -> No
 
 
 def test_worker_joins_the_head_and_has_no_head_options() -> None:
-    unit = deployed_files(WORKER, port=7000)[ray.UNIT_PATH]
+    unit = rendered(WORKER, port=7000)[ray.UNIT_PATH]
     words = unit.replace("\\\n", " ").split()
     assert "--address=192.168.100.10:7000" in words
     assert "--node-ip-address=192.168.100.11" in words
@@ -421,3 +439,22 @@ def test_a_head_goes_on_without_a_stopped_worker_and_a_worker_without_another() 
         with ctx_state.use(run_state(stopped)):
             commands = node_op(role, head="spark-1", host=host)  # fmt: skip
         assert commands[-1] == "systemctl start spark-ray.service", role
+
+
+@pytest.mark.parametrize(
+    ("changed", "said"),
+    [
+        ({"image": "nvcr.io/nvidia/vllm:$TAG"}, "'nvcr.io/nvidia/vllm:$TAG'"),
+        ({"environment": {"NCCL%h": "1"}}, "'NCCL%h'"),
+        ({"models": (("/srv/my models", "/models"),)}, "'/srv/my models'"),
+    ],
+)
+def test_a_word_systemd_would_expand_stops_this_box_alone(changed: dict, said: str) -> None:
+    # The inventory admits none of these (an image reference, the plan's names, an absolute
+    # path of plain characters); given anyway, the box fails before anything is asked or
+    # pulled, and the run goes on for the others.
+    commands = node_op(HEAD, FakeHost({}), **changed)
+    assert refusal(commands) == (
+        f"spark-test: {said} cannot stand unquoted in spark-ray.service (letters, digits and"
+        " ._/:=,@+- only)"
+    )

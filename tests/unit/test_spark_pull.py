@@ -20,6 +20,7 @@ import socketserver
 import threading
 from collections.abc import Iterator
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -130,16 +131,20 @@ def test_the_manifests_layers_by_the_id_dockers_stream_gives_them() -> None:
     }  # fmt: skip
 
 
-def test_a_layer_already_on_the_box_counts_whole() -> None:
+def test_a_layer_already_on_the_box_counts_whole(monkeypatch: pytest.MonkeyPatch) -> None:
     # An upgrade sharing the base layer: docker says "Already exists" of it and downloads the
-    # other (26.05's stand-in: the 26.04 base and a small layer over it).
+    # other (26.05's stand-in: the 26.04 base and a small layer over it). The pull's clock is
+    # read twice: at its start, then two seconds in.
+    clock = iter([1000.0, 1002.0])
+    monkeypatch.setattr(spark_pull, "time", SimpleNamespace(monotonic=lambda: next(clock)))
     progress = spark_pull.Progress(IMAGE, {LAYER: SIZE, "c" * 12: 1000}, "/nonexistent")
     progress.update({"status": "Already exists", "progressDetail": {}, "id": LAYER})
     progress.update({"status": "Downloading", "progressDetail": {"current": 400, "total": 1000},
                      "id": "c" * 12})  # fmt: skip
     assert (progress.done(), progress.total) == (SIZE + 400, SIZE + 1000)
-    progress.started -= 2  # two seconds in: 400 bytes downloaded, the rate 200 B/s
-    assert 199 < progress.rate() <= 200
+    assert (
+        progress.rate() == 200.0
+    )  # 400 bytes downloaded in two seconds; the layer on the box none
 
 
 def test_a_layers_bytes_count_as_docker_reports_them() -> None:

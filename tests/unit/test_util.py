@@ -82,8 +82,15 @@ def test_template_is_root_owned_and_empty_when_the_file_is_as_rendered() -> None
     commands = run_op(written, host=host)
     assert commands[0].startswith("FileUploadCommand(") and dest in commands[0]
     assert any("chown root:root" in command for command in commands)
-    same = FakeHost(file_facts({dest: host.uploads[dest]}))
-    assert run_op(written, host=same) == []
+    # The template's text, written out: a file that reads so is as rendered.
+    rendered = (
+        "# Managed by pyinfra (operations/hygiene.py): the deploy rewrites this file.\n"
+        "# logind's default RemoveIPC=yes removes a user's System V and POSIX IPC objects"
+        " (semaphores,\n# shared memory) when their last session ends, which hangs a Ray/vLLM"
+        " worker started from it.\n[Login]\nRemoveIPC=no\n"
+    )
+    assert host.uploads[dest] == rendered
+    assert run_op(written, host=FakeHost(file_facts({dest: rendered}))) == []
 
 
 def test_template_renders_as_pyinfras_files_template() -> None:
