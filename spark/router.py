@@ -35,6 +35,8 @@ CONFIG = "/etc/spark/router/litellm.yaml"  # no secret in it: os.environ/<name> 
 # root before it starts the service as another user (systemd.exec: EnvironmentFile=).
 ENVIRONMENT = f"{SECRETS_DIR}/_router.env"
 UNIT = "spark-router.service"
+# Its CacheDirectory=spark-router, the only place it writes (templates/spark-router.service.j2).
+CACHE_DIRS = ("/var/cache/spark-router", "/var/cache/private/spark-router")
 FLEET_KEY_VARIABLE = "SPARK_FLEET_KEY"
 # LiteLLM fetches its model cost map from GitHub at start unless told to read its own copy
 # (LiteLLM's docs: proxy/configs, "Use local model cost map"); a box may reach no internet.
