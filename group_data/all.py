@@ -125,12 +125,13 @@ metrics_port = 9100
 metrics_interval_s = 30
 metrics_allow_networks = []
 
-# The fleet endpoint (spark/fleet.py): planned and checked now, deployed later.
+# The fleet as one endpoint (spark/fleet.py, docs/router.md): LiteLLM's proxy on the router box.
 router_box = None  # None: the head (of independent boxes, the first)
 router_failover_box = None
 router_port = 10100
 router_health_interval_s = 10
 router_memory_gib = 1.0
+router_pip_index = None  # None: pip's own default index
 
 # Every box's data, as pyinfra reads it (this file whole, wherever this line is, every other
 # group_data file, the command line's --data), checked before pyinfra connects to any box.

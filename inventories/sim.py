@@ -64,6 +64,9 @@ spark = [
             # once it lands, within the deploy; on real boxes it takes hours (group_data says why).
             "fetch_weights": True,
             "hf_endpoint": _lab["hub"],
+            # The router's pinned wheels from the lab's package index (tests/simlab/pypi.py):
+            # the lab's hosts reach no public index.
+            "router_pip_index": _lab["pypi"],
             # The NCCL test on the lab: its veths carry the stand-in's TCP, on a small machine
             # other labs share, so the mark is the lab's, not a Spark's 21.875: the stand-in's
             # all_gather of 4 MiB on this machine at a load average of 21 gave 0.78 GB/s of bus

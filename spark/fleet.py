@@ -84,6 +84,17 @@ RouterMemory = Annotated[
         gt=0,
     ),
 ]
+PipIndex = Annotated[
+    str | None,
+    option(
+        "None (pip's own default index), or the URL of a PEP 503 simple index holding the"
+        " router's pinned wheels, e.g. 'https://mirror.example.internal/simple/'",
+        why="The router box installs LiteLLM's whole resolved set (spark/router.py,"
+        " spark/data/) with pip; boxes that reach no public index name a mirror of it (PEP 503).",
+        scope="fleet",
+        pattern=r"^https?://[^\s/]+(/\S*)?$",
+    ),
+]
 
 
 class RouterKeys(BaseModel):
@@ -96,6 +107,7 @@ class RouterKeys(BaseModel):
     router_port: RouterPort
     router_health_interval_s: HealthInterval
     router_memory_gib: RouterMemory
+    router_pip_index: PipIndex
 
     @classmethod
     def of(cls, settings: BaseModel) -> RouterKeys:
@@ -112,6 +124,7 @@ class Router(BaseModel):
     port: int
     health_interval_s: int
     memory_gib: float
+    pip_index: str | None
 
     @property
     def loopback_port(self) -> int:
@@ -139,6 +152,7 @@ def router(hosts: tuple[HostConfig, ...]) -> Router:
         port=keys.router_port,
         health_interval_s=keys.router_health_interval_s,
         memory_gib=keys.router_memory_gib,
+        pip_index=keys.router_pip_index,
     )
 
 

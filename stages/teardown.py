@@ -27,6 +27,7 @@ from operations import (
     teardown,
     toolkit,
 )
+from spark import router
 from spark.box_paths import MODELS_DIR
 from spark.inventory import TEARDOWN_KEYS
 from spark.plan import BoxPlan
@@ -79,11 +80,14 @@ def paths(box: BoxPlan, chosen: Options) -> list[str]:
         metrics.OUT,
         environment.PROFILE_PATH,
         hygiene.LOGIND_DROPIN,
+        # The router's cache: systemd keeps a DynamicUser's CacheDirectory under private/ with a
+        # link to it (systemd.exec: DynamicUser=), and removes neither when the unit goes.
+        *router.CACHE_DIRS,
     ]
     if chosen.weights:
         found.append(VAR)
     else:
-        found += [nccl.RESULT_DIR, ray.SESSION_DIR, ray.RAY_CHECKED]
+        found += [nccl.RESULT_DIR, ray.SESSION_DIR, ray.RAY_CHECKED, router.ROUTER_DIR]
     if chosen.driver:
         found += [driver.PIN_PATH, kernel.HOLD_PIN, toolkit.LIST_PATH, toolkit.KEYRING]
     return found

@@ -178,6 +178,9 @@ def test_the_paths_by_option() -> None:
     )
     assert "/etc/nginx/conf.d/spark-lanes.conf" in default
     assert "/etc/profile.d/spark-cluster-env.sh" in default
+    # The router's virtualenv, and its cache (a DynamicUser's: under private/, linked).
+    assert {"/var/lib/spark/router", "/var/cache/spark-router",
+            "/var/cache/private/spark-router"} <= set(default)  # fmt: skip
     # The models stay, unless asked: then /var/lib/spark goes whole.
     assert "/var/lib/spark" not in default
     assert "/var/lib/spark" in stage.paths(box, stage.Options(weights=True))

@@ -13,7 +13,9 @@ repository is signed with its own throwaway key, made on the first build and kep
 from __future__ import annotations
 
 import gzip
+import hashlib
 import os
+import shutil
 import subprocess
 import tempfile
 from collections.abc import Iterator
@@ -21,7 +23,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from tests.simlab.paths import log
+from tests.simlab.paths import CACHE, log
 from tests.simlab.rootfs import ensure_host_tools
 
 FILES = Path(__file__).parent / "files"
@@ -54,6 +56,13 @@ TOOLKIT_VERSIONS = ["1.19.0-1", "1.18.0-1"]
 # front): the real Debian packages of this machine's release, which the lab's hosts run.
 DISTRIBUTION_PACKAGES = [
     "nftables", "libnftables1", "nginx", "nginx-common", "prometheus-node-exporter",
+    # python3-venv for the router's virtualenv (operations/router.py), with what it depends on.
+    # python3.11-venv depends on python3.11 at its own version: the archive's newest build of
+    # python3.11 comes with it, as an upgrade of the base image's (built from the release's first
+    # point releases), as apt does on a box whose archive moved on.
+    "python3-venv", "python3.11-venv", "python3-pip-whl", "python3-setuptools-whl",
+    "python3-distutils", "python3-lib2to3", "python3.11", "python3.11-minimal",
+    "libpython3.11-stdlib", "libpython3.11-minimal",
 ]  # fmt: skip
 # Fixed timestamps make the .debs byte-identical from build to build, so a rebuild never
 # changes a package behind a host's cached package lists.
@@ -211,12 +220,24 @@ def build_repositories(dest: Path) -> None:
 
 
 def _download(names: list[str], repo_dir: Path) -> None:
-    """This machine's .debs of these packages into repo_dir (apt's lists refreshed if need be)."""
-    command = ["apt-get", "download", "-qq", *names]
-    quiet = {"stdin": subprocess.DEVNULL, "capture_output": True}
-    if subprocess.run(command, cwd=repo_dir, check=False, **quiet).returncode != 0:
-        subprocess.run(["apt-get", "update", "-qq"], check=True, **quiet)
-        subprocess.run(command, cwd=repo_dir, check=True, **quiet)
+    """This machine's .debs of these packages into repo_dir, downloaded once into the cache (apt's
+    lists refreshed if need be) and copied from there at each build."""
+    key = hashlib.sha256(" ".join(names).encode()).hexdigest()[:12]
+    cached = CACHE / f"distribution-debs-{key}"
+    if not cached.exists():
+        staging = Path(tempfile.mkdtemp(prefix="distribution-debs-", dir=CACHE))
+        command = ["apt-get", "download", "-qq", *names]
+        quiet = {"stdin": subprocess.DEVNULL, "capture_output": True}
+        if subprocess.run(command, cwd=staging, check=False, **quiet).returncode != 0:
+            subprocess.run(["apt-get", "update", "-qq"], check=True, **quiet)
+            subprocess.run(command, cwd=staging, check=True, **quiet)
+        staging.chmod(0o755)
+        try:
+            staging.rename(cached)
+        except OSError:  # another lab's build cached them first
+            shutil.rmtree(staging)
+    for deb in cached.glob("*.deb"):
+        shutil.copy2(deb, repo_dir)
 
 
 def _build_deb(package: Package, repo_dir: Path) -> None:
