@@ -126,6 +126,7 @@ metrics_interval_s = 30
 metrics_allow_networks = []
 
 # The fleet as one endpoint (spark/fleet.py, docs/router.md): LiteLLM's proxy on the router box.
+fleet_router = True
 router_box = None  # None: the head (of independent boxes, the first)
 router_failover_box = None
 router_port = 10100

@@ -64,8 +64,12 @@ spark = [
             # once it lands, within the deploy; on real boxes it takes hours (group_data says why).
             "fetch_weights": True,
             "hf_endpoint": _lab["hub"],
-            # The router's pinned wheels from the lab's package index (tests/simlab/pypi.py):
-            # the lab's hosts reach no public index.
+            # The fleet's router is left to the lab's own tests of it (tests/e2e/test_router.py,
+            # inventory router_inventory.py): its 119 packages took 208-247 s to install and
+            # LiteLLM 88-109 s to start on the lab's busy 2-core machine, in every deploy of a
+            # bare lab. Its pinned wheels come from the lab's package index
+            # (tests/simlab/pypi.py): the lab's hosts reach no public index.
+            "fleet_router": False,
             "router_pip_index": _lab["pypi"],
             # The NCCL test on the lab: its veths carry the stand-in's TCP, on a small machine
             # other labs share, so the mark is the lab's, not a Spark's 21.875: the stand-in's

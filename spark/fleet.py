@@ -31,6 +31,17 @@ LOOPBACK_OFFSET = 1000
 
 # The router's keys (group_data/all.py gives their defaults): HostSettings declares them with
 # these types, so each is written once.
+FleetRouter = Annotated[
+    bool,
+    option(
+        "True or False",
+        why="One router serves every lane of every box under one URL and one fleet key (issue"
+        " 38). It costs its box 119 pinned packages (744 MB installed, spark/router.py) and"
+        " 357-362 MiB of unified memory; False leaves each lane's own endpoint alone (`make"
+        " clients` then writes a provider per lane).",
+        scope="fleet",
+    ),
+]
 RouterBox = Annotated[
     str | None,
     option(
@@ -102,6 +113,7 @@ class RouterKeys(BaseModel):
 
     model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
 
+    fleet_router: FleetRouter
     router_box: RouterBox
     router_failover_box: FailoverBox
     router_port: RouterPort
@@ -143,12 +155,13 @@ def reference(hosts: tuple[HostConfig, ...]) -> HostConfig:
 
 def router(hosts: tuple[HostConfig, ...]) -> Router:
     """The router as the reference box's keys give it: on router_box, else on the reference
-    box, then on router_failover_box where one is named."""
+    box, then on router_failover_box where one is named; on no box with fleet_router False."""
     keys = reference(hosts).router
     first = keys.router_box or reference(hosts).name
     failover = keys.router_failover_box
+    boxes = (first, failover) if failover else (first,)
     return Router(
-        boxes=(first, failover) if failover else (first,),
+        boxes=boxes if keys.fleet_router else (),
         port=keys.router_port,
         health_interval_s=keys.router_health_interval_s,
         memory_gib=keys.router_memory_gib,
@@ -164,6 +177,8 @@ def problems(hosts: tuple[HostConfig, ...], cluster: Lane | None) -> list[str]:
     found = key_problems(hosts)
     names = [host.name for host in hosts]
     endpoint = router(hosts)
+    if not endpoint.boxes:  # fleet_router False: no router, nothing of it to check
+        return found
     found += [
         f"{', '.join(names)}: {key}: {box!r} is no box of the inventory ({', '.join(names)});"
         f" name one of them, or None ({none})"

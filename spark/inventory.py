@@ -445,6 +445,7 @@ class HostSettings(BaseModel):
         why="Narrows who may reach the metrics endpoint at all, beside its key.",
     )
     # The fleet endpoint (spark/fleet.py), checked across the boxes in load_from_dicts.
+    fleet_router: fleet.FleetRouter
     router_box: fleet.RouterBox
     router_failover_box: fleet.FailoverBox
     router_port: fleet.RouterPort

@@ -129,6 +129,8 @@ def route_line(route: Route) -> str:
 
 
 def fleet_text(endpoint: FleetEndpoint) -> str:
+    if not endpoint.boxes:
+        return "\n".join(["the fleet endpoint", *rows("router", ["none (fleet_router = False)"])])
     first, *failover = endpoint.boxes
     where = f"{first.name} ({first.address})" + "".join(
         f", failover {box.name} ({box.address})" for box in failover

@@ -1,5 +1,7 @@
 """The fleet's router on the shared deployed lab (issue 38): LiteLLM's proxy, installed by the
-deploy from the lab's package index on the head (spark-1), behind its front on router_port.
+deploy from the lab's package index on the head (spark-1), behind its front on router_port. The
+lab's own inventory leaves the router off (inventories/sim.py says why): this module deploys
+tests/e2e/router_inventory.py over it, and the boxes are made bare again after it.
 
 The lab's inventory serves group_data's two lanes on both boxes: each served name has a replica
 on each box. Which lane answered a request is LiteLLM's `x-litellm-model-api-base` response
@@ -11,19 +13,25 @@ from __future__ import annotations
 import http.client
 import json
 import time
+from collections.abc import Iterator
 
 import pytest
 
+from spark import box_paths
 from spark.plan import FleetEndpoint
+from spark.router import ENVIRONMENT as ROUTER_ENVIRONMENT
 from stages.settings import plan, read_inventory
-from tests.conftest import Deployed, pyinfra, run_on
-from tests.e2e.runs import INVENTORY
+from tests.conftest import Deployed, pyinfra, reimage_all, run_on
+from tests.e2e.runs import output_of
 from tests.e2e.test_host_layer import changes
+from tests.e2e.test_secrets import LANES, SEARCH, as_root
 from tests.simlab import lab as simlab
 from tests.simlab.paths import REPO
 from tests.simlab.waits import patiently, until
 
 pytestmark = pytest.mark.lab
+
+INVENTORY = "tests/e2e/router_inventory.py"
 
 API_BASE = "x-litellm-model-api-base"  # LiteLLM's header: the deployment that answered
 # The router's start after a reboot: the box's boot, its lanes, then LiteLLM's own start
@@ -32,12 +40,20 @@ BACK_AFTER_REBOOT_S = 600
 TIMEOUT_S = 60
 
 
+@pytest.fixture(scope="module")
+def routed(deployed_lab: Deployed) -> Iterator[Deployed]:
+    """The deployed lab with the router turned on: one deploy adds it to the head."""
+    result = pyinfra(INVENTORY, "deploy.py")
+    yield Deployed(deployed_lab.lab, output_of(result))
+    reimage_all(deployed_lab.lab)  # no router left behind for the modules after
+
+
 def endpoint() -> FleetEndpoint:
     """The lab inventory's fleet endpoint, as the deploy planned it."""
     return plan(read_inventory(str(REPO / INVENTORY))).fleet
 
 
-def fleet_key(router: simlab.Host) -> str:
+def fleet_key_of(router: simlab.Host) -> str:
     return run_on(router, f"sudo cat {endpoint().key_path}").strip()
 
 
@@ -70,11 +86,11 @@ def chat(
 
 
 def test_one_url_lists_and_answers_every_model_of_both_boxes_behind_the_fleet_key(
-    deployed_lab: Deployed,
+    routed: Deployed,
 ) -> None:
     fleet = endpoint()
-    router = deployed_lab.lab.host(fleet.boxes[0].name)
-    key = fleet_key(router)
+    router = routed.lab.host(fleet.boxes[0].name)
+    key = fleet_key_of(router)
     where = (router.mgmt_ip, fleet.port)
     names = {route.served_name for route in fleet.routes}
     status, _, body = patiently(lambda: request(*where, "GET", "/v1/models", key), 120, "models")
@@ -100,19 +116,19 @@ def test_one_url_lists_and_answers_every_model_of_both_boxes_behind_the_fleet_ke
     assert answered == lanes
 
 
-def test_a_second_deploy_changes_nothing(deployed_lab: Deployed) -> None:
+def test_a_second_deploy_changes_nothing(routed: Deployed) -> None:
     again = pyinfra(INVENTORY, "deploy.py")
     assert changes(again) == 0, again.stdout
 
 
-def test_a_replica_stopped_is_skipped_within_one_health_interval(deployed_lab: Deployed) -> None:
+def test_a_replica_stopped_is_skipped_within_one_health_interval(routed: Deployed) -> None:
     fleet = endpoint()
-    router = deployed_lab.lab.host(fleet.boxes[0].name)
-    key = fleet_key(router)
+    router = routed.lab.host(fleet.boxes[0].name)
+    key = fleet_key_of(router)
     where = (router.mgmt_ip, fleet.port)
     route = next(route for route in fleet.routes if len(route.backends) > 1)
     stopped, kept = route.backends[1], route.backends[0]
-    box = deployed_lab.lab.host(stopped.box)
+    box = routed.lab.host(stopped.box)
     run_on(box, f"sudo systemctl stop spark-lane-{stopped.lane}.service")
     try:
         time.sleep(fleet.health_interval_s)  # one health check of every lane since
@@ -125,13 +141,40 @@ def test_a_replica_stopped_is_skipped_within_one_health_interval(deployed_lab: D
         run_on(box, f"sudo systemctl start spark-lane-{stopped.lane}.service")
 
 
-def test_a_reboot_of_the_routers_box_brings_the_endpoint_back(deployed_lab: Deployed) -> None:
+def test_a_reboot_of_the_routers_box_brings_the_endpoint_back(routed: Deployed) -> None:
     fleet = endpoint()
     simlab.reboot(fleet.boxes[0].name)
     router = simlab.Lab.load().host(fleet.boxes[0].name)
-    key = fleet_key(router)
+    key = fleet_key_of(router)
 
     def serving() -> bool:
         return chat(router.mgmt_ip, fleet.port, key, fleet.routes[0].served_name)[0] == 200
 
     until(serving, BACK_AFTER_REBOOT_S, "the router answering after its box's reboot", every=5)
+
+
+def test_the_fleet_key_and_the_lane_keys_are_in_their_files_and_nowhere_else(
+    routed: Deployed,
+) -> None:
+    """The router's box holds the fleet key and, in the router's environment file (root 0600,
+    read by systemd), every lane's key of the fleet; no argv, unit file, journal, container,
+    world-readable file or pyinfra output holds any of them (tests/e2e/test_secrets.py's search)."""
+    fleet = endpoint()
+    router = routed.lab.host(fleet.boxes[0].name)
+    fleet_key = fleet_key_of(router)
+    assert len(fleet_key) == 43  # 32 random bytes, base64 unpadded, as a lane's
+    lane_keys = {
+        (host.name, lane["name"]): run_on(host, f"sudo cat {box_paths.key_path(lane['name'])}")
+        for host in routed.lab.hosts
+        for lane in LANES
+    }
+    every = [fleet_key, *(key.strip() for key in lane_keys.values())]
+    environment = run_on(router, f"sudo stat -c '%U %a' {ROUTER_ENVIRONMENT}").strip()
+    assert environment == "root 600", environment
+    for host in routed.lab.hosts:
+        places = set(as_root(host, SEARCH, "".join(f"{secret}\n" for secret in every)).split("\n"))
+        expected = {f"secret file {box_paths.key_path(lane['name'])}" for lane in LANES}
+        if host.name == router.name:
+            expected |= {f"secret file {box_paths.FLEET_KEY}", f"secret file {ROUTER_ENVIRONMENT}"}
+        assert places - {""} == expected, f"{host.name}: secrets found in {places}"
+    assert not [secret for secret in every if secret in routed.output], "a key in pyinfra's output"
