@@ -24,10 +24,8 @@ class LlamaCpp:
     """The engine record of llama.cpp (spark/engines/record.py: Engine)."""
 
     name = "llama.cpp"
-    # /health answers 200 once the model is loaded, 503 while it loads; /metrics with --metrics,
-    # which the lane gives (tools/server/README.md).
+    # 200 once the model is loaded, 503 while it loads (tools/server/README.md: GET /health).
     health_path = "/health"
-    metrics_path = "/metrics"
     key_variable = llamacpp.KEY_VARIABLE
     replaces_entrypoint = True  # ENTRYPOINT ["/app/llama-server"] (spark/llamacpp.py: SERVER)
     holds_hf_cli = False  # a llama.cpp image has no Python, no `hf`

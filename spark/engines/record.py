@@ -21,13 +21,12 @@ class ModelAtStart:
 
 
 class Engine(Protocol):
-    """A lane engine: its release data and option checks, its command line, health and metrics
-    paths, memory model and the canary's causes. The lane, the planner and the operations ask
-    this record, never the engine's name."""
+    """A lane engine: its release data and option checks, its command line, health path, memory
+    model (its KV cache default) and the canary's causes. The lane, the planner and the
+    operations ask this record, never the engine's name."""
 
     name: str  # the lane's `engine` value
     health_path: str  # answers 200 once the model is loaded (the unit's start waits for it)
-    metrics_path: str  # its Prometheus metrics, served behind the metrics key
     key_variable: str  # the server's own variable for the API key (never argv)
     replaces_entrypoint: bool  # the image's entrypoint is the server: a shell replaces it
     holds_hf_cli: bool  # its images carry huggingface_hub's `hf`, which can fetch weights

@@ -63,18 +63,16 @@ SECRET_ENV = frozenset(
 
 
 class Vllm:
-    """The engine record of vLLM (spark/engines/__init__.py: Engine)."""
+    """The engine record of vLLM (spark/engines/record.py: Engine)."""
 
     name = "vllm"
-    # Both answer 200 once the model is loaded (vLLM's api_server: /health; /metrics, its
-    # Prometheus metrics, on by default).
+    # vLLM's api_server listens once the model is loaded; /health answers 200 while it lives.
     health_path = "/health"
-    metrics_path = "/metrics"
-    # vLLM reads its API key from VLLM_API_KEY where --api-key is not given (vLLM's
-    # serving/openai_compatible_server.md; vllm/entrypoints/openai/cli_args.py).
+    # vLLM's own variable for the key, read where --api-key is not given (vllm/envs.py, in each
+    # release's spark/data/vllm-*-env-vars.json; vLLM's build_app: --api-key wins over it).
     key_variable = "VLLM_API_KEY"
     replaces_entrypoint = False  # NGC's entrypoint runs the command it is given
-    holds_hf_cli = True  # huggingface_hub's `hf` is in every vLLM image (a vLLM dependency)
+    holds_hf_cli = True  # huggingface_hub, a dependency of vLLM, brings its `hf` command
     default_kv_cache = None  # the model's own dtype (vLLM's --kv-cache-dtype auto)
 
     def problems(self, lane: Lane) -> list[str]:
