@@ -9,7 +9,7 @@ STAMP := $(VENV)/.installed-$(shell sha256sum requirements.txt | cut -c1-12)
 INVENTORY ?= inventories/lab.py
 
 .PHONY: venv demo test unit plan compliance lane-bench lab-up lab-down bench copy-bench \
-	router-bench prometheus-config status clients
+	router-bench prometheus-config status clients variables
 
 $(STAMP): requirements.txt
 	@command -v python3 >/dev/null && python3 -c 'import venv, ensurepip' 2>/dev/null \
@@ -64,11 +64,16 @@ unit: $(STAMP)
 plan: $(STAMP)
 	$(PY) -m stages.show_plan --inventory $(INVENTORY) $(if $(BOX),--box $(BOX)) $(if $(JSON),--json)
 
+# docs/variables.md, the inventory's variables reference, written from the keys' declarations
+# (spark/inventory.py, spark/fleet.py, spark/lane.py) and group_data/all.py's defaults.
+variables: $(STAMP)
+	$(PY) -m tools.options_reference
+
 # Is every box still what the inventory says? Read-only; INVENTORY=inventories/sim.py for the lab.
 compliance: $(STAMP)
 	$(PY) -m pytest -p no:cacheprovider tests/compliance --inventory $(INVENTORY) -n 4 --dist loadgroup
 
-# A Prometheus configuration for the inventory's boxes (README: Watching the fleet): OUT/prometheus.yml
+# A Prometheus configuration for the inventory's boxes (docs/reference.md: Watching the fleet): OUT/prometheus.yml
 # (a scrape job per box, its key read from KEYS=<dir>, else where make clients puts it) and
 # OUT/spark-rules.yml (the alerts); no box is contacted.
 prometheus-config: $(STAMP)
@@ -77,18 +82,18 @@ prometheus-config: $(STAMP)
 
 # One table for the whole inventory from the boxes' metrics endpoints (no SSH); exit 1 when anything
 # is red. KEYS=<dir> where the boxes' metrics keys are, if not where make clients puts them
-# (<box>.key; README: Watching the fleet).
+# (<box>.key; docs/reference.md: Watching the fleet).
 status: $(STAMP)
 	@$(PY) -m stages.status --inventory $(INVENTORY) $(if $(KEYS),--keys-dir $(KEYS))
 
 # Every lane's key copied from its box into OpenCode's configuration directory (DIR=<dir>, else
-# ~/.config/opencode), 0600, and one opencode.json for the whole fleet (README: Keys to clients);
+# ~/.config/opencode), 0600, and one opencode.json for the whole fleet (docs/reference.md: Keys to clients);
 # each box's metrics key, 0600 too, where make status and make prometheus-config read it (KEYS).
 clients: $(STAMP)
 	$(PY) -m stages.clients --inventory $(INVENTORY) $(if $(DIR),--dir $(DIR)) \
 	  $(if $(KEYS),--metrics-keys-dir $(KEYS))
 
-# Every lane of every box measured against the field's figures (README: Lanes). It loads each
+# Every lane of every box measured against the field's figures (docs/reference.md: Lanes). It loads each
 # lane for about a minute, one lane of one box at a time: run it deliberately (deploy.py never
 # does); INVENTORY=inventories/sim.py for the lab, whose stand-ins give only their own numbers.
 lane-bench: $(STAMP)
@@ -110,7 +115,7 @@ bench: $(STAMP)
 copy-bench: $(STAMP)
 	$(PY) -m bench.copy_rate $(COPY_BENCH_ARGS)
 
-# The fleet's router (LiteLLM's proxy, pinned; README: One endpoint for the fleet) against the lane
+# The fleet's router (LiteLLM's proxy, pinned; docs/design.md: the router) against the lane
 # directly, on loopback with the vLLM stand-in: time to first token and requests/s at 16
 # concurrent as ratios, its memory; installs its own virtualenv under SPARK_ROUTER_CACHE
 # (default /var/cache/spark-router); writes router-results.json.

@@ -6,7 +6,7 @@ loads each lane for about a minute, so deploy.py never runs it.
 On each box, for each lane it serves (a cluster lane on the head), one lane after the other, the
 probe the deploy wrote (/usr/local/sbin/spark-lane-bench, templates/spark-lane-bench.j2) measures
 the lane's vLLM on loopback and prints its table and a JSON line; the model catalog's figures
-for the lane's model (operations/data/model-catalog.json) go with it. A lane that does not answer
+for the lane's model (spark/data/model-catalog.json) go with it. A lane that does not answer
 fails on its box, saying why; the box's other lanes are measured all the same.
 """
 

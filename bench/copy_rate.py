@@ -44,7 +44,7 @@ SERVE = REPO / "files" / "spark_serve.py"
 FETCH = REPO / "files" / "spark_fetch.py"
 MODEL = "bench/model"
 COMMIT = hashlib.sha1(MODEL.encode()).hexdigest()  # any 40 hex digits: the fetcher echoes it
-PORT = 60991  # operations/weights.py's share port (README: From the internet once per fleet)
+PORT = 60991  # operations/weights.py's share port (docs/reference.md: The weights)
 # The plan's fabric MTU (spark/inventory.py FABRIC_MTU; not imported: that needs pydantic).
 MTU = 9000
 SERVER_NS, CLIENT_NS = "copybench-serve", "copybench-fetch"

@@ -3,7 +3,7 @@
     python -m bench.router [--ttft-samples 30] [--rps-seconds 5] [--rps-rounds 3]
                            [--json router-results.json]
 
-The router is LiteLLM's proxy (README: One endpoint for the fleet), pinned (LITELLM), installed
+The router is LiteLLM's proxy (docs/design.md: the router), pinned (LITELLM), installed
 by this bench into a virtualenv of its own under SPARK_ROUTER_CACHE (default
 /var/cache/spark-router), outside the clone, as the lab keeps its images. Its lanes are the lab's
 vLLM stand-in (tests/simlab/serving/vllm_standin.py) run as processes on loopback addresses, each

@@ -1,14 +1,16 @@
 """Your Sparks. Edit the names, the SSH user and the fabric addresses, then:
 
-    pyinfra inventories/lab.py deploy.py --dry     # the plan, nothing changed
-    pyinfra inventories/lab.py deploy.py           # apply
+    .venv/bin/pyinfra inventories/lab.py deploy.py --dry     # the plan, nothing changed
+    .venv/bin/pyinfra inventories/lab.py deploy.py           # apply
 
 Defaults for every box (driver branch, MTU, GID index, toolkit version...) are in
-group_data/all.py; anything set here for one box overrides them for that box.
+group_data/all.py; anything set here for one box overrides them for that box. Every key, its
+type, default and why: docs/variables.md.
 
 Three boxes in a ring (fabric_topology = "ring3" in group_data/all.py, port 0 of each box cabled
 to port 1 of the next): leave fabric_addresses out (the deploy derives them) and give each box
-its address on the management port, where a ring's rendezvous goes (README, Fabric shapes):
+its address on the management port, where a ring's rendezvous goes (docs/reference.md, Fabric
+shapes):
 
     ("spark-3.local", {**_ssh, "spark_role": "worker", "management_address": "10.0.0.23"}),
 
@@ -29,7 +31,9 @@ if Path.cwd().resolve() != _collection:
 _ssh = {
     "ssh_user": "nvidia",  # the admin user created at first boot
     # "ssh_key": "~/.ssh/id_ed25519",
-    "_sudo": True,  # add --use-sudo-password if sudo asks for one
+    # When sudo asks for a password, pyinfra asks for it on the terminal (--same-sudo-password:
+    # once, before connecting); make clients and make compliance need sudo without one (README).
+    "_sudo": True,
 }
 
 spark = [

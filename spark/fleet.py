@@ -12,9 +12,10 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict
 
 from spark.memory import box_budget
+from spark.options import option
 from spark.ports import metrics_exporter_port, port_owners
 
 if TYPE_CHECKING:
@@ -27,41 +28,60 @@ if TYPE_CHECKING:
 # allow-list), as a lane's server does: there loopback_port defaults to port + 1000.
 LOOPBACK_OFFSET = 1000
 
-# The router's keys (group_data/all.py gives their defaults and why): HostSettings declares
-# them with these types, so each is written once.
+# The router's keys (group_data/all.py gives their defaults): HostSettings declares them with
+# these types, so each is written once.
 RouterBox = Annotated[
     str | None,
-    Field(
-        description="None (the head; of independent boxes, the first), or the name of a box of"
-        " the inventory"
+    option(
+        "None (the head; of independent boxes, the first), or the name of a box of the inventory",
+        why="One router serves every lane of every box under one URL and one fleet key (issue"
+        " 38); by default where clients already go.",
+        scope="fleet",
     ),
 ]
 FailoverBox = Annotated[
     str | None,
-    Field(description="None (no failover), or the name of another box of the inventory"),
+    option(
+        "None (no failover), or the name of another box of the inventory",
+        why="A second router, so that the fleet's URL outlives its first box.",
+        scope="fleet",
+    ),
 ]
 RouterPort = Annotated[
     int,
-    Field(
-        ge=1024,
-        le=65535 - LOOPBACK_OFFSET,
-        description=f"an integer 1024..{65535 - LOOPBACK_OFFSET}: clients reach the router there,"
+    option(
+        f"an integer 1024..{65535 - LOOPBACK_OFFSET}: clients reach the router there,"
         f" through the box's front; the router itself listens on 127.0.0.1 at port +"
         f" {LOOPBACK_OFFSET} (10100)",
+        why="Beside the lanes' ports (10101, 10102: seed 003), outside Ray's and the"
+        " back-end's (spark/ports.py); behind the front, as a lane's server is.",
+        scope="fleet",
+        ge=1024,
+        le=65535 - LOOPBACK_OFFSET,
     ),
 ]
 HealthInterval = Annotated[
     int,
-    Field(
+    option(
+        "seconds between two health checks of each lane, 1..300: a lane down is"
+        " skipped within one (10)",
+        why="10 s is Kubernetes' own for its probes (periodSeconds, \"Configure Liveness,"
+        " Readiness and Startup Probes\"), what seed 000's swap behind a Kubernetes service got.",
+        scope="fleet",
         ge=1,
         le=300,
-        description="seconds between two health checks of each lane, 1..300: a lane down is"
-        " skipped within one (10)",
     ),
 ]
 RouterMemory = Annotated[
     float,
-    Field(gt=0, description="GiB of unified memory the router takes on its box (1.0)"),
+    option(
+        "GiB of unified memory the router takes on its box (1.0)",
+        why="Counted in its box's budget beside the lanes. LiteLLM's proxy measured 357-362 MiB"
+        " resident, idle and at 16 streams (`python -m bench.router`, loopback, this project's"
+        " 2-core machine); 1.0 GiB holds two workers with room for a longer model list.",
+        scope="fleet",
+        gt=0,
+    ),
 ]
 
 

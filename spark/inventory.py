@@ -21,7 +21,6 @@ from pydantic import (
     AfterValidator,
     BaseModel,
     ConfigDict,
-    Field,
     HttpUrl,
     ValidationError,
     ValidationInfo,
@@ -41,6 +40,7 @@ from spark.lane import (
     image_with_ray,
 )
 from spark.memory import box_budget
+from spark.options import option
 from spark.ports import metrics_exporter_port, port_owners
 from spark.vllm_release import nccl_deadlock_warning
 
@@ -100,90 +100,162 @@ class HostSettings(BaseModel):
 
     Field names are the data keys, so every message names the key the user edits; a
     description says what is allowed and ends the messages pydantic itself writes.
-    Defaults live in group_data/all.py, not here, except for the per-host keys.
+    Each key is declared once, with spark.options.option: its allowed values, scope and why;
+    its default lives in group_data/all.py (but for the per-host keys), and docs/variables.md
+    is generated from both.
     """
 
     model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
 
-    spark_role: Literal["head", "worker"] | None = Field(
-        None,
-        description="'head' on exactly one host, 'worker' on the others"
+    spark_role: Literal["head", "worker"] | None = option(
+        "'head' on exactly one host, 'worker' on the others"
         " (a lone host may leave it out: it is the head)",
+        why="A cluster's head serves its cluster lanes, runs Ray's GCS and rank 0 of the NCCL"
+        " test; the workers join it (docs/reference.md, A cluster, step by step).",
+        scope="host",
+        default=None,
     )
-    fabric_addresses: dict[str, str] = Field(
-        default_factory=dict,
-        description='{ifname: "A.B.C.D/prefix"}, one subnet per twin interface,'
+    fabric_addresses: dict[str, str] = option(
+        '{ifname: "A.B.C.D/prefix"}, one subnet per twin interface,'
         ' e.g. {"enp1s0f1np1": "192.168.100.10/24", "enP2p1s0f1np1": "192.168.101.10/24"}',
+        why="Each twin of a cable needs its own subnet (eugr/spark-vllm-docker"
+        " docs/NETWORKING.md); left out, each box's are derived from its place in the"
+        " inventory, one /24 per twin per cable from 192.168.100.0/24 (spark/topology.py).",
+        scope="host",
+        default_factory=dict,
     )
-    fabric_hcas: dict[str, str] = Field(
-        description='{ifname: RDMA device}, e.g. {"enp1s0f1np1": "rocep1s0f1"};'
+    fabric_hcas: dict[str, str] = option(
+        '{ifname: RDMA device}, e.g. {"enp1s0f1np1": "rocep1s0f1"};'
         " one distinct device for each fabric interface",
+        why="One QSFP DAC shows two ~200 Gb/s twins; NCCL needs every twin in use in"
+        " NCCL_IB_HCA or runs at ~3 GB/s (seed 001; dgx-spark-playbooks#102). Port 0 is next to"
+        " the RJ-45 port, port 1 further away (dgx-spark-playbooks connect-three-sparks, Step 2;"
+        " ibdev2netdev there).",
     )
-    fabric_mtu: int = Field(
+    fabric_mtu: int = option(
+        f"an integer {FABRIC_MTU}..9216, the same on every host ({FABRIC_MTU});"
+        " lower only with fabric_mtu_below_9000_because",
+        why="Jumbo frames on every fabric interface (seed 001); NVIDIA's own two-Spark guide"
+        " leaves 1500, which measured 18.9-21 GB/s of NCCL against 23.74 GB/s at 9000"
+        " (dgx-spark-playbooks#25).",
+        scope="fleet",
         ge=1500,
         le=9216,
-        description=f"an integer {FABRIC_MTU}..9216, the same on every host ({FABRIC_MTU});"
-        " lower only with fabric_mtu_below_9000_because",
     )
-    fabric_mtu_below_9000_because: str | None = Field(
-        description="None, or one line saying why the fabric runs below 9000 (e.g. a switch"
+    fabric_mtu_below_9000_because: str | None = option(
+        "None, or one line saying why the fabric runs below 9000 (e.g. a switch"
         " without jumbo frames)",
+        why="A fabric below 9000 loses NCCL bandwidth (18.9-21 GB/s at 1500 against 23.74 GB/s"
+        " at 9000: dgx-spark-playbooks#25), so it is refused unless the owner says why.",
         max_length=200,
     )
-    fabric_topology: Literal["pair", "pair-dual", "ring3", "switch", "independent"] = Field(
-        description="'pair' (one cable), 'pair-dual' (two cables, two boxes), 'ring3' (three"
+    fabric_topology: Literal["pair", "pair-dual", "ring3", "switch", "independent"] = option(
+        "'pair' (one cable), 'pair-dual' (two cables, two boxes), 'ring3' (three"
         " boxes, port 0 of each to port 1 of the next), 'switch' (2 to 8 boxes) or"
         " 'independent' (no cluster: each box its own server), the same on every host",
+        why="How the QSFP ports are cabled decides the twins used, the subnets and what NCCL is"
+        " told: pair is the field's two-box guides, ring3 NVIDIA's connect-three-sparks, switch"
+        " NVIDIA's multi-sparks-through-switch (docs/reference.md, Fabric shapes).",
+        scope="fleet",
     )
-    fabric_switch_ports: list[int] = Field(
+    fabric_switch_ports: list[int] = option(
+        "the QSFP ports cabled to the switch, [1], [0] or [1, 0] (switch only)",
+        why="A switch may take one port of each box or both; the twins NCCL uses follow.",
+        scope="fleet",
         min_length=1,
         max_length=2,
-        description="the QSFP ports cabled to the switch, [1], [0] or [1, 0] (switch only)",
     )
-    fabric_link_speed_mbps: int = Field(
-        description="200000, or 100000 for a switch whose ports run at 100 Gb/s",
+    fabric_link_speed_mbps: int = option(
+        "200000, or 100000 for a switch whose ports run at 100 Gb/s",
+        why='A Spark\'s ConnectX-7 links each twin at 200 Gb/s (ibstat "Rate: 200":'
+        " geerlingguy/sbc-reviews#92). A slower twin is a known fault: a switch port"
+        " auto-negotiating 100G (the field forces 200G on MikroTik CRS8xx), a degraded ConnectX"
+        " start (dgx-spark-playbooks PR#108), a reseated or damaged cable.",
     )
-    fabric_link_speed_low: Literal["refuse", "warn"] = Field(
-        description="'refuse' (stop the box) or 'warn' when a twin links below"
-        " fabric_link_speed_mbps",
+    fabric_link_speed_low: Literal["refuse", "warn"] = option(
+        "'refuse' (stop the box) or 'warn' when a twin links below fabric_link_speed_mbps",
+        why="'warn' says so loudly and goes on (a pair behind a 100G switch, say): `make status`"
+        " and the alerts then show it as a warning, not red.",
     )
-    management_ifname: str = Field(
-        description="the management interface, enP7s7 on a Spark (a ring's sockets use it)"
+    management_ifname: str = option(
+        "the management interface, enP7s7 on a Spark (a ring's sockets use it)",
+        why="The 10 GbE RJ-45 port: a ring's sockets (NCCL bootstrap, Gloo) use it, as no fabric"
+        " subnet reaches every box (eugr/spark-vllm-docker docs/NETWORKING.md, 3-node mesh;"
+        " NVIDIA's spark_cluster_setup.py run_nccl_test).",
     )
-    management_address: str | None = Field(
-        None,
-        description="None, or the box's IPv4 address on management_ifname, A.B.C.D (`ip -4 -br"
+    management_address: str | None = option(
+        "None, or the box's IPv4 address on management_ifname, A.B.C.D (`ip -4 -br"
         " address show enP7s7`); needed on every box of a ring3, whose rendezvous uses it",
+        why="On a ring the head's management address is MASTER_ADDR and each box's is"
+        " VLLM_HOST_IP, as NVIDIA's spark_cluster_setup.py does.",
+        scope="host",
+        default=None,
     )
-    roce_gid_index: int = Field(
-        ge=0, le=255, description="an integer 0..255 (where the RoCE v2 + IPv4 entry should be: 3)"
+    roce_gid_index: int = option(
+        "an integer 0..255 (where the RoCE v2 + IPv4 entry should be: 3)",
+        why="NVIDIA's design puts it at 3 (seed 001). NCCL finds the entry itself wherever it is"
+        " (no NCCL_IB_GID_INDEX: it was seen at 4 on one box of two,"
+        " GLM-5.3-Flash-EXL3-2x-DGX-Sparks PR#26, and moving after a network re-apply,"
+        " sparkring#186); the deploy checks each twin has exactly one and says where when it is"
+        " not here.",
+        ge=0,
+        le=255,
     )
-    fabric_kernel_kho_off: bool = Field(
-        description="True (a box of the fabric on a 7.x kernel gets kho=off through GRUB) or"
-        " False (such a box is refused with the fix)"
+    fabric_kernel_kho_off: bool = option(
+        "True (a box of the fabric on a 7.x kernel gets kho=off through GRUB) or"
+        " False (such a box is refused with the fix)",
+        why="Kernels 7.0 and later, as DGX OS 7.6 ships them (7.0.0-1019-nvidia), turn kexec"
+        " handover on at boot, and RDMA memory registration then fails under GPU memory pressure"
+        " (`ibv_reg_mr_iova2 failed with error Cannot allocate memory`; 6.17.0-1032 passes): the"
+        " fabric's NCCL breaks. The boot option kho=off is the workaround (NVIDIA/NV-Kernels PRs"
+        " 590, 591); a reboot is needed after it.",
     )
-    fabric_take_over_netplan: bool = Field(
-        description="True (netplan files naming a fabric twin, NVIDIA's 40-cx7.yaml, moved aside"
-        " once, a dated copy beside each) or False (such a box is refused, naming the files)"
+    fabric_take_over_netplan: bool = option(
+        "True (netplan files naming a fabric twin, NVIDIA's 40-cx7.yaml, moved aside"
+        " once, a dated copy beside each) or False (such a box is refused, naming the files)",
+        why="NVIDIA's two-Spark guide writes /etc/netplan/40-cx7.yaml (dgx-spark-playbooks"
+        " connect-two-sparks, Step 3, Option 1); netplan's boot generator makes NetworkManager a"
+        " profile of its own from it beside the deploy's (canonical/netplan doc/netplan.md). A"
+        " file that configures more than twins, or is no YAML, stays and stops the box.",
     )
-    kernel_hold: bool = Field(
-        description="True (the kernel metapackages held, apt pinned to the running kernel's"
-        " ABI) or False"
+    kernel_hold: bool = option(
+        "True (the kernel metapackages held, apt pinned to the running kernel's ABI) or False",
+        why="Owners ask fleet tools for kernel holds: no upgrade then moves a fleet off a"
+        " known-good kernel (DGX OS 7.6 moved boxes to 7.0, see fabric_kernel_kho_off). The"
+        " owner moves it: apt-mark unhold, the pin file removed. Off: DGX OS updates the kernel"
+        " as it ships.",
     )
-    driver_branch: int = Field(description=f"the integer {SUPPORTED_BRANCH}")
-    driver_package: str = Field(
-        description=f"nvidia-driver-{SUPPORTED_BRANCH}-open or nvidia-driver-{SUPPORTED_BRANCH}"
+    driver_branch: int = option(
+        f"the integer {SUPPORTED_BRANCH}",
+        why="590.x has a confirmed CUDA-graph deadlock on GB10 (seed 001).",
     )
-    driver_version: str | None = Field(
-        None,
-        description="None (the build of the branch apt installs first, kept), or a Debian"
+    driver_package: str = option(
+        f"nvidia-driver-{SUPPORTED_BRANCH}-open or nvidia-driver-{SUPPORTED_BRANCH}",
+        why="Installed when no 580 driver package is present; DeepOps installs the -open flavour"
+        " on DGX OS 7 (NVIDIA/deepops roles/nvidia-dgx/vars/ubuntu-24.04.yml).",
+    )
+    driver_version: str | None = option(
+        "None (the build of the branch apt installs first, kept), or a Debian"
         f" version of branch {SUPPORTED_BRANCH} that `apt-cache madison"
-        f" nvidia-driver-{SUPPORTED_BRANCH}-open` lists, e.g. 580.159.04-0ubuntu1",
+        f" nvidia-driver-{SUPPORTED_BRANCH}-open` lists, e.g. 580.159.03-0ubuntu1",
+        why="A held box never moves by itself: an upgrade under a loaded module leaves"
+        ' nvidia-smi failing with "Driver/library version mismatch" until a reboot'
+        " (oddmario/NVIDIA-Ubuntu-Driver-Guide#4). A newer build of the branch (a security"
+        " fix): the deploy moves every driver package there, holds them again and says the box"
+        " needs a reboot.",
+        default=None,
     )
-    gpu_clock_lock_mhz: tuple[int, int] | None = Field(
-        description="(min, max): the MHz `nvidia-smi -lgc min,max` locks the GPU's graphics clock"
+    gpu_clock_lock_mhz: tuple[int, int] | None = option(
+        "(min, max): the MHz `nvidia-smi -lgc min,max` locks the GPU's graphics clock"
         f" to at every boot, integers with 0 <= min <= max <= {GB10_MAX_GRAPHICS_MHZ} (a GB10's"
-        " highest), e.g. (300, 2200); None or False: no lock"
+        " highest), e.g. (300, 2200); None or False: no lock",
+        why="A hot GB10 powers OFF (no reboot, no log, standby until AC is cycled) seconds into"
+        " a 131k-token prefill at default clocks, boosting to ~2400 MHz: 2 losses in 22 long"
+        " onsets on one unit, none in 15 locked; 0 in 66 long-input onsets with the lock on a"
+        " loaded 7-unit pod. Cost: 1-3% of decode at one user, none at 32"
+        " (capetron/gb10-cluster-bench docs/power-offs-and-clock-lock.md; the same power-offs in"
+        " tonyd2wild/dgx-spark-hard-poweroff-fix and NVIDIA forum threads 373251 and 377478,"
+        " where a user locks 300,2400; caps of 2100-2400 are reported).",
     )
     toolkit_version: Annotated[
         str,
@@ -192,90 +264,185 @@ class HostSettings(BaseModel):
             "{!r} is not a Debian version; use one that `apt-cache madison"
             " nvidia-container-toolkit` lists, e.g. 1.19.0-1",
         ),
-    ] = Field(description="a Debian version of nvidia-container-toolkit, e.g. 1.19.0-1")
-    toolkit_repo_url: str = Field(description="an https:// or file:/// URL of the apt repository")
-    toolkit_repo_key_url: str = Field(description="an https:// or file:/// URL of the signing key")
-    env_file: str = Field(description="an absolute path, e.g. /etc/spark/cluster.env")
-    nccl_debug: bool = Field(description="True or False")
-    nccl_test: bool = Field(description="True or False (the NCCL test of a cluster)")
-    nccl_test_min_busbw_gbs: float | None = Field(
+    ] = option(
+        "a Debian version of nvidia-container-toolkit, e.g. 1.19.0-1",
+        why="Pinned and held as NVIDIA's install guide pins it, so `apt upgrade` leaves it.",
+    )
+    toolkit_repo_url: str = option(
+        "an https:// or file:/// URL of the apt repository",
+        why="NVIDIA's apt repository for the container toolkit (NVIDIA's install guide);"
+        " $(ARCH) is left for apt to fill in.",
+    )
+    toolkit_repo_key_url: str = option(
+        "an https:// or file:/// URL of the signing key",
+        why="The repository's signing key (NVIDIA's install guide).",
+    )
+    env_file: str = option(
+        "an absolute path, e.g. /etc/spark/cluster.env",
+        why="The cluster environment file units and login shells read (no secrets go in it).",
+    )
+    nccl_debug: bool = option(
+        "True or False",
+        why="NCCL_DEBUG=INFO shows whether NCCL uses NET/IB or silently fell back to NET/Socket"
+        " (vllm PR#42075); off by default because it is verbose.",
+    )
+    nccl_test: bool = option(
+        "True or False (the NCCL test of a cluster)",
+        why="all_gather and all_reduce between the boxes, one rank per box in the serving image,"
+        " from 1 MiB up to nccl_test_max_bytes (operations/nccl.py): it fails the deploy on a"
+        " socket fallback, a twin NCCL does not use, or a bus bandwidth under the mark. It runs"
+        " again only when what it depends on changed, or when it last failed.",
+        scope="fleet",
+    )
+    nccl_test_min_busbw_gbs: float | None = option(
+        "None (the topology's pass mark: 21.875 GB/s, a ring 10), or the all_gather"
+        f" bus bandwidth in GB/s the NCCL test must reach, at most {NCCL_TEST_MAX_GBS:g}",
+        why="None takes NVIDIA's MIN_NCCL_TEST_BW for the topology (dgx-spark-playbooks"
+        " multi-sparks-through-switch spark_cluster_setup.py); above two twins' line rate"
+        " (2 x 200 Gb/s = 50 GB/s) nothing can pass.",
+        scope="fleet",
         gt=0,
         le=NCCL_TEST_MAX_GBS,
-        description="None (the topology's pass mark: 21.875 GB/s, a ring 10), or the all_gather"
-        f" bus bandwidth in GB/s the NCCL test must reach, at most {NCCL_TEST_MAX_GBS:g}",
     )
-    nccl_test_max_bytes: int = Field(
+    nccl_test_max_bytes: int = option(
+        f"bytes, {NCCL_TEST_MIN_BYTES} (1 MiB) to {NCCL_TEST_MAX_BYTES} (16 GiB):"
+        " the NCCL test's largest message (1 << 30)",
+        why="The issue's \"at least 1 GiB\"; 16 GiB is NVIDIA's -b 16G -e 16G. A cluster lane"
+        " beside the test needs about three times this free.",
+        scope="fleet",
         ge=NCCL_TEST_MIN_BYTES,
         le=NCCL_TEST_MAX_BYTES,
-        description=f"bytes, {NCCL_TEST_MIN_BYTES} (1 MiB) to {NCCL_TEST_MAX_BYTES} (16 GiB):"
-        " the NCCL test's largest message (1 << 30)",
     )
-    ray_port: int = Field(
-        ge=1024, le=32000, description="an integer 1024..32000, the head's GCS port (6379)"
+    ray_port: int = option(
+        "an integer 1024..32000, the head's GCS port (6379)",
+        why="Ray's default GCS port; Ray's next six ports follow it (operations/ray.py), and the"
+        " firewall admits them from the fabric only.",
+        ge=1024,
+        le=32000,
     )
-    ray_image: Annotated[str, AfterValidator(image_with_ray)] = Field(
-        description="registry/repository:tag of the image Ray runs in, with Ray in it,"
-        " e.g. nvcr.io/nvidia/vllm:26.04-py3"
+    ray_image: Annotated[str, AfterValidator(image_with_ray)] = option(
+        "registry/repository:tag of the image Ray runs in, with Ray in it,"
+        " e.g. nvcr.io/nvidia/vllm:26.04-py3",
+        why="The lanes' serving image: a cluster lane's ranks run in Ray's containers. NGC's"
+        " may ship without Ray (dgx-spark-playbooks#109), which the deploy refuses.",
     )
-    ray_auth: bool = Field(description="True or False (Ray's token authentication)")
-    unified_memory_gib: float = Field(
+    ray_auth: bool = option(
+        "True or False (Ray's token authentication)",
+        why="Ray has no authentication of its own by default, and whoever reaches it runs code"
+        " (CVE-2023-48022, exploited in the wild). Ray 2.52 and later take a token, made once on"
+        " this machine and copied to every box root-only; without it only the firewall keeps"
+        " others off Ray.",
+    )
+    unified_memory_gib: float = option(
+        f"the GiB CUDA reports as total memory (121.69 on a Spark), at most the"
+        f" {SPARK_MEMORY_GIB} GB the box has",
+        why="What vLLM's --gpu-memory-utilization is a fraction of: on a Spark's 128 GB LPDDR5X"
+        " CUDA reports 121.69 GiB (vLLM asks 105.87 GiB at 0.87:"
+        " MiaAI-Lab/GLM-5.3-Flash-EXL3-2x-DGX-Sparks#47), /proc/meminfo's MemTotal byte for"
+        " byte (130663006208: unslothai/unsloth PR 10486): no carve-out.",
         ge=1,
         le=SPARK_MEMORY_GIB,
-        description=f"the GiB CUDA reports as total memory (121.69 on a Spark), at most the"
-        f" {SPARK_MEMORY_GIB} GB the box has",
     )
-    lanes: list[Lane] = Field(
-        description="a list of lanes, each a dict of name, image, model, served_name, port,"
-        " memory_fraction, max_model_len and optional keys (see group_data/all.py)"
+    lanes: list[Lane] = option(
+        "a list of lanes, each a dict of name, image, model, served_name, port,"
+        " memory_fraction, max_model_len and optional keys (docs/variables.md, A lane's keys)",
+        why="The model servers of each box, started in this order, one after the other"
+        " (simultaneous starts contend for memory: seed 003). The default is the field's"
+        " two-lane appliance (seed 003); memory fractions add up to 0.80: at most 0.87 is safe,"
+        " above 0.90 is refused (seed 001). A box's own data replaces the whole list.",
     )
-    memory_guard_min_available_gib: float = Field(
+    memory_guard_min_available_gib: float = option(
+        "GiB of MemAvailable below which a lane is stopped, e.g. 8; below what the"
+        " lanes leave free",
+        why="On unified memory the box freezes (SSH too) before the OOM killer acts, and cgroup"
+        " limits do not hold CUDA allocations. The driver fails its allocations with ~2.5 GiB"
+        " still free, and the host can then wedge (open-gpu-kernel-modules#1358); MemAvailable"
+        " has fallen ~2.9 GiB/s (vllm#56824): 8.5 stops a lane the two seconds before that which"
+        " the guard needs (spark/memory.py GUARD_FLOOR_GIB). It stays clear of the default"
+        " appliance at rest (about 14 GiB left, seed 003). No floor catches a failure while"
+        " MemAvailable still counts page cache the driver does not get (22.5 GiB 'available' at"
+        " one: vllm#56824); the lanes drop it before each load.",
         gt=0,
         le=SPARK_MEMORY_GIB,
-        description="GiB of MemAvailable below which a lane is stopped, e.g. 8; below what the"
-        " lanes leave free",
     )
-    lane_start_timeout_min: int = Field(
-        ge=1, le=240, description="minutes a lane may take to load until /health answers (20)"
+    lane_start_timeout_min: int = option(
+        "minutes a lane may take to load until /health answers (20)",
+        why="A 120B model loads in about 8 minutes, a 235B one over two boxes in about 15"
+        " (seed 004).",
+        ge=1,
+        le=240,
     )
-    hf_token_file: str | None = Field(
-        description="None, or a file on this machine holding a Hugging Face token"
+    hf_token_file: str | None = option(
+        "None, or a file on this machine holding a Hugging Face token",
+        why="Gated models need a token: the deploy copies it to /etc/spark/secrets/hf-token"
+        " (root 0600) on each box, where the lanes and fetches read it, never from a command"
+        " line or an environment.",
     )
-    fetch_weights: bool = Field(
-        description="True or False (fetch a lane's missing model in the background, the lane"
-        " starting once it lands)"
+    fetch_weights: bool = option(
+        "True or False (fetch a lane's missing model in the background, the lane"
+        " starting once it lands)",
+        why="A lane itself never downloads (HF_HUB_OFFLINE=1); a ~120 GB model can take hours"
+        " per box, not a wait to hide in a deploy. False stops the box with the `hf download`"
+        " command to run; True starts a resumable, hash-checked fetch unit and goes on"
+        " (docs/reference.md, The weights).",
     )
-    hf_endpoint: HttpUrl = Field(
-        description="the Hugging Face hub the boxes fetch from, e.g. https://huggingface.co"
+    hf_endpoint: HttpUrl = option(
+        "the Hugging Face hub the boxes fetch from, e.g. https://huggingface.co",
+        why="huggingface_hub's default endpoint (constants.py, _HF_DEFAULT_ENDPOINT; HF_ENDPOINT"
+        " overrides it there), or a mirror of it.",
     )
-    fleet_copy_weights: bool = Field(
-        description="True or False (a model several boxes serve comes from the hub to one of"
-        " them, the others copying it over the fabric)"
+    fleet_copy_weights: bool = option(
+        "True or False (a model several boxes serve comes from the hub to one of"
+        " them, the others copying it over the fabric)",
+        why="From the internet once per fleet: the first box in the inventory fetches from the"
+        " hub, the others copy from it over the fabric (a shape where one address reaches every"
+        " box), every file checked against the hub's hash.",
     )
-    prune_unused: bool = Field(
-        description="True or False (remove the cached models and serving images no lane of the"
-        " box uses any more)"
+    prune_unused: bool = option(
+        "True or False (remove the cached models and serving images no lane of the"
+        " box uses any more)",
+        why="Never by default: a model is hours of download and an image may serve what the"
+        " owner runs by hand (docker's `image prune -a` asks before it removes an image no"
+        " container uses: docker's reference); off, a box without room names them instead.",
     )
-    front_allow_networks: list[IPv4Network] = Field(
-        description='client networks the lanes\' front admits, e.g. ["192.168.1.0/24"];'
-        " [] admits any (each lane still asks its key)"
+    front_allow_networks: list[IPv4Network] = option(
+        'client networks the lanes\' front admits, e.g. ["192.168.1.0/24"];'
+        " [] admits any (each lane still asks its key)",
+        why="nginx owns each lane's port and asks the lane's key on every path: vLLM's own"
+        " --api-key leaves /invocations, /tokenize and /metrics open (vLLM's security guide);"
+        " this narrows who may connect at all.",
     )
-    front_tls_certificate_file: str | None = Field(
-        description="None, or a PEM certificate (chain) file on this machine: the lanes' ports"
-        " speak HTTPS"
+    front_tls_certificate_file: str | None = option(
+        "None, or a PEM certificate (chain) file on this machine: the lanes' ports speak HTTPS",
+        why="TLS at the front: the file is copied to each box.",
     )
-    front_tls_key_file: str | None = Field(
-        description="None, or the certificate's PEM private key file on this machine"
+    front_tls_key_file: str | None = option(
+        "None, or the certificate's PEM private key file on this machine",
+        why="The certificate's key, unencrypted, copied root-only to each box (/etc/spark/front/).",
     )
-    metrics: bool = Field(description="True or False (the metrics endpoint on every box)")
-    metrics_port: int = Field(
-        ge=1024, le=65534, description="an integer 1024..65534, the metrics endpoint's port (9100)"
+    metrics: bool = option(
+        "True or False (the metrics endpoint on every box)",
+        why="Between deploys each box says what it is doing (issue 28): the distribution's"
+        " Prometheus node exporter on 127.0.0.1, with the box's own figures from"
+        " files/spark_metrics.py, behind nginx asking the box's metrics key.",
     )
-    metrics_interval_s: int = Field(
-        ge=5, le=3600, description="seconds between two collections, 5..3600 (30)"
+    metrics_port: int = option(
+        "an integer 1024..65534, the metrics endpoint's port (9100)",
+        why="The node exporter's port in Prometheus' default port allocations; the exporter"
+        " itself listens on 127.0.0.1 at the next port.",
+        ge=1024,
+        le=65534,
     )
-    metrics_allow_networks: list[IPv4Network] = Field(
-        description='scraper networks the metrics endpoint admits, e.g. ["192.168.1.0/24"];'
-        " [] admits any (the metrics key is still asked)"
+    metrics_interval_s: int = option(
+        "seconds between two collections, 5..3600 (30)",
+        why="spark-metrics.timer's period; a fault is seen within one collection.",
+        ge=5,
+        le=3600,
+    )
+    metrics_allow_networks: list[IPv4Network] = option(
+        'scraper networks the metrics endpoint admits, e.g. ["192.168.1.0/24"];'
+        " [] admits any (the metrics key is still asked)",
+        why="Narrows who may reach the metrics endpoint at all, beside its key.",
     )
     # The fleet endpoint (spark/fleet.py), checked across the boxes in load_from_dicts.
     router_box: fleet.RouterBox

@@ -1,7 +1,7 @@
 """Which vLLM a lane's image carries, and what that release accepts.
 
 Each release's `vllm serve` options, the types of their values and the environment variables
-it reads are data read from the release's own parser (operations/data/vllm-<version>-*.json;
+it reads are data read from the release's own parser (spark/data/vllm-<version>-*.json;
 tools/vllm_option_values.py and the data's "about" say how). A lane is checked against the
 release of its image: the table below, or the lane's own `vllm_version` for an image it does
 not know.
@@ -33,7 +33,7 @@ class Image:
     nccl_source: str = ""
 
 
-# NGC's vLLM images by tag. Only releases with data in operations/data/ can be listed.
+# NGC's vLLM images by tag. Only releases with data in spark/data/ can be listed.
 # Their NCCL: each vLLM release note lists the vLLM stack only and defers to "the CUDA section
 # for the list of libraries inherited from the CUDA container" (docs.nvidia.com vLLM release
 # notes 26.05, 26.10); the CUDA DL release notes name NCCL, but only 26.03's were found (NCCL

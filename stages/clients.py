@@ -5,7 +5,7 @@
 
 `make clients` runs it (DIR: OpenCode's ~/.config/opencode unless given). Each box is reached
 over the SSH connection pyinfra opens for it (as compliance does); each lane's key is read with
-`sudo -n cat` (sudo without a password: README, step 2) into memory, never into a command line
+`sudo -n cat` (sudo without a password: README, Quick start) into memory, never into a command line
 or a log, and written to DIR/<box>-<lane>.key, mode 0600 from the start. DIR/opencode.json then
 gets one provider per lane of every box (endpoints.opencode_config), the owner's other settings
 and providers kept, and never an empty provider. DIR/spark-clients.json lists what this command

@@ -66,7 +66,7 @@ def cluster(box: BoxPlan) -> None:
     plan = box.cluster
     if plan is None:
         # A box that serves alone: what a cluster it has left would have left behind goes
-        # (README: "A box leaves the cluster").
+        # (docs/reference.md: "A box leaves the cluster").
         asked.ahead([*ray.questions(None), *firewall.removed_questions()])
         ray.node_removed(name=f"No {ray.UNIT}: this box serves alone")
         firewall.removed(name=f"No {firewall.UNIT}: this box serves alone")
@@ -78,7 +78,7 @@ def cluster(box: BoxPlan) -> None:
         logger.warning(
             f"{box.name}: fabric_topology {box.fabric and box.fabric.shape}: the fabric, NCCL's"
             " environment and the NCCL test are set up; Ray and its firewall are not (not done"
-            " yet for rings: README, Fabric shapes)"
+            " yet for rings: docs/reference.md, Fabric shapes)"
         )
     else:
         preflight.cluster_whole(

@@ -5,7 +5,7 @@
 
 `make prometheus-config` runs it: DIR/prometheus.yml (a scrape job per box) and
 DIR/spark-rules.yml (the alert rules), from spark/prometheus.py. Each box's metrics key is read
-from KEYS_DIR/<box>.key, where `make clients` copies it (README: Watching the fleet).
+from KEYS_DIR/<box>.key, where `make clients` copies it (docs/reference.md: Watching the fleet).
 """
 
 from __future__ import annotations

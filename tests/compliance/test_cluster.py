@@ -3,8 +3,8 @@ box's Ray unit running, every box joined (as each box sees it), the token root-o
 cluster lane (on the head) serving with every node in; on vLLM's own multi-node mode (executor
 mp), every box's rank unit running, joined to the head's rendezvous, and the head serving; the
 NCCL test's last verdict a pass made on what the box has now. Boxes of a one-box inventory have
-no cluster, and a ring has no Ray yet (README, Fabric shapes): there only the NCCL test is
-checked."""
+no cluster, and a ring has no Ray yet (docs/reference.md, Fabric shapes): there only the NCCL test
+is checked."""
 
 from __future__ import annotations
 
@@ -31,7 +31,9 @@ def _cluster_only(box: Box, request: pytest.FixtureRequest) -> None:
         alone = "an independent server" if box.plan.independent else "a single box"
         pytest.skip(f"{alone}: no Ray cluster")
     if box.plan.cluster.firewall is None and request.node.originalname not in WITHOUT_A_FIREWALL:
-        pytest.skip("a ring: no Ray cluster yet, nor its firewall (README, Fabric shapes)")
+        pytest.skip(
+            "a ring: no Ray cluster yet, nor its firewall (docs/reference.md: Fabric shapes)"
+        )
 
 
 def _on_mp(box: Box) -> bool:

@@ -1,6 +1,6 @@
 """The driver promise: branch 580 installed, held, running, apt kept off other branches, and
 every box of the inventory (those checked: --limit narrows it) running the same driver, the one
-driver_version names where it names one (README: "A newer driver")."""
+driver_version names where it names one (docs/reference.md: "A newer driver")."""
 
 from __future__ import annotations
 

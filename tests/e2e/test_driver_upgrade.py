@@ -1,4 +1,5 @@
-"""A newer driver within the held branch, on the deployed pair (README: "A newer driver"): the
+"""A newer driver within the held branch, on the deployed pair (docs/reference.md: "A newer
+driver"): the
 lab's DGX OS archive gains a newer 580 build (its dgx-updates repository added to the boxes'
 apt sources, as an archive update would bring it), the owner asks for it (driver_version),
 every box moves to it and holds it, and is told to reboot (its nvidia-smi now fails with NVML's

@@ -19,9 +19,12 @@ from typing import Any
 
 import pytest
 
+from endpoints import key_file
 from operations import preflight
 from spark import box_paths
 from tests.conftest import CLIENTS, Deployed, pyinfra, run_on
+from tests.e2e.test_clients import OPENCODE
+from tests.e2e.test_clients import run as run_as_owner
 from tests.e2e.test_compliance import compliance, not_passing
 from tests.e2e.test_host_layer import changes
 from tests.e2e.test_metrics import key_of as metrics_key_of
@@ -253,7 +256,7 @@ def test_a_lane_answering_gibberish_fails_its_canary_then_serves_again(
 
 
 def test_a_llama_cpp_lane_of_the_real_server_serves_beside_a_vllm_one(
-    deployed: dict[str, Any],
+    deployed: dict[str, Any], tmp_path: Path
 ) -> None:
     """Seed 002's llama.cpp lane (tests/e2e/llama_inventory.py) in place of lane B, on the first
     box (--limit: what a llama.cpp lane does is one box's): its GGUF fetched, llama-server on
@@ -312,6 +315,34 @@ def test_a_llama_cpp_lane_of_the_real_server_serves_beside_a_vllm_one(
     provider = client["provider"][f"{host.name}-gguf"]
     assert provider["options"]["baseURL"] == f"{base}/v1"
     assert provider["models"]["qwen3-coder-next-gguf"]["limit"]["context"] == 131072
+    # The real OpenCode client with the box's provider for the lane and its key, as an owner
+    # whose home is tmp_path: the lane listed, and a prompt answered by llama-server itself
+    # (its own prompt-token count rose; the tiny model's words mean nothing).
+    opencode_dir = tmp_path / ".config/opencode"
+    opencode_dir.mkdir(parents=True)
+    # OpenCode's own prompt is about 9,600 tokens (llama-server's log), then it asks for up to
+    # the model's output limit: the tiny model's words mean nothing, so 16 of them will do on a
+    # busy 2-core machine (it decoded at 2 to 5 tokens/s at load 17).
+    provider["models"]["qwen3-coder-next-gguf"]["limit"]["output"] = 16
+    (opencode_dir / "opencode.json").write_text(
+        json.dumps({"provider": {f"{host.name}-gguf": provider}})  # this lane's alone
+    )
+    (opencode_dir / key_file(host.name, lane["name"])).write_text(key + "\n")
+    listed = run_as_owner(tmp_path, str(OPENCODE), "models")
+    assert f"{host.name}-gguf/qwen3-coder-next-gguf" in listed.stdout.split(), listed.stdout
+
+    def prompt_tokens() -> float:
+        scraped = scrape(host, metrics_key_of(host), path)[1]
+        found = re.search(r"^llamacpp:prompt_tokens_total (\S+)$", scraped, re.M)
+        assert found, scraped
+        return float(found.group(1))
+
+    before = prompt_tokens()
+    answered = run_as_owner(
+        tmp_path, str(OPENCODE), "run", "-m", f"{host.name}-gguf/qwen3-coder-next-gguf", "ping"
+    )
+    assert answered.returncode == 0, answered.stdout + answered.stderr
+    assert prompt_tokens() > before
     code, checks, said = compliance("--inventory", LLAMA_INVENTORY, "--limit", host.name)
     assert code == 0 and not_passing(checks) == {}, said
     # The throughput probe (make lane-bench) on both lanes: the stand-ins' numbers, not a Spark's.

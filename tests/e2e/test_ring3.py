@@ -1,7 +1,8 @@
 """Three boxes in a ring (fabric_topology "ring3"): the lab cables port 0 of each box to port 1 of
 the next (NVIDIA's connect-three-sparks), the inventory gives no lanes and no fabric addresses;
 the deploy derives one subnet per twin per cable, so each box's two ports sit on its two
-neighbours' subnets, writes the ring's NCCL environment, leaves Ray out (README, Fabric shapes),
+neighbours' subnets, writes the ring's NCCL environment, leaves Ray out (docs/reference.md, Fabric
+shapes),
 runs the NCCL test (its rendezvous at the head's management address) and converges; the test
 passes on every box over NET/IB on all four twins, compliance passes and a second run changes
 nothing. A cable pulled out of a port the ring needs stops both its ends, each naming its port.
@@ -33,7 +34,8 @@ INVENTORY = "tests/e2e/fabric_inventory.py"
 PORT0 = ("enp1s0f0np0", "enP2p1s0f0np0")
 PORT1 = ("enp1s0f1np1", "enP2p1s0f1np1")
 # Cable i runs from spark-(i+1)'s port 0 to the next box's port 1, its twins on 192.168.(100 +
-# 2i) and (101 + 2i); each box is .10, .11, .12 in the inventory's order (README, Fabric shapes).
+# 2i) and (101 + 2i); each box is .10, .11, .12 in the inventory's order (docs/reference.md, Fabric
+# shapes).
 CABLES = [("spark-1", "spark-2", 100), ("spark-2", "spark-3", 102), ("spark-3", "spark-1", 104)]
 LAST_OCTET = {"spark-1": 10, "spark-2": 11, "spark-3": 12}
 

@@ -44,7 +44,8 @@ INVENTORY = "tests/e2e/fabric_inventory.py"
 BOXES = 4
 PORTS = (1, 0)  # fabric_switch_ports: both ports in the switch
 # One subnet per twin of each port for every box, .10 for the first and on, the first port's
-# twins first (README, Fabric shapes; spark/topology.py links: a switch's port is one "cable").
+# twins first (docs/reference.md, Fabric shapes; spark/topology.py links: a switch's port is one
+# "cable").
 SUBNETS = {
     "enp1s0f1np1": "192.168.100",
     "enP2p1s0f1np1": "192.168.101",

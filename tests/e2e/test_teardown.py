@@ -101,5 +101,5 @@ def test_teardown_of_a_box_leaving_the_cluster_then_the_pair_again(
     again = output_of(pyinfra(INVENTORY, "deploy.py"))
     assert f"{spark_1.name}  converged" in again and f"{spark_2.name}  converged" in again
     # ... and group_data's newer one after it, held again: a newer toolkit is a raised
-    # toolkit_version (README: "A newer container toolkit").
+    # toolkit_version (docs/reference.md: "A newer container toolkit").
     assert toolkit(spark_1) == ("1.19.0-1", True)

@@ -1,6 +1,6 @@
 """inventories/sim.py with its second box taken out: the cluster of two made one box, as an
-owner's inventory is once a box leaves it (README: "A box leaves the cluster"); the box serves
-the README's lane of a model outside the catalog (Lanes, "A model outside the catalog") in place
+owner's inventory is once a box leaves it (docs/reference.md: "A box leaves the cluster"); the box
+serves the documented lane of a model outside the catalog (docs/reference.md, Lanes) in place
 of group_data's second lane, and the container toolkit's older build the lab's repository holds
 (1.18.0-1: group_data's 1.19.0-1 is then a newer toolkit to move to, README: Day to day).
 

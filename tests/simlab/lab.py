@@ -43,7 +43,8 @@ REGISTRY_ADDRESS = f"{MGMT_PREFIX}.1"  # the lab's registry, on this machine's s
 FABRIC_TWINS = [("enp1s0f1np1", "rocep1s0f1"), ("enP2p1s0f1np1", "roceP2p1s0f1")]  # port 1
 PORT0_TWINS = [("enp1s0f0np0", "rocep1s0f0"), ("enP2p1s0f0np0", "roceP2p1s0f0")]
 PORT_TWINS = {1: FABRIC_TWINS, 0: PORT0_TWINS}
-# How the lab cables its hosts, named as the fabric_topology it is (README, Fabric shapes): the
+# How the lab cables its hosts, named as the fabric_topology it is (docs/reference.md, Fabric
+# shapes): the
 # QSFP ports each host has a cable in, and how many hosts it takes. "pair": one cable on port 1;
 # "pair-dual": both ports (a DAC per twin of each); "ring3": port 0 of each host to port 1 of the
 # next (NVIDIA's connect-three-sparks); "switch": the same ports of every host into a switch,

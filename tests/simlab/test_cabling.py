@@ -9,8 +9,8 @@ import pytest
 from tests.simlab import __main__ as cli
 from tests.simlab import lab as simlab
 
-# A Spark's twins and RDMA devices by port (README, "A cluster, step by step"; port 0's in
-# CONTRIBUTING.md's lab table).
+# A Spark's twins and RDMA devices by port (docs/reference.md, "A cluster, step by step"; port 0's
+# in CONTRIBUTING.md's lab table).
 PORT1 = [("enp1s0f1np1", "rocep1s0f1"), ("enP2p1s0f1np1", "roceP2p1s0f1")]
 PORT0 = [("enp1s0f0np0", "rocep1s0f0"), ("enP2p1s0f0np0", "roceP2p1s0f0")]
 

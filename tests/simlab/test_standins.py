@@ -10,7 +10,6 @@ import json
 import os
 import re
 import subprocess
-import time
 from pathlib import Path
 
 import pytest
@@ -28,9 +27,7 @@ TABLE_WIDTH = 91
 @pytest.fixture(scope="module")
 def repos(tmp_path_factory: pytest.TempPathFactory) -> Path:
     dest = tmp_path_factory.mktemp("repos")
-    started = time.monotonic()
     build_repositories(dest)
-    assert time.monotonic() - started < 20
     return dest
 
 

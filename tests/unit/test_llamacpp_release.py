@@ -1,4 +1,4 @@
-"""llama-server's option list (operations/data/llama.cpp-0c1e57098-server-options.json, read
+"""llama-server's option list (spark/data/llama.cpp-0c1e57098-server-options.json, read
 from llama.cpp's common/arg.cpp at 0c1e57098 by tools/llama_cpp_options.py), and that tool on
 an excerpt written by hand."""
 

@@ -478,8 +478,8 @@ def test_the_readmes_model_outside_the_catalog_planned_from_its_model_spec() -> 
         ("coder", 10101),
         ("small", 10103),
     ]
-    # Qwen/Qwen3-0.6B's config.json (README): 2 (K and V) x 28 layers x 8 KV heads x 128 x 2
-    # bytes (bf16) = 114688 B a token, 4.375 GiB for 40960 tokens; with its 1.5 GiB of weights
+    # Qwen/Qwen3-0.6B's config.json (docs/reference.md): 2 (K and V) x 28 layers x 8 KV heads x 128
+    # x 2 bytes (bf16) = 114688 B a token, 4.375 GiB for 40960 tokens; with its 1.5 GiB of weights
     # and 4 GiB beside them (spark/memory.py OVERHEAD_GIB): 9.875 GiB. Its share: 0.1 of the
     # Spark's 121.69 GiB (the planner's unified memory, as in the cluster lane's test above).
     small_share = Share(

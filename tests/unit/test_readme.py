@@ -1,4 +1,5 @@
-"""Every command README.md and CONTRIBUTING.md show in their code blocks is one that something
+"""Every command README.md, CONTRIBUTING.md and docs/*.md show in their code blocks is one that
+something
 runs (this project's issue 31: "every command the README shows is run by a test or by make, so
 none can rot again"): a target of the Makefile, given only variables the Makefile reads; a
 `.venv/bin/` program, a `python -m` module that exists, and the repository paths it is given; or
@@ -20,7 +21,10 @@ from pathlib import Path
 from typing import NamedTuple
 
 REPO = Path(__file__).resolve().parents[2]
-DOCS = ("README.md", "CONTRIBUTING.md")
+# The owner's and the contributor's guides, which must show commands, then every document under
+# docs/ (some, such as the generated variables reference, show none).
+GUIDES = ("README.md", "CONTRIBUTING.md")
+DOCS = (*GUIDES, *sorted(str(p.relative_to(REPO)) for p in (REPO / "docs").glob("*.md")))
 TAGS = {"sh", "text", "json"}
 # What an indented block outside the fences would start with if it were a command.
 COMMAND_WORDS = ("make ", ".venv/", "ssh ", "sudo ", "curl ", "pyinfra ", "python")
@@ -165,9 +169,11 @@ def problems(text: str) -> list[str]:
 
 
 def test_every_command_of_the_documents_is_run_by_make_or_a_test() -> None:
+    assert len(DOCS) > len(GUIDES), "no document under docs/: the check would skip them"
     for doc in DOCS:
         text = (REPO / doc).read_text()
-        assert fences(text), f"{doc} has no code block: the check would pass on nothing"
+        if doc in GUIDES:
+            assert fences(text), f"{doc} has no code block: the check would pass on nothing"
         assert problems(text) == [], doc
 
 
@@ -212,3 +218,37 @@ def test_make_passes_no_arguments_so_bench_takes_a_variable() -> None:
 def test_a_continued_command_is_one_command() -> None:
     block = "curl http://a:1/v1/chat/completions \\\n  -H 'X: y' \\\n  -d '{}'   # a comment\n"
     assert commands(block) == ["curl http://a:1/v1/chat/completions -H 'X: y' -d '{}'"]
+
+
+def heading_anchor(heading: str) -> str:
+    """GitHub's anchor for a heading: lower case, punctuation dropped, spaces made hyphens."""
+    return re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
+
+
+def broken_anchors(doc: Path) -> list[str]:
+    """Links of ``doc`` to a section (``file.md#anchor``, ``#anchor``) whose file exists but has
+    no heading of that anchor: a section renamed or moved under docs/."""
+    found = []
+    for target, anchor in re.findall(r"\]\(([^)#\s]*)#([^)\s]+)\)", doc.read_text()):
+        path = doc.parent / target if target else doc
+        if path.is_file():
+            headings = re.findall(r"^#+ (.*)$", path.read_text(), re.MULTILINE)
+            if anchor not in {heading_anchor(h) for h in headings}:
+                found.append(f"{doc.name}: {target}#{anchor}")
+    return found
+
+
+def test_every_link_to_a_section_names_one_of_its_headings() -> None:
+    assert [p for doc in DOCS for p in broken_anchors(REPO / doc)] == []
+
+
+def test_a_heading_anchor_is_githubs(tmp_path: Path) -> None:
+    assert heading_anchor("Taking it off: teardown.py, a box leaving the cluster") == (
+        "taking-it-off-teardownpy-a-box-leaving-the-cluster"
+    )
+    assert heading_anchor("Watching the fleet: metrics, alerts, `make status`") == (
+        "watching-the-fleet-metrics-alerts-make-status"
+    )
+    doc = tmp_path / "a.md"
+    doc.write_text("# A title\n\n[here](#a-title), [gone](#no-such), [b](b.md#x)\n")
+    assert broken_anchors(doc) == ["a.md: #no-such"]

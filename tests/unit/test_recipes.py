@@ -661,7 +661,7 @@ def test_matching_and_refused_report_the_problem_under_the_field() -> None:
         refused(3, ["one", "two"])
 
 
-# Option values, read as vLLM 0.19.0's parser reads them (operations/data/*-option-values.json).
+# Option values, read as vLLM 0.19.0's parser reads them (spark/data/*-option-values.json).
 
 
 def test_a_typed_option_refuses_what_its_parser_would():

@@ -1,4 +1,4 @@
-"""The image table and each release's lists (operations/vllm_release.py, operations/data/)."""
+"""The image table and each release's lists (spark/vllm_release.py, spark/data/)."""
 
 from __future__ import annotations
 

@@ -40,7 +40,7 @@ RAY_PTH = Path("usr/lib/python3/dist-packages/ray-site.pth")
 RAY_BIN = Path("usr/local/bin/ray")
 # What an image without Ray lacks: the paths assemble_serving_rootfs adds for it.
 RAY_PATHS = (RAY_SITE, RAY_PTH, RAY_BIN)
-# The option lists the deploy validates lanes against (operations/data/) are the ones the
+# The option lists the deploy validates lanes against (spark/data/) are the ones the
 # stand-in accepts: the same files, so the lab and the checks cannot drift apart.
 RELEASE_DATA = [
     DATA / f"vllm-{version}-{kind}.json"
