@@ -113,7 +113,7 @@ def test_the_registry_names_each_engine_once_and_a_lane_refuses_another() -> Non
         "vllm": "vllm",
         "llama.cpp": "llama.cpp",
     }
-    with pytest.raises(ValidationError, match=re.escape("'sglang': use one of vllm, llama.cpp")):
+    with pytest.raises(ValidationError, match=re.escape("Input should be 'vllm' or 'llama.cpp'")):
         Lane.model_validate(SEED_002 | {"engine": "sglang"})
 
 
