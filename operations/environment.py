@@ -10,7 +10,7 @@ from pyinfra.api import operation
 
 from operations import util
 from operations.asked import Question, question
-from spark.lane import ENV_NAME
+from spark.checks import ENV_NAME
 
 PROFILE_PATH = "/etc/profile.d/spark-cluster-env.sh"
 UNSAYABLE = ("\n", "\r", "\0")  # a line break ends an assignment in one reader, not the other

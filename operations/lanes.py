@@ -1,12 +1,12 @@
-"""Lanes: one systemd unit per model server (vLLM, or llama.cpp for a GGUF)."""
+"""Lanes: one systemd unit per model server, rendered from the plan (spark/plan.py ServedLane:
+its command line, environment, timeouts and canary's causes are the plan's values)."""
 
 from __future__ import annotations
 
 import hashlib
 import re
 import shlex
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Sequence
 from pathlib import Path
 
 from pyinfra import host
@@ -17,13 +17,19 @@ from pyinfra.facts.files import Sha1File
 from operations import on_demand as demand
 from operations import ray, util
 from operations.asked import Question, answer, question
-from operations.preflight import hf_cache_dir
 from operations.weights import FetchState
-from spark import llamacpp
-from spark.box_paths import HF_CACHE_IN_CONTAINER, HF_TOKEN, MODELS_DIR, SECRETS_DIR, key_path
-from spark.lane import ENV_NAME, SLUG, Lane, MpRank
-from spark.plan import OnDemand
-from spark.sm121 import is_modelopt_nvfp4, is_qwen3, quantization, uses_cutlass_fp4
+from spark.box_paths import (
+    HF_CACHE_IN_CONTAINER,
+    HF_TOKEN,
+    HF_TOKEN_IN_CONTAINER,
+    MODELS_DIR,
+    SECRETS_DIR,
+    key_path,
+)
+from spark.checks import ENV_NAME, LINE_BREAK
+from spark.engines.record import ModelAtStart
+from spark.lane import SLUG
+from spark.plan import ServedLane
 
 UNIT_DIR = "/etc/systemd/system"
 PREFIX = "spark-lane-"  # of every lane's unit and container: what the deploy owns
@@ -40,7 +46,6 @@ BENCH_COMMAND = "/usr/local/sbin/spark-lane-bench"
 RANKS_COMMAND = "/usr/local/sbin/spark-lane-ranks"
 # Where the container reads its secrets: mounted read-only, never passed as values.
 KEY_IN_CONTAINER = "/run/secrets/api-key"
-HF_TOKEN_IN_CONTAINER = "/run/secrets/hf-token"
 # Above 0 (everything else on the box) and below 1000: when memory runs out the kernel kills a
 # lane's server before sshd (-1000), dockerd (-500) or anyone's shell (seed 003).
 OOM_SCORE_ADJ = 500
@@ -239,207 +244,94 @@ def systemd_word(arg: str) -> str:
     return arg.replace("$", "$$").replace("%", "%%")
 
 
-def canary_causes(lane: Lane) -> list[str]:
-    """The usual causes of a wrong answer for this lane's model and quantization, named by the
-    canary when it fails (no secrets: they are in the unit)."""
-    if lane.engine == "llama.cpp":
-        return llamacpp.CANARY_CAUSES
-    causes = []
-    nvfp4 = quantization(lane) in ("nvfp4", "nvfp4-modelopt")
-    if nvfp4 or is_modelopt_nvfp4(lane):  # known ones are refused (sm121.py); others are not
-        causes.append(
-            "a ModelOpt NVFP4 checkpoint (quant_method modelopt in its config.json): loads and"
-            " answers confident nonsense on SM121; use a compressed-tensors NVFP4 one (seed 003)"
-        )
-    if nvfp4 or uses_cutlass_fp4(lane):
-        causes.append(
-            "NVFP4 on a CUTLASS FP4 path, not Marlin: silent garbage on SM121; Marlin is"
-            " VLLM_NVFP4_GEMM_BACKEND=marlin to 0.20.1, --linear-backend marlin from 0.31.0"
-            " (seed 003)"
-        )
-    if is_qwen3(lane):
-        causes.append(
-            "a thinking template hiding the answer: Qwen3 models need --generation-config vllm,"
-            " or their answer stays in the reasoning (seed 003)"
-        )
-    causes.append(
-        "a chat template that does not fit the model, or weights that do not match its config"
-        " (read the answer quoted above)"
-    )
-    return causes
-
-
 def serve_script(
-    serve_args: Sequence[str], api_key: bool, gguf: tuple[str, str] | None = None
+    argv: Sequence[str], key_variable: str | None, model: ModelAtStart | None = None
 ) -> str:
-    """The shell command the container runs: `vllm serve`, or with ``gguf`` (a repository's
-    directory in the cache and a GGUF file in it, the revision read from refs/main as the
-    container starts) llama.cpp's server, with the lane's arguments. The API key is read from its
-    mounted file into the server's own variable (VLLM_API_KEY, LLAMA_API_KEY) just before exec,
-    so it is in neither argv nor the container's configuration."""
-    server, variable, prelude = "vllm serve", "VLLM_API_KEY", ""
-    if gguf is not None:
-        repo, name = gguf
-        refs = shlex.quote(f"{repo}/refs/main")
-        model = f"{shlex.quote(repo)}/snapshots/$(cat {refs})/{shlex.quote(name)}"
-        server, variable = llamacpp.SERVER, llamacpp.KEY_VARIABLE
-        prelude = f"{llamacpp.MODEL_VARIABLE}={model} || exit 1; export {llamacpp.MODEL_VARIABLE}; "
-    serve = f"{prelude}exec {server} " + " ".join(shlex.quote(arg) for arg in serve_args)
-    if not api_key:
+    """The shell command the container runs: the server's ``argv``, with the lane's key read
+    from its mounted file into the server's own ``key_variable`` just before exec (so it is in
+    neither argv nor the container's configuration), and a ``model`` path read as the container
+    starts (a snapshot's revision from refs/main) into its variable."""
+    prelude = ""
+    if model is not None:
+        refs = shlex.quote(f"{model.repo}/refs/main")
+        path = f"{shlex.quote(model.repo)}/snapshots/$(cat {refs})/{shlex.quote(model.file)}"
+        prelude = f"{model.variable}={path} || exit 1; export {model.variable}; "
+    serve = f"{prelude}exec " + " ".join(shlex.quote(arg) for arg in argv)
+    if key_variable is None:
         return serve
-    return f"{variable}=$(cat {KEY_IN_CONTAINER}) || exit 1; export {variable}; {serve}"
+    return f"{key_variable}=$(cat {KEY_IN_CONTAINER}) || exit 1; export {key_variable}; {serve}"
 
 
-@dataclass(frozen=True)
-class LaneUnit:
-    """A validated lane as this box runs it: its systemd unit, environment file and container.
-
-    + lane: the lane (spark/lane.py), checked before any host was contacted
-    + environment: the cluster's environment (the lane's own and SM121's are added); no secrets
-    + after: the lane that starts before this one, if any
-    + hf_token: mount /etc/spark/secrets/hf-token (see ``hf_token``) for gated models
-    + start_timeout_s: how long a start may take, model load included, until /health answers
-    + models_dir: the Hugging Face cache on the box, shared by the lanes
-    + ray_address: a cluster lane's Ray GCS, host:port (the head's fabric address), on Ray
-    + ray_token: a cluster lane mounts Ray's token (Ray runs with token authentication), on Ray
-    + rank: this box's rank of a cluster lane on executor mp (a unit on every box)
-    + peers: the fabric addresses of the boxes whose ranks this box's rank meets on the head's
-      master port (the head: every other box's; another box: the head's), on executor mp
-    + fetch_unit: the unit fetching its model (operations/weights.py ``fetched``), which it
-      starts after; None: its model is on the box or the box stops without it
-    + on_demand: started by a request, stopped when idle (operations/on_demand.py); None: resident
-    """
-
-    lane: Lane
-    environment: Mapping[str, str] = field(default_factory=dict)
-    after: str | None = None
-    hf_token: bool = False
-    start_timeout_s: int = 1200
-    models_dir: str = MODELS_DIR
-    ray_address: str | None = None
-    ray_token: bool = False
-    rank: MpRank | None = None
-    peers: tuple[str, ...] = ()
-    fetch_unit: str | None = None
-    on_demand: OnDemand | None = None
-
-    @property
-    def name(self) -> str:
-        return self.lane.name
-
-    @property
-    def on_ray(self) -> bool:
-        """A cluster lane on Ray: its ranks run on every box's Ray node (this box's among them)."""
-        return self.lane.cluster_executor == "ray"
-
-    @property
-    def headless(self) -> bool:
-        """A rank of a cluster lane (executor mp) on a box other than the head: no API."""
-        return self.rank is not None and self.rank.headless
-
-    def variables(self) -> dict[str, str]:
-        """The container's environment (its env file): names and paths, never a secret."""
-        # The weights are on the box before a lane starts (preflight.model_present): a lane
-        # never downloads inside its start window (huggingface_hub's HF_HUB_OFFLINE: cached
-        # files only); a lane's own environment may still say otherwise.
-        variables = {"HF_HUB_OFFLINE": "1"} | dict(self.environment) | self.lane.container_env()
-        for key, value in variables.items():
-            if not ENV_NAME.fullmatch(key) or any(c in value for c in "\n\r\0"):
-                raise OperationError(
-                    f"lane {self.name}: environment {key}={value!r}: a name of A-Z a-z 0-9 _ and"
-                    " a value without line breaks only (docker reads the file line by line)"
-                )
-        if self.on_ray:
-            if not self.ray_address:
-                raise OperationError(
-                    f"lane {self.name}: a cluster lane needs ray_address (host:port)"
-                )
-            variables["RAY_ADDRESS"] = self.ray_address
-            if self.ray_token:
-                variables |= {
-                    "RAY_AUTH_MODE": "token",
-                    "RAY_AUTH_TOKEN_PATH": ray.TOKEN_IN_CONTAINER,
-                }
-        if self.hf_token:  # the path only: huggingface_hub reads the token from there
-            variables["HF_TOKEN_PATH"] = HF_TOKEN_IN_CONTAINER
-        return variables
-
-    def docker_run(self, rdma: bool, unlimited_memlock: bool) -> list[str]:
-        """The `docker run` argument list of the lane's container; a cluster lane's on Ray gets
-        the Ray token as ray.py mounts it and Ray's session directory, where its driver finds the
-        box's Ray node (the raylet's sockets), sharing the Ray container's processes. A headless
-        rank serves no API: no key."""
-        options = ["--oom-score-adj", str(OOM_SCORE_ADJ)]
-        args = util.docker_run(PREFIX + self.name, options, rdma, unlimited_memlock)
-        args += ["--env-file", f"{LANE_DIR}/{self.name}.env"]
-        args += ["-v", f"{self.models_dir}:{HF_CACHE_IN_CONTAINER}"]
-        if self.lane.model.startswith("/"):  # the user's directory, read where vLLM is told
-            args += ["-v", f"{self.lane.model}:{self.lane.model}:ro"]
-        api_key = self.lane.api_key and not self.headless
-        if api_key:
-            args += ["-v", f"{key_path(self.name)}:{KEY_IN_CONTAINER}:ro"]
-        if self.hf_token:
-            args += ["-v", f"{HF_TOKEN}:{HF_TOKEN_IN_CONTAINER}:ro"]
-        if self.on_ray:  # the box's Ray node: its processes (the driver looks for its raylet)
-            args += ["--pid", f"container:{ray.CONTAINER}", "-v", f"{ray.SESSION_DIR}:/tmp/ray"]
-            if self.ray_token:
-                args += ["-v", f"{ray.TOKEN_PATH}:{ray.TOKEN_IN_CONTAINER}:ro"]
-        if self.lane.engine == "llama.cpp":  # its image's entrypoint is the server itself
-            repo = hf_cache_dir(HF_CACHE_IN_CONTAINER, self.lane.model)
-            gguf = (repo, self.lane.gguf_file or "")
-            script = serve_script(self.lane.llama_args(), api_key, gguf)
-            return [*args, "--entrypoint", "/bin/sh", self.lane.image, "-c", script]
-        script = serve_script(self.lane.vllm_args(self.rank), api_key)
-        return [*args, self.lane.image, "/bin/sh", "-c", script]
-
-    def timeouts(self) -> dict[str, int]:
-        """How long the unit waits: the whole start (TimeoutStartSec), the health wait inside
-        it, and a cluster lane's wait for every Ray node (half the start: a box away longer fails
-        the start, and the restart waits again)."""
-        start = self.start_timeout_s
-        return {
-            "start_timeout": start,
-            "health_timeout": max(start - 30, 30),
-            "nodes_wait": max(start // 2, 30),
-        }
-
-    def unit_variables(self, rdma: bool, unlimited_memlock: bool) -> dict:
-        """What templates/vllm-lane.service.j2 is rendered with."""
-        run = self.docker_run(rdma, unlimited_memlock)
-        if self.rank is not None:  # under the rendezvous watch
-            run = [RANKS_COMMAND, str(self.rank.master_port), *self.peers, "--", *run]
-        return {
-            "lane": self.name,
-            "port": self.lane.port,
-            "server_port": self.lane.server_port,
-            "after": unit_name(self.after) if self.after else None,
-            "fetch_unit": self.fetch_unit,
-            "container": PREFIX + self.name,
-            "exec_start": " ".join(systemd_word(arg) for arg in run),
-            "ray_nodes": self.lane.tensor_parallel_size if self.on_ray else None,
-            "mp_peers": " ".join(self.peers) if self.rank is not None else None,
-            "headless": self.headless,
-            "node_rank": self.rank.node_rank if self.rank else None,
-            "nnodes": self.lane.tensor_parallel_size,
-            "master": f"{self.rank.master_addr}:{self.rank.master_port}" if self.rank else None,
-            "ray_unit": ray.UNIT,
-            "nodes_command": ray.NODES_COMMAND,
-            "turn_command": TURN_COMMAND,
-            "canary_command": " ".join(
-                systemd_word(arg)
-                for arg in [
-                    CANARY_COMMAND,
-                    self.name,
-                    str(self.lane.server_port),
-                    *canary_causes(self.lane),
-                ]
+def env_lines(unit: ServedLane) -> list[tuple[str, str]]:
+    """The container's environment file as the plan gives it, line by line as docker reads it."""
+    for key, value in unit.variables.items():
+        if not ENV_NAME.fullmatch(key) or LINE_BREAK.search(value):
+            raise OperationError(
+                f"lane {unit.name}: environment {key}={value!r}: a name of A-Z a-z 0-9 _ and"
+                " a value without line breaks only (docker reads the file line by line)"
             )
-            if self.lane.canary
-            else None,
-            "loading_mark": f"{LOADING_DIR}/{self.name}",
-            **self.timeouts(),
-            **demand.lane_unit_variables(self.name, self.on_demand, unit_name),
-        }
+    return sorted(unit.variables.items())
+
+
+def docker_run(unit: ServedLane, rdma: bool, unlimited_memlock: bool) -> list[str]:
+    """The `docker run` argument list of the lane's container; a cluster lane's on Ray gets the
+    Ray token as ray.py mounts it and Ray's session directory, where its driver finds the box's
+    Ray node (the raylet's sockets), sharing the Ray container's processes. A headless rank
+    serves no API: no key."""
+    options = ["--oom-score-adj", str(OOM_SCORE_ADJ)]
+    args = util.docker_run(PREFIX + unit.name, options, rdma, unlimited_memlock)
+    args += ["--env-file", f"{LANE_DIR}/{unit.name}.env"]
+    args += ["-v", f"{MODELS_DIR}:{HF_CACHE_IN_CONTAINER}"]
+    if unit.model_mount:  # the user's directory, read where the server is told
+        args += ["-v", f"{unit.model_mount}:{unit.model_mount}:ro"]
+    if unit.key_variable:
+        args += ["-v", f"{key_path(unit.name)}:{KEY_IN_CONTAINER}:ro"]
+    if unit.hf_token:
+        args += ["-v", f"{HF_TOKEN}:{HF_TOKEN_IN_CONTAINER}:ro"]
+    if unit.on_ray:  # the box's Ray node: its processes (the driver looks for its raylet)
+        args += ["--pid", f"container:{ray.CONTAINER}", "-v", f"{ray.SESSION_DIR}:/tmp/ray"]
+        if unit.ray_token:
+            args += ["-v", f"{ray.TOKEN_PATH}:{ray.TOKEN_IN_CONTAINER}:ro"]
+    script = serve_script(unit.argv, unit.key_variable, unit.model_at_start)
+    if unit.replaces_entrypoint:  # the image's entrypoint is the server itself
+        return [*args, "--entrypoint", "/bin/sh", unit.image, "-c", script]
+    return [*args, unit.image, "/bin/sh", "-c", script]
+
+
+def unit_variables(unit: ServedLane, rdma: bool, unlimited_memlock: bool) -> dict:
+    """What templates/vllm-lane.service.j2 is rendered with."""
+    run = docker_run(unit, rdma, unlimited_memlock)
+    if unit.rank is not None:  # under the rendezvous watch
+        run = [RANKS_COMMAND, str(unit.rank.master_port), *unit.peers, "--", *run]
+    canary = None
+    if unit.canary_causes is not None:
+        canary = [CANARY_COMMAND, unit.name, str(unit.server_port), *unit.canary_causes]
+    return {
+        "lane": unit.name,
+        "port": unit.port,
+        "backend_port": unit.backend_port,
+        "server_port": unit.server_port,
+        "health_path": unit.health_path,
+        "after": unit_name(unit.after) if unit.after else None,
+        "fetch_unit": unit.fetch_unit,
+        "container": PREFIX + unit.name,
+        "exec_start": " ".join(systemd_word(arg) for arg in run),
+        "ray_nodes": unit.nnodes if unit.on_ray else None,
+        "mp_peers": " ".join(unit.peers) if unit.rank is not None else None,
+        "headless": unit.headless,
+        "node_rank": unit.rank.node_rank if unit.rank else None,
+        "nnodes": unit.nnodes,
+        "master": f"{unit.rank.master_addr}:{unit.rank.master_port}" if unit.rank else None,
+        "ray_unit": ray.UNIT,
+        "nodes_command": ray.NODES_COMMAND,
+        "turn_command": TURN_COMMAND,
+        "canary_command": " ".join(systemd_word(arg) for arg in canary) if canary else None,
+        "loading_mark": f"{LOADING_DIR}/{unit.name}",
+        "start_timeout": unit.timeouts.start_s,
+        "health_timeout": unit.timeouts.health_s,
+        "nodes_wait": unit.timeouts.nodes_wait_s,
+        **demand.lane_unit_variables(unit.name, unit.on_demand, unit_name),
+    }
 
 
 def _secret_commands(state: dict, name: str) -> tuple[list[str], bool]:
@@ -457,7 +349,7 @@ def _secret_commands(state: dict, name: str) -> tuple[list[str], bool]:
     return commands, current is None
 
 
-def _port_owner_problem(state: dict, lane: Lane) -> str | None:
+def _port_owner_problem(state: dict, lane: ServedLane) -> str | None:
     """A port of the lane that another service holds: its own (the front's, nginx) or its
     vLLM's on loopback (an on-demand lane's: its socket's, systemd's, and its server's); a
     lane's container is one the deploy restarts or removes."""
@@ -511,18 +403,19 @@ def fetch_wait(name: str, fetch: str) -> str:
 
 
 @operation()
-def serving(unit: LaneUnit):
+def serving(unit: ServedLane):
     """
-    Serve one vLLM lane as the systemd unit spark-lane-<lane>, enabled and serving.
+    Serve one lane as the systemd unit spark-lane-<lane>, enabled and serving.
 
-    + unit: the lane and how this box runs it (see ``LaneUnit``); its image is on the box (see
-      ``images.image_present``); a port another service holds is refused; with the lane's api_key,
-      /v1 is guarded by the key in /etc/spark/secrets/<lane>.key (root 0600), generated on the
-      box when absent and never regenerated, so clients keep working; a cluster lane on Ray
-      requires ``spark-ray.service`` and waits until all its Ray nodes have joined before its
-      container starts; one on executor mp has a unit on every box (``unit.rank``) under the
-      watch of its rendezvous (spark-lane-ranks), the head's serving and the others' headless
-      (no port, no key, active once running)
+    + unit: the lane as this box runs it (spark/plan.py ``ServedLane``: its command line,
+      environment, timeouts and canary's causes, rendered here as the plan gives them); its
+      image is on the box (see ``images.image_present``); a port another service holds is
+      refused; with the lane's key, /v1 is guarded by the key in /etc/spark/secrets/<lane>.key
+      (root 0600), generated on the box when absent and never regenerated, so clients keep
+      working; a cluster lane on Ray requires ``spark-ray.service`` and waits until all its Ray
+      nodes have joined before its container starts; one on executor mp has a unit on every
+      box (``unit.rank``) under the watch of its rendezvous (spark-lane-ranks), the head's
+      serving and the others' headless (no port, no key, active once running)
 
     A changed unit, environment or new key restarts this lane only; otherwise a lane that is
     not running is started. Starting returns once /health answers.
@@ -531,27 +424,26 @@ def serving(unit: LaneUnit):
 
     .. code:: python
 
-        lanes.serving(name="Lane coder", unit=lanes.LaneUnit(lane, environment, after="fast"))
+        lanes.serving(name="Lane coder", unit=box_plan.lanes[0].served)
     """
-    lane = unit.lane
     if unit.after is not None and not SLUG.fullmatch(unit.after):
         raise OperationError(f"lane names are 1-32 of a-z 0-9 - (got after {unit.after!r})")
     state = answer(LaneServing)
-    problem = None if unit.headless else _port_owner_problem(state, lane)
+    problem = None if unit.headless else _port_owner_problem(state, unit)
     if problem:
         yield from util.refused(problem)
         return
-    with_key = lane.api_key and not unit.headless
-    commands, new_key = _secret_commands(state, lane.name) if with_key else ([], False)
+    with_key = unit.key_variable is not None
+    commands, new_key = _secret_commands(state, unit.name) if with_key else ([], False)
     yield from commands
-    env_path, name = f"{LANE_DIR}/{lane.name}.env", unit_name(lane.name)
-    found = util.on_box(*lane_files(lane.name))
+    env_path, name = f"{LANE_DIR}/{unit.name}.env", unit_name(unit.name)
+    found = util.on_box(*lane_files(unit.name))
     env_changes = util.template(
         "vllm-lane.env.j2",
         env_path,
         found=found,
-        lane=lane.name,
-        variables=sorted(unit.variables().items()),
+        lane=unit.name,
+        variables=env_lines(unit),
     )
     yield from env_changes
     # Read at each start: a new version changes no running lane.
@@ -574,10 +466,10 @@ def serving(unit: LaneUnit):
         "vllm-lane.service.j2",
         f"{UNIT_DIR}/{name}",
         found=found,
-        **unit.unit_variables(state["rdma"], state["unlimited_memlock"]),
+        **unit_variables(unit, state["rdma"], state["unlimited_memlock"]),
     )
     yield from unit_changes
-    current = answer(LaneUnits).get(lane.name, {})
+    current = answer(LaneUnits).get(unit.name, {})
     # A deploy's start is deliberate: reset-failed keeps it from counting toward the unit's start
     # limit (meant for crash loops). A failed start shows the lane's own log (which holds no
     # secret) where pyinfra shows errors.
@@ -589,7 +481,7 @@ def serving(unit: LaneUnit):
     changed = bool(unit_changes or env_changes or new_key)
     if unit.on_demand is not None:  # not enabled, started by its socket (operations/on_demand.py)
         yield from demand.activated(
-            lane.name,
+            unit.name,
             name,
             unit.on_demand,
             lane_state=current,
@@ -600,13 +492,13 @@ def serving(unit: LaneUnit):
         return
     enabled = current.get("UnitFileState") == "enabled"
     if unit.fetch_unit and enabled and not running and not changed:
-        fetch = answer(FetchState, model=lane.model, models_dir=unit.models_dir)
+        fetch = answer(FetchState, model=unit.model, models_dir=MODELS_DIR)
         if fetch["active"] == "activating":  # its start waits in the queue after it (After=)
             if answer(QueuedStart, unit=name):
-                host.noop(f"lane {lane.name}: starts once {unit.fetch_unit} lands")
+                host.noop(f"lane {unit.name}: starts once {unit.fetch_unit} lands")
             else:
                 yield f"systemctl start --no-block {name}"
-                host.log(f"lane {lane.name}: starts once {unit.fetch_unit} lands")
+                host.log(f"lane {unit.name}: starts once {unit.fetch_unit} lands")
             return
     yield from util.unit_started(
         name,
@@ -618,18 +510,18 @@ def serving(unit: LaneUnit):
         restart=f"{start.format('restart')} || {show_log}",
     )
     if running and not changed and unit.headless:
-        host.noop(f"lane {lane.name}: rank {unit.rank.node_rank if unit.rank else '?'} running")
-    elif running and not changed and not lane.canary:
-        host.noop(f"lane {lane.name} is serving on port {lane.port} (canary off)")
+        host.noop(f"lane {unit.name}: rank {unit.rank.node_rank if unit.rank else '?'} running")
+    elif running and not changed and unit.canary_causes is None:
+        host.noop(f"lane {unit.name} is serving on port {unit.port} (canary off)")
     elif running and not changed:
         # Left running, it was not asked at a start: the deploy asks it again (it may answer
         # garbage since, its weights replaced under it, say).
         # Asked afresh when the canary was just rewritten: what was read before is its old word.
-        wrong = answer(LaneAnswer, fresh=bool(scripts), lane=lane.name, port=lane.backend_port)
+        wrong = answer(LaneAnswer, fresh=bool(scripts), lane=unit.name, port=unit.backend_port)
         if wrong:
-            yield from util.refused(f"{host.name}: lane {lane.name} serves wrong answers:\n{wrong}")
+            yield from util.refused(f"{host.name}: lane {unit.name} serves wrong answers:\n{wrong}")
             return
-        host.noop(f"lane {lane.name} is serving on port {lane.port}, answering right")
+        host.noop(f"lane {unit.name} is serving on port {unit.port}, answering right")
 
 
 @operation()
@@ -698,25 +590,24 @@ def questions(images: list[str], hf_token: bool) -> list[Question]:
     ]
 
 
-def serving_questions(unit: LaneUnit) -> list[Question]:
+def serving_questions(unit: ServedLane) -> list[Question]:
     """What ``serving`` reads for this lane, the canary's answer included (operations/asked.py):
     asked with the others, the lane answers a canary even where the run then finds its unit
     changed and restarts it."""
-    lane = unit.lane
     return [
         question(LaneServing),
-        question(util.RootFiles, paths=lane_files(lane.name)),
+        question(util.RootFiles, paths=lane_files(unit.name)),
         question(LaneUnits),
         *(
-            [question(LaneAnswer, lane=lane.name, port=lane.backend_port)]
-            if lane.canary and not unit.headless and unit.on_demand is None
+            [question(LaneAnswer, lane=unit.name, port=unit.backend_port)]
+            if unit.canary_causes is not None and not unit.headless and unit.on_demand is None
             else []
         ),
-        *(demand.activation_questions(lane.name) if unit.on_demand is not None else []),
+        *(demand.activation_questions(unit.name) if unit.on_demand is not None else []),
         *(
             [
-                question(FetchState, model=lane.model, models_dir=unit.models_dir),
-                question(QueuedStart, unit=unit_name(lane.name)),
+                question(FetchState, model=unit.model, models_dir=MODELS_DIR),
+                question(QueuedStart, unit=unit_name(unit.name)),
             ]
             if unit.fetch_unit
             else []

@@ -12,7 +12,7 @@ from pyinfra.api.host import Host
 from operations import util
 from operations.asked import Question, answer, question
 from spark import twin
-from spark.box_paths import HF_CACHE_IN_CONTAINER
+from spark.box_paths import HF_CACHE_IN_CONTAINER, hf_cache_dir
 
 IP_ICMP_HEADERS = 28  # a ping's payload is the MTU less the IPv4 (20) and ICMP (8) headers
 WAIT_SECONDS = 10  # a profile brought up moments before may still be resolving its peer
@@ -368,11 +368,6 @@ def cluster_whole(members: list[str]):
 
 
 # --- a cluster lane: the same image and the model's weights on every box ----------------------
-
-
-def hf_cache_dir(models_dir: str, model: str) -> str:
-    """Where huggingface_hub keeps ``org/name`` under a cache (``models--org--name``)."""
-    return f"{models_dir}/hub/models--{model.replace('/', '--')}"
 
 
 class ModelWeights(FactBase):

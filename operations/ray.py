@@ -18,6 +18,7 @@ from pyinfra.facts.files import File
 
 from operations import util
 from operations.asked import Question, answer, question
+from spark.box_paths import RAY_TOKEN_IN_CONTAINER as TOKEN_IN_CONTAINER
 from spark.box_paths import SECRETS_DIR
 from spark.ports import DASHBOARD_PORT, PORT_OPTIONS, WORKER_PORTS
 
@@ -27,7 +28,6 @@ UNIT_PATH = f"/etc/systemd/system/{UNIT}"
 # `spark-ray-nodes N [SECONDS]`: exits 0 once N Ray nodes are alive (waiting up to SECONDS).
 NODES_COMMAND = "/usr/local/sbin/spark-ray-nodes"
 TOKEN_PATH = f"{SECRETS_DIR}/ray-auth-token"
-TOKEN_IN_CONTAINER = "/run/secrets/ray-auth-token"
 # Ray's session directory (/tmp/ray in its container), kept on the box: a cluster lane's driver
 # finds the raylet's sockets there (and the raylet itself in the Ray container's processes).
 SESSION_DIR = "/var/lib/spark/ray"

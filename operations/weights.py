@@ -21,8 +21,8 @@ from pyinfra.api import FactBase, operation
 
 from operations import util
 from operations.asked import Question, answer, question
-from operations.preflight import ModelWeights, hf_cache_dir
-from spark.box_paths import fetch_unit
+from operations.preflight import ModelWeights
+from spark.box_paths import fetch_unit, hf_cache_dir
 
 FETCH_SOURCE = Path(__file__).parents[1] / "files" / "spark_fetch.py"
 FETCH_SCRIPT = "/usr/local/lib/spark/spark_fetch.py"

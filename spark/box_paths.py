@@ -6,6 +6,9 @@ HF_TOKEN = f"{SECRETS_DIR}/hf-token"
 MODELS_DIR = "/var/lib/spark/models"  # the Hugging Face cache the lanes share
 # Where the lanes mount MODELS_DIR: huggingface_hub's default cache of root (HF_HOME unset).
 HF_CACHE_IN_CONTAINER = "/root/.cache/huggingface"
+# Where a lane's container reads the hub's token and Ray's: mounted read-only, never values.
+HF_TOKEN_IN_CONTAINER = "/run/secrets/hf-token"
+RAY_TOKEN_IN_CONTAINER = "/run/secrets/ray-auth-token"
 # The NCCL test's kept verdict (files/nccl_check.py report), which the metrics collector reads.
 NCCL_RESULT_DIR = "/var/lib/spark/nccl-test"
 NCCL_VERDICT = f"{NCCL_RESULT_DIR}/verdict.json"
@@ -54,3 +57,8 @@ def pull_unit(image: str) -> str:
 def pull_status(image: str) -> str:
     """Where the pull of ``image`` keeps its status."""
     return f"{PULL_STATUS_DIR}/{pull_slug(image)}.json"
+
+
+def hf_cache_dir(models_dir: str, model: str) -> str:
+    """Where huggingface_hub keeps ``org/name`` under a cache (``models--org--name``)."""
+    return f"{models_dir}/hub/models--{model.replace('/', '--')}"

@@ -1,5 +1,6 @@
 """What the lane model's validators share: a refusal pydantic reports under its field, a
-pattern check, and the shape of a Hugging Face id (a lane's model, a catalog entry's name)."""
+pattern check, the shape of a Hugging Face id (a lane's model, a catalog entry's name), of a
+variable's name, and the characters that would split a unit or an environment file."""
 
 from __future__ import annotations
 
@@ -10,6 +11,8 @@ from pydantic import AfterValidator
 
 # A Hugging Face repository id: org/name.
 HF_ID = re.compile(r"(?P<org>[A-Za-z0-9][A-Za-z0-9._-]{0,95})/[A-Za-z0-9][A-Za-z0-9._-]{0,95}")
+ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")  # a shell's and systemd's variable name
+LINE_BREAK = re.compile(r"[\n\r\0]")  # would split the unit or env file that carries it
 T = TypeVar("T")
 
 

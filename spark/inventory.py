@@ -31,9 +31,8 @@ from pydantic_core import InitErrorDetails
 
 from spark import fleet, memory, topology
 from spark.catalog import ModelSpec
-from spark.checks import matching, refused
+from spark.checks import LINE_BREAK, matching, refused
 from spark.lane import (
-    LINE_BREAK,
     SLUG,
     Lane,
     clash_problems,

@@ -1,18 +1,15 @@
 """A lane: one model server on a box, its settings, and what it may run.
 
 A lane is one model server in a container (`vllm serve`, or llama.cpp's `llama-server` for a
-GGUF: spark/llamacpp.py), on its own port, with its own share of the box's unified memory.
-Everything here is checked before any host is contacted: the options against the own option list
-of the release the lane's image carries (vLLM's: spark/vllm_release.py; llama.cpp's:
-spark/llamacpp_release.py), the settings known to break the GB10 (SM121) against the rules of
-spark/sm121.py, each in that release's terms; the model's figures come from spark/catalog.py,
-and the memory each lane needs is spark/memory.py's.
+GGUF), on its own port, with its own share of the box's unified memory. Everything here is
+checked before any host is contacted; what depends on the server is its engine's record
+(spark/engines/: the options against the own option list of the release the lane's image
+carries, the settings known to break the GB10, the command line); the model's figures come from
+spark/catalog.py, and the memory each lane needs is spark/memory.py's.
 """
 
 from __future__ import annotations
 
-import difflib
-import json
 import re
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -29,23 +26,13 @@ from pydantic import (
 from spark import llamacpp
 from spark.catalog import CATALOG, ModelSpec
 from spark.checks import HF_ID, matching, refused
+from spark.engines import DEFAULT, ENGINES, Engine
 from spark.llamacpp_release import DEFAULT_COMMIT
 from spark.memory import FRACTION_LIMIT
 from spark.ports import MASTER_PORT, on_demand_server_port
-from spark.sm121 import SM121_ADDITIONS, SM121_RULES
-from spark.vllm_release import (
-    DEFAULT_IMAGE,
-    Release,
-    image_has_ray,
-    image_release,
-    images_with_ray,
-    known_versions,
-    newer,
-    release,
-)
+from spark.vllm_release import Release, image_has_ray, image_release, without_ray
 
 SLUG = re.compile(r"[a-z0-9][a-z0-9-]{0,31}")
-ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")  # a shell's and systemd's variable name
 # registry/repository:tag (a digest may follow the tag); the registry may carry a port.
 IMAGE = re.compile(
     r"[a-z0-9]+(?:[._-][a-z0-9]+)*(?::\d+)?(?:/[a-z0-9]+(?:[._-][a-z0-9]+)*)+"
@@ -53,34 +40,11 @@ IMAGE = re.compile(
 )
 MODEL_PATH = re.compile(r"(/[A-Za-z0-9_.-]+)+")
 SERVED_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:/-]{0,127}")
-LINE_BREAK = re.compile(r"[\n\r\0]")  # would split the unit or env file that carries it
-NEGATIVE_NUMBER = re.compile(r"-\d+(\.\d*)?|-\.\d+")  # a value, not an option, to argparse
 IMAGE_PROBLEM = "{!r} is not registry/repository:tag; pin a tag, e.g. nvcr.io/nvidia/vllm:26.04-py3"
-# The values argparse's int and float (and vLLM's human_readable_int) turn into numbers, less
-# the oddities they also take (spaces, "1_000", "nan", "inf").
-INTEGER = re.compile(r"[+-]?\d+")
-FLOAT = re.compile(r"[+-]?(\d+\.?\d*|\.\d+)([eE][+-]?\d+)?")
-HUMAN_INTEGER = re.compile(r"\d+|\d+(\.\d+)?[kmgt]|\d+[KMGT]")
 
 # Agent clients refuse a shorter context: Hermes Agent says "below the minimum 64,000 required"
 # (seed 003); 65536 is the 64K the field gives its lanes (seed 003's lane B).
 AGENT_CONTEXT = 65536
-# Variables beside vLLM's own that a lane may set: libraries vLLM runs on.
-ENV_PREFIXES = ("CUDA_", "NCCL_", "HF_", "TORCH_", "PYTORCH_", "TRITON_", "TRANSFORMERS_", "OMP_")
-# Kernel variables vLLM 0.31.0 dropped for options (vllm-option-changes.md, its watch list).
-REPLACED_BY = {
-    "VLLM_NVFP4_GEMM_BACKEND": "--linear-backend",
-    "VLLM_TEST_FORCE_FP8_MARLIN": "--linear-backend",
-    "VLLM_USE_NVFP4_CT_EMULATIONS": "--linear-backend",
-    "VLLM_FLASHINFER_MOE_BACKEND": "--moe-backend",
-    "VLLM_USE_FLASHINFER_MOE_FP4": "--moe-backend",
-    "VLLM_USE_FLASHINFER_MOE_FP8": "--moe-backend",
-    "VLLM_USE_FLASHINFER_MOE_FP16": "--moe-backend",
-    "VLLM_MXFP4_USE_MARLIN": "--moe-backend",
-}
-SECRET_ENV = frozenset(
-    {"VLLM_API_KEY", "HF_TOKEN", "HUGGING_FACE_HUB_TOKEN", "S3_SECRET_ACCESS_KEY"}
-)
 
 
 def pinned_image(image: str) -> str:
@@ -98,16 +62,7 @@ def pinned_image(image: str) -> str:
 
 def image_with_ray(image: str) -> str:
     """``image`` pinned and not one the image table knows to lack Ray, else ValueError."""
-    return refused(pinned_image(image), _without_ray(image))
-
-
-def _without_ray(image: str) -> list[str]:
-    if image_has_ray(image) is not False:
-        return []
-    return [
-        f"{image} carries no Ray (NVIDIA/dgx-spark-playbooks#109); a cluster on Ray needs"
-        f" {' or '.join(images_with_ray())}, or a cluster lane with executor mp"
-    ]
+    return refused(pinned_image(image), without_ray(image))
 
 
 # vLLM's own (Ray-free) multi-node mode: the head, node rank 0, serves; every other box runs a
@@ -133,8 +88,9 @@ class Lane(BaseModel):
 
     model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
 
-    engine: Literal["vllm", "llama.cpp"] = Field(
-        "vllm",
+    # The registry's names (spark/engines/__init__.py), whatever engines it holds.
+    engine: Literal[tuple(ENGINES)] = Field(  # type: ignore[valid-type]
+        DEFAULT,
         description="vllm (the default) or llama.cpp (a GGUF file: gguf_file; seed 002)",
     )
 
@@ -277,8 +233,7 @@ class Lane(BaseModel):
 
     @model_validator(mode="after")
     def _release_rules_and_model(self) -> Lane:
-        llama_cpp = self.engine == "llama.cpp"
-        problems = _llama_cpp_problems(self) if llama_cpp else _vllm_problems(self)
+        problems = self.engine_record.problems(self)
         spec = self.spec
         if spec is None:
             problems.append(
@@ -298,10 +253,14 @@ class Lane(BaseModel):
         return refused(self, problems)
 
     @property
+    def engine_record(self) -> Engine:
+        """What serves the lane: its checks, command line, paths and memory model."""
+        return ENGINES[self.engine]
+
+    @property
     def catalog_key(self) -> str:
-        """The model's name in the catalog: a GGUF file's repository and path."""
-        gguf = self.engine == "llama.cpp" and self.gguf_file
-        return f"{self.model}/{self.gguf_file}" if gguf else self.model
+        """The model's name in the catalog (a GGUF file's: its repository and path)."""
+        return self.engine_record.catalog_key(self)
 
     @property
     def weight_files(self) -> tuple[str, ...]:
@@ -320,9 +279,7 @@ class Lane(BaseModel):
 
     def option(self, name: str) -> str | bool | None:
         """The value extra_args give an option (True for a flag), the last one winning."""
-        options = parse_options(self.extra_args, self.release)[0]
-        found = [value for option, value in options if option == name]
-        return found[-1] if found else None
+        return self.engine_record.option(self, name)
 
     @property
     def cluster_executor(self) -> Literal["ray", "mp"] | None:
@@ -331,52 +288,6 @@ class Lane(BaseModel):
         if not self.is_cluster:
             return None
         return self.executor or ("ray" if image_has_ray(self.image) else "mp")
-
-    def vllm_args(self, rank: MpRank | None = None) -> list[str]:
-        """Everything after `vllm serve`: the model, the lane's settings, the additions SM121
-        needs, then extra_args; for a cluster lane on executor mp, this box's `rank`. Never a
-        key: the API key reaches vLLM as VLLM_API_KEY from a root-only file on the box. vLLM
-        listens on loopback only: its --api-key guards /v1 and leaves /invocations, /tokenize,
-        /metrics and more open to anyone (vLLM's security guide; vllm-project/vllm#18892), so
-        the box's front (operations/front.py) owns `port` and asks the key on every path."""
-        args = [
-            self.model,
-            "--served-model-name", self.served_name,
-            "--host", "127.0.0.1",
-            "--port", str(self.server_port),
-            "--gpu-memory-utilization", f"{self.memory_fraction:g}",
-            "--max-model-len", str(self.max_model_len),
-        ]  # fmt: skip
-        if self.kv_cache_dtype:
-            args += ["--kv-cache-dtype", self.kv_cache_dtype]
-        if self.tool_call_parser:
-            args += ["--tool-call-parser", self.tool_call_parser, "--enable-auto-tool-choice"]
-        if self.is_cluster:  # one rank per box
-            args += ["--tensor-parallel-size", str(self.tensor_parallel_size)]
-            args += ["--distributed-executor-backend", self.cluster_executor or "ray"]
-        if self.cluster_executor == "mp":
-            if rank is None:
-                raise ValueError(f"lane {self.name}: a cluster lane on executor mp needs its rank")
-            args += ["--nnodes", str(self.tensor_parallel_size), "--node-rank", str(rank.node_rank)]
-            args += ["--master-addr", rank.master_addr, "--master-port", str(rank.master_port)]
-            if rank.headless:  # no API server on this box: the head serves
-                args.append("--headless")
-        for addition in SM121_ADDITIONS:
-            args += addition.args(self)
-        return [*args, *self.extra_args]
-
-    def llama_args(self) -> list[str]:
-        """Everything after llama-server (spark/llamacpp.py), on 127.0.0.1 behind the
-        box's front as a vLLM lane."""
-        return llamacpp.server_args(
-            served_name=self.served_name,
-            port=self.server_port,
-            context=self.max_model_len,
-            slots=self.slots or llamacpp.DEFAULT_SLOTS,
-            kv_cache=self.kv_cache_dtype,
-            extra_args=self.extra_args,
-            commit=self.llama_cpp_commit or DEFAULT_COMMIT,
-        )
 
     @property
     def backend_port(self) -> int:
@@ -396,292 +307,13 @@ class Lane(BaseModel):
         """A cluster lane: served from the head, one tensor-parallel rank on every box."""
         return self.tensor_parallel_size > 1
 
+    def argv(self, rank: MpRank | None = None) -> list[str]:
+        """The server's command line (this box's ``rank`` of a cluster lane on executor mp)."""
+        return self.engine_record.argv(self, rank)
+
     def container_env(self) -> dict[str, str]:
-        """The lane's environment plus what SM121 needs of vLLM."""
-        environment = dict(self.environment)
-        if self.engine == "llama.cpp":
-            return environment
-        for addition in SM121_ADDITIONS:
-            environment |= addition.env(self)
-        return environment
-
-
-def _vllm_problems(lane: Lane) -> list[str]:
-    """A vLLM lane against its image's release, the SM121 rules and its executor."""
-    try:
-        vllm = lane.release
-    except ValueError as error:
-        return [str(error)]
-    problems = _release_problems(lane, vllm)
-    problems += [rule.problem(vllm) for rule in SM121_RULES if rule.breaks(lane)]
-    if lane.gguf_file or lane.llama_cpp_commit or lane.slots:
-        problems.append(
-            "gguf_file, llama_cpp_commit and slots are for engine llama.cpp; leave them out"
-            " or set engine: llama.cpp"
-        )
-    if lane.executor and not lane.is_cluster:
-        problems.append(
-            f"executor: {lane.executor} is for a cluster lane; set tensor_parallel_size to"
-            " the number of boxes, or leave executor out"
-        )
-    elif lane.cluster_executor == "ray":
-        problems += [f"executor: ray: {problem}" for problem in _without_ray(lane.image)]
-    if lane.is_cluster and lane.on_demand_idle_s is not None:
-        problems.append(
-            "on_demand_idle_s: a cluster lane holds a rank on every box of the cluster, which"
-            " start together; keep it resident (leave on_demand_idle_s out)"
-        )
-    return problems
-
-
-def _llama_cpp_problems(lane: Lane) -> list[str]:
-    """A llama.cpp lane: one GGUF of a Hugging Face repository on one box, its settings against
-    the option list of the llama.cpp its image was built from."""
-    problems = []
-    if lane.gguf_file is None:
-        problems.append(
-            "gguf_file: a llama.cpp lane serves one GGUF file of its repository; name it"
-            " (e.g. Qwen3-Coder-Next-UD-Q4_K_XL.gguf)"
-        )
-    elif not llamacpp.GGUF_FILE.fullmatch(lane.gguf_file) or ".." in lane.gguf_file.split("/"):
-        problems.append(
-            f"gguf_file: {lane.gguf_file!r} is no path of a .gguf file in the repository; use"
-            " a-z A-Z 0-9 . _ - and /, ending in .gguf"
-        )
-    if not HF_ID.fullmatch(lane.model):
-        problems.append(
-            f"model: {lane.model!r} is no Hugging Face id; a llama.cpp lane's model is the"
-            " repository holding gguf_file (org/name), fetched into the box's cache"
-        )
-    vllm_only = {
-        "vllm_version": lane.vllm_version,
-        "tool_call_parser": lane.tool_call_parser,
-        "executor": lane.executor,
-    }
-    problems += [
-        f"{key}: is vLLM's; a llama.cpp lane leaves it out"
-        + (" (--jinja gives it tool calls)" if key == "tool_call_parser" else "")
-        for key, value in vllm_only.items()
-        if value is not None
-    ]
-    if lane.is_cluster:
-        problems.append(
-            "tensor_parallel_size: a llama.cpp lane runs on its own box; a lane over several"
-            " boxes is a vLLM one"
-        )
-    commit = lane.llama_cpp_commit or DEFAULT_COMMIT
-    layers = lane.spec.layers if lane.spec else None
-    return problems + llamacpp.problems(
-        lane.extra_args, lane.environment, lane.kv_cache_dtype, commit, layers
-    )
-
-
-def _guess(value: str, known: Iterable[str]) -> str:
-    close = difflib.get_close_matches(value, list(known), 1)
-    return f" (did you mean {close[0]}?)" if close else ""
-
-
-# Options a lane sets from its own keys: extra_args may not set them again.
-LANE_KEYS = {
-    "--model": "model",
-    "--served-model-name": "served_name",
-    "--port": "port (clients') and loopback_port (vLLM's own, behind the front)",
-    "--gpu-memory-utilization": "memory_fraction",
-    "--max-model-len": "max_model_len",
-    "--kv-cache-dtype": "kv_cache_dtype",
-    "--tool-call-parser": "tool_call_parser",
-    "--enable-auto-tool-choice": "tool_call_parser",
-    "--no-enable-auto-tool-choice": "tool_call_parser",
-    "--tensor-parallel-size": "tensor_parallel_size",
-    "--distributed-executor-backend": "tensor_parallel_size and executor (a cluster lane)",
-    **{
-        option: "tensor_parallel_size and executor mp (the deploy gives each box its rank)"
-        for option in ("--nnodes", "--node-rank", "--master-addr", "--master-port", "--headless")
-    },
-}
-# Options extra_args may not carry at all, and why.
-NOT_IN_EXTRA_ARGS = {
-    "--api-key": "a secret in argv shows in `ps` and `docker inspect`; the key is generated"
-    " on the box (api_key = True)",
-    "--host": "vLLM listens on 127.0.0.1 behind the box's front, which asks the key on every"
-    " path (vLLM's own key leaves /invocations, /tokenize and /metrics open); narrow the LAN"
-    " side with front_allow_networks",
-    "--uds": "vLLM listens on 127.0.0.1:loopback_port behind the box's front",
-    "--config": "a config file would hide its options from these checks; list them here",
-    "--kv-cache-memory-bytes": "it sizes the KV cache past memory_fraction; set"
-    " memory_fraction and max_model_len",
-    "--pipeline-parallel-size": "a lane spans boxes by tensor parallelism only; leave it out"
-    " and set tensor_parallel_size (a cluster lane)",
-    "--data-parallel-size": "a lane spans boxes by tensor parallelism only; leave it out"
-    " and set tensor_parallel_size (a cluster lane)",
-    "--hf-token": "a token in argv shows in `ps` and `docker inspect`; set hf_token_file (the"
-    " token goes to a root-only file on the box)",
-}
-
-
-def parse_options(
-    tokens: Iterable[str], vllm: Release | None = None
-) -> tuple[list[tuple[str, str | bool]], list[str]]:
-    """extra_args read as ``vllm``'s parser reads them (the default image's release if None):
-    ([(--name, value or True)], problems).
-
-    `--name value` and `--name=value`; an option of several values (nargs "+") takes every
-    value up to the next option, given back joined by spaces; underscores count as dashes
-    (vLLM's FlexibleArgumentParser). Each value is checked against the option's choices and
-    type (the release's option values). Every problem names what to do instead.
-    """
-    vllm = vllm or image_release(DEFAULT_IMAGE, None)
-    tokens = list(tokens)
-    broken = [n for n, token in enumerate(tokens, 1) if LINE_BREAK.search(token)]
-    if broken:
-        return [], [f"item {n} has a line break or NUL; remove it" for n in broken]
-    options: list[tuple[str, str | bool]] = []
-    problems = []
-    i = 0
-    while i < len(tokens):
-        token = tokens[i]
-        i += 1
-        if not token.startswith("--"):
-            problems.append(
-                f"{token!r} is no long option; write --name value or --name=value"
-                " (short options and a second model are not accepted)"
-            )
-            continue
-        name, has_value, value = token.partition("=")
-        name = name.replace("_", "-")
-        spec = vllm.options.get(name)
-        values = [value] if has_value else []
-        # The value of an unknown option is taken too, so it is neither reported nor echoed.
-        wants_value = spec is None or spec["takes_value"]
-        several = vllm.values.get(name, {}).get("nargs") == "+"
-        while wants_value and (several or not values) and not has_value:
-            if i == len(tokens) or not _is_value(tokens[i]):
-                break
-            values.append(tokens[i])
-            i += 1
-        problem = _option_problem(vllm, name, bool(has_value), values)
-        if problem:
-            problems.append(problem)
-        else:
-            assert spec is not None  # an unknown option is a problem
-            options.append((name, " ".join(values) if spec["takes_value"] else True))
-    return options, problems
-
-
-def _is_value(token: str) -> bool:
-    return not token.startswith("-") or bool(NEGATIVE_NUMBER.fullmatch(token))
-
-
-def _option_problem(vllm: Release, name: str, has_value: bool, values: list[str]) -> str:
-    spec = vllm.options.get(name)
-    if spec is None:
-        return (
-            f"{name} is no option of {vllm.label}'s `vllm serve`{_guess(name, vllm.options)};"
-            " see `vllm serve --help`"
-        )
-    if name in LANE_KEYS:
-        return f"{name} comes from the lane; set {LANE_KEYS[name]}"
-    if name in NOT_IN_EXTRA_ARGS:
-        return f"{name} is refused: {NOT_IN_EXTRA_ARGS[name]}"
-    if not spec["takes_value"]:
-        return f"{name} takes no value; drop ={values[0]}" if has_value else ""
-    if not values:
-        return f"{name} needs a value; put it after {name}"
-    choices = spec.get("choices")
-    if choices and values[0] not in choices:
-        return (
-            f"{name} {values[0]!r} is no choice of {vllm.label}{_guess(values[0], choices)};"
-            f" one of: {', '.join(choices)}"
-        )
-    return "; ".join(_value_problems(vllm, name, values))
-
-
-def _value_problems(vllm: Release, name: str, values: list[str]) -> list[str]:
-    """What the release's parser would refuse in an option's values: caught here, the lane
-    never crash-loops on it, and nothing of the value reaches the box."""
-    kind = vllm.values.get(name, {"type": "str"})
-    if kind.get("none") and values in (["None"], [""]):
-        return []
-    wanted, check = {
-        "int": ("an integer", INTEGER.fullmatch),
-        "float": ("a number", FLOAT.fullmatch),
-        "human_int": (
-            "an integer (or 8k, 2M: vLLM's human-readable form)",
-            HUMAN_INTEGER.fullmatch,
-        ),
-        "human_int_or_auto": (
-            "an integer (or 8k, 2M) or auto",
-            lambda value: value == "auto" or HUMAN_INTEGER.fullmatch(value),
-        ),
-        "json": ("a JSON object, e.g. '{\"key\": 1}'", _is_json_object),
-        "json_or_str": (
-            "a JSON object where it starts with '{'",
-            lambda value: not value.lstrip().startswith("{") or _is_json_object(value),
-        ),
-        "str": ("a string", lambda value: True),
-    }[kind["type"]]
-    return [f"{name} {value!r} is not {wanted}; give one" for value in values if not check(value)]
-
-
-def _is_json_object(value: str) -> bool:
-    try:
-        return isinstance(json.loads(value), dict)
-    except ValueError:
-        return False
-
-
-def _release_problems(lane: Lane, vllm: Release) -> list[str]:
-    """The lane's choices, extra_args and environment against its image's release."""
-    problems = []
-    for key in ("kv_cache_dtype", "tool_call_parser"):
-        value = getattr(lane, key)
-        choices = vllm.options["--" + key.replace("_", "-")]["choices"]
-        if value is not None and value not in choices:
-            problems.append(
-                f"{key}: {value!r} is not a {vllm.label} choice{_guess(value, choices)};"
-                f" one of: {', '.join(choices)}"
-            )
-    problems += [f"extra_args: {problem}" for problem in parse_options(lane.extra_args, vllm)[1]]
-    return problems + [
-        f"environment: {problem}"
-        for item in lane.environment.items()
-        for problem in _env_problems(vllm, *item)
-    ]
-
-
-def _env_problems(vllm: Release, name: str, value: str) -> list[str]:
-    if name in SECRET_ENV:
-        return [
-            f"{name} is a secret: here it would show in `docker inspect` and the"
-            " unit; the API key is generated on the box (api_key = True), a token goes in a"
-            " root-only file on the box"
-        ]
-    problems = []
-    known = vllm.reads(name) or name.startswith(ENV_PREFIXES)
-    if not ENV_NAME.fullmatch(name) or not known:
-        problems.append(
-            f"{name!r} is no variable {vllm.label} reads"
-            f"{_retired(vllm, name) or _guess(name, vllm.env_vars)}; use one of vLLM's or a"
-            f" {'/'.join(prefix + '*' for prefix in ENV_PREFIXES)} variable"
-        )
-    if LINE_BREAK.search(value):
-        problems.append(f"{name}: its value has a line break or NUL; remove it")
-    return problems
-
-
-def _retired(vllm: Release, name: str) -> str:
-    """Where an older release read the variable: the release now ignores it with a warning
-    (vllm-option-changes.md), so a setting it carried would silently do nothing."""
-    older = [
-        version
-        for version in known_versions()
-        if newer(vllm.version, version) and release(version).reads(name)
-    ]
-    if not older:
-        return ""
-    option = REPLACED_BY.get(name)
-    instead = f"; it chooses that with {option}" if option and vllm.has(option) else ""
-    return f" (vLLM {older[-1]} did; {vllm.label} warns and ignores it{instead})"
+        """The lane's environment plus what its engine needs on the GB10."""
+        return self.engine_record.container_env(self)
 
 
 # How a clash names an on-demand lane's server port (spark/ports.py on_demand_server_port).

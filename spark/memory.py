@@ -21,8 +21,6 @@ from typing import TYPE_CHECKING
 
 from pydantic import BaseModel, ConfigDict
 
-from spark import llamacpp
-
 if TYPE_CHECKING:
     from collections.abc import Iterable, Iterator
 
@@ -97,12 +95,12 @@ def kv_heads_per_rank(kv_heads: int, ranks: int) -> int:
 
 def kv_gib_per_token(lane: Lane) -> float:
     """One token's keys and values on one rank of the lane, in GiB, in the lane's cache type:
-    a llama.cpp lane that names none caches in llamacpp.DEFAULT_KV_CACHE (q8_0, its
-    --cache-type-k and -v), a vLLM one in the model's own dtype."""
+    one that names none in its engine's default (llama.cpp's q8_0, its --cache-type-k and -v),
+    or the model's own dtype (vLLM's)."""
     spec = lane.spec
     assert spec is not None  # a validated lane has one
-    default = llamacpp.DEFAULT_KV_CACHE if lane.engine == "llama.cpp" else None
-    every_head = spec.kv_bytes_per_token(lane.kv_cache_dtype or default)
+    cache = lane.kv_cache_dtype or lane.engine_record.default_kv_cache
+    every_head = spec.kv_bytes_per_token(cache)
     heads = kv_heads_per_rank(spec.kv_heads, lane.tensor_parallel_size)
     return every_head * heads / spec.kv_heads / 2**30
 

@@ -20,12 +20,15 @@ from spark.box_paths import (
     GPU_CLOCK_UNIT,
     HF_CACHE_IN_CONTAINER,
     HF_TOKEN,
+    HF_TOKEN_IN_CONTAINER,
     MODELS_DIR,
     NCCL_VERDICT,
     NVIDIA_SMI,
+    RAY_TOKEN_IN_CONTAINER,
     WEIGHTS_PORT,
     fetch_unit,
 )
+from spark.engines.record import ModelAtStart
 from spark.inventory import (
     Driver,
     FabricLink,
@@ -126,26 +129,62 @@ class OnDemand(Record):
     conflicts: tuple[str, ...]
 
 
-class ServedLane(Record):
-    """A lane as this box runs it (operations/lanes.py LaneUnit takes these fields)."""
+class UnitTimeouts(Record):
+    """How long a lane's unit waits: the whole start (TimeoutStartSec), the health wait inside
+    it, and a cluster lane's wait for every Ray node (half the start: a box away longer fails
+    the start, and the restart waits again)."""
 
-    lane: Lane
-    environment: dict[str, str]
+    start_s: int
+    health_s: int
+    nodes_wait_s: int
+
+
+class ServedLane(Record):
+    """A lane as this box runs it, every line operations/lanes.py renders: the server's command
+    line, the container's environment, the unit's timeouts and the canary's causes."""
+
+    name: str
+    engine: str
+    model: str
+    served_name: str
+    image: str
+    port: int  # the front's, which clients reach
+    backend_port: int  # the front's target on 127.0.0.1 (an on-demand lane's socket)
+    server_port: int  # the server's own, on 127.0.0.1: backend_port, or an on-demand lane's
+    memory_fraction: float
+    # The server's command line in the container; never a key (see key_variable).
+    argv: tuple[str, ...]
+    # The server's own variable the lane's key is read into from its mounted file as the
+    # container starts; None: the container gets no key (api_key off, or a headless rank).
+    key_variable: str | None
+    model_at_start: ModelAtStart | None  # a model path the container's shell reads as it starts
+    replaces_entrypoint: bool  # the image's entrypoint is the server: the shell replaces it
+    model_mount: str | None  # the owner's model directory, mounted read-only where it is
+    variables: dict[str, str]  # the container's environment file: names and paths, no secret
+    timeouts: UnitTimeouts
+    health_path: str  # the unit's start waits for it to answer
+    canary_causes: tuple[str, ...] | None  # None: no answer canary (the lane's canary off)
     after: str | None  # the lane that starts before this one
-    hf_token: bool
-    start_timeout_s: int
+    hf_token: bool  # mount the Hugging Face token (its path is in variables)
+    on_ray: bool  # a cluster lane on Ray: its ranks run on every box's Ray node
     ray_address: str | None  # a cluster lane on Ray: the head's GCS
     ray_token: bool
+    nnodes: int  # the boxes a cluster lane spans (1: its own box)
     rank: MpRank | None  # a cluster lane on vLLM's own multi-node mode: this box's rank
     peers: tuple[str, ...]  # the addresses this box's rank meets (mp)
     fetch_unit: str | None  # its model's fetch, which it starts after (fetch_weights)
     on_demand: OnDemand | None = None  # None: resident, enabled and started by the deploy
 
     @property
+    def headless(self) -> bool:
+        """A rank of a cluster lane (executor mp) on a box other than the head: no API."""
+        return self.rank is not None and self.rank.headless
+
+    @property
     def title(self) -> str:
         if self.rank is not None and self.rank.headless:
-            return f"rank {self.rank.node_rank} of {self.lane.served_name}, headless"
-        return f"{self.lane.served_name} on port {self.lane.port}"
+            return f"rank {self.rank.node_rank} of {self.served_name}, headless"
+        return f"{self.served_name} on port {self.port}"
 
 
 class OwnLane(Record):
@@ -494,9 +533,10 @@ def head_address(spark: SparkConfig) -> str:
 
 
 def hf_image(me: HostConfig) -> str:
-    """Where huggingface_hub's `hf` fetches a lane's weights: a vLLM image of the box's lanes,
-    else Ray's (group_data's NGC image); a llama.cpp image has no `hf`."""
-    return next((lane.image for lane in me.lanes if lane.engine == "vllm"), me.ray.image)
+    """Where huggingface_hub's `hf` fetches a lane's weights: an image of the box's lanes that
+    holds it (a vLLM one), else Ray's (group_data's NGC image); a llama.cpp image has none."""
+    images = (lane.image for lane in me.lanes if lane.engine_record.holds_hf_cli)
+    return next(images, me.ray.image)
 
 
 def images(me: HostConfig) -> tuple[str, ...]:
@@ -561,7 +601,7 @@ def weights(me: HostConfig, lane: Lane, spark: SparkConfig) -> ModelOnBox:
     first = seeder(me, spark, lane.model) if background else None
     return ModelOnBox(
         model=lane.model,
-        image=hf_image(me) if lane.engine == "llama.cpp" else lane.image,
+        image=lane.image if lane.engine_record.holds_hf_cli else hf_image(me),
         files=lane.weight_files,
         token_path=HF_TOKEN if me.hf_token_file else None,
         fetch=background,
@@ -596,8 +636,8 @@ def served(
     on_ray = lane.cluster_executor == "ray"
     head_ip = head_address(spark) if lane.is_cluster else ""
     others = spark.ranks[1:] if me.role == "head" else (spark.head,)
-    return ServedLane(
-        lane=lane,
+    return served_lane(
+        lane,
         environment=me.cluster_environment(spark.head),
         after=after,
         hf_token=bool(me.hf_token_file),
@@ -621,6 +661,73 @@ def on_demand(lane: Lane, conflicts: tuple[tuple[str, str], ...]) -> OnDemand | 
         socket_port=lane.backend_port,
         server_port=lane.server_port,
         conflicts=tuple(first for first, second in conflicts if second == lane.name),
+    )
+
+
+def served_lane(
+    lane: Lane,
+    *,
+    environment: dict[str, str],
+    after: str | None = None,
+    hf_token: bool = False,
+    start_timeout_s: int,
+    ray_address: str | None = None,
+    ray_token: bool = False,
+    rank: MpRank | None = None,
+    peers: tuple[str, ...] = (),
+    fetch_unit: str | None = None,
+    on_demand: OnDemand | None = None,
+) -> ServedLane:
+    """The lane's unit on a box, every value rendered: ``environment`` the cluster's (the
+    lane's own and its engine's are added), ``start_timeout_s`` the whole start's."""
+    engine = lane.engine_record
+    headless = rank is not None and rank.headless
+    on_ray = lane.cluster_executor == "ray"
+    # The weights are on the box before a lane starts (preflight.model_present): a lane never
+    # downloads inside its start window (huggingface_hub's HF_HUB_OFFLINE: cached files only);
+    # a lane's own environment may still say otherwise.
+    variables = {"HF_HUB_OFFLINE": "1"} | environment | lane.container_env()
+    if on_ray and not ray_address:
+        raise ValueError(f"lane {lane.name}: a cluster lane needs ray_address (host:port)")
+    if on_ray:
+        variables["RAY_ADDRESS"] = ray_address
+        if ray_token:  # Ray's token authentication (operations/ray.py mounts the token)
+            variables |= {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN_PATH": RAY_TOKEN_IN_CONTAINER}
+    if hf_token:  # the path only: huggingface_hub reads the token from there
+        variables["HF_TOKEN_PATH"] = HF_TOKEN_IN_CONTAINER
+    return ServedLane(
+        name=lane.name,
+        engine=lane.engine,
+        model=lane.model,
+        served_name=lane.served_name,
+        image=lane.image,
+        port=lane.port,
+        backend_port=lane.backend_port,
+        server_port=lane.server_port,
+        memory_fraction=lane.memory_fraction,
+        argv=tuple(lane.argv(rank)),
+        key_variable=engine.key_variable if lane.api_key and not headless else None,
+        model_at_start=engine.model_at_start(lane),
+        replaces_entrypoint=engine.replaces_entrypoint,
+        model_mount=lane.model if lane.model.startswith("/") else None,
+        variables=variables,
+        timeouts=UnitTimeouts(
+            start_s=start_timeout_s,
+            health_s=max(start_timeout_s - 30, 30),
+            nodes_wait_s=max(start_timeout_s // 2, 30),
+        ),
+        health_path=engine.health_path,
+        canary_causes=tuple(engine.canary_causes(lane)) if lane.canary else None,
+        after=after,
+        hf_token=hf_token,
+        on_ray=on_ray,
+        ray_address=ray_address,
+        ray_token=ray_token,
+        nnodes=lane.tensor_parallel_size,
+        rank=rank,
+        peers=peers,
+        fetch_unit=fetch_unit,
+        on_demand=on_demand,
     )
 
 
@@ -946,7 +1053,7 @@ def box_plan(me: HostConfig, spark: SparkConfig, router: fleet.Router) -> BoxPla
         cluster=cluster(
             me,
             spark,
-            lanes[-1].served.lane.name if lanes else None,
+            lanes[-1].served.name if lanes else None,
             router.port if me.name in router.boxes else None,
         ),
         metrics=metrics(me, spark),

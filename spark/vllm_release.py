@@ -157,6 +157,16 @@ def image_has_ray(image: str) -> bool | None:
     return known.ray if known else None
 
 
+def without_ray(image: str) -> list[str]:
+    """Why a cluster on Ray cannot run in ``image``: the table knows it to carry no Ray."""
+    if image_has_ray(image) is not False:
+        return []
+    return [
+        f"{image} carries no Ray (NVIDIA/dgx-spark-playbooks#109); a cluster on Ray needs"
+        f" {' or '.join(images_with_ray())}, or a cluster lane with executor mp"
+    ]
+
+
 def nccl_deadlock_warning(image: str) -> str | None:
     """Why an image whose NCCL is known to deadlock on a Spark (aarch64) is a risk for a
     cluster; None where its NCCL is good or not known (the NCCL test's verdict decides)."""

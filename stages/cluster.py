@@ -9,7 +9,7 @@ from operations import asked, firewall, images, lanes, nccl, preflight, ray, wei
 from operations.asked import Question
 from spark.box_paths import MODELS_DIR
 from spark.plan import BoxPlan, Cluster, NcclRun
-from stages.lanes_front import fetch, lane_unit, model_on_box, serve, weights_questions
+from stages.lanes_front import fetch, model_on_box, serve, weights_questions
 
 
 def nccl_test(run: NcclRun | None) -> None:
@@ -52,7 +52,7 @@ def questions(plan: Cluster) -> list[Question]:
         *(images.questions() if lane else []),
         *(preflight.image_questions(lane.image) if lane else []),
         *(nccl.questions(run.waits_for, MODELS_DIR) if run is not None else []),
-        *(lanes.serving_questions(lane_unit(lane.served)) if lane and lane.served else []),
+        *(lanes.serving_questions(lane.served) if lane and lane.served else []),
     ]
 
 

@@ -58,12 +58,8 @@ def model_on_box(weights: ModelOnBox, what: str) -> None:
     )
 
 
-def lane_unit(served: ServedLane) -> lanes.LaneUnit:
-    return lanes.LaneUnit(**dict(served))  # the plan's fields, as LaneUnit names them
-
-
 def serve(served: ServedLane) -> None:
-    lanes.serving(name=f"Lane {served.lane.name}: {served.title}", unit=lane_unit(served))
+    lanes.serving(name=f"Lane {served.name}: {served.title}", unit=served)
 
 
 def metrics_lanes(watch: Metrics) -> list[dict]:
@@ -93,7 +89,7 @@ def lanes_and_front(box: BoxPlan) -> None:
                 for lane in box.lanes
                 for question in [
                     *weights_questions(lane.weights),
-                    *lanes.serving_questions(lane_unit(lane.served)),
+                    *lanes.serving_questions(lane.served),
                 ]
             ),
             *(weights.serve_questions() if box.weights_share else []),
@@ -118,7 +114,7 @@ def lanes_and_front(box: BoxPlan) -> None:
     lanes.lanes_removed(name="Lanes no longer configured: removed", keep=list(box.lane_units))
     demand.on_demand_removed(
         name="Sockets of lanes no longer on demand: removed",
-        keep=[lane.served.lane.name for lane in box.lanes if lane.served.on_demand],
+        keep=[lane.served.name for lane in box.lanes if lane.served.on_demand],
     )
     if box.prune_unused:
         images.images_pruned(name="Images no lane uses: removed", keep=list(box.images))
@@ -139,10 +135,10 @@ def lanes_and_front(box: BoxPlan) -> None:
     # Every fetch at once, before the first lane's start waits for its own.
     for lane in box.lanes:
         if lane.weights.fetch:
-            fetch(lane.weights, f"Lane {lane.served.lane.name}", list(box.models_in_use))
+            fetch(lane.weights, f"Lane {lane.served.name}", list(box.models_in_use))
     for lane in box.lanes:
         if not lane.weights.fetch:
-            model_on_box(lane.weights, f"Lane {lane.served.lane.name}")
+            model_on_box(lane.weights, f"Lane {lane.served.name}")
         serve(lane.served)
     if fleet:
         router.fleet_key(

@@ -8,6 +8,7 @@
 from __future__ import annotations
 
 import argparse
+import shlex
 import sys
 
 from spark.plan import (
@@ -31,9 +32,8 @@ def rows(title: str, lines: list[str]) -> list[str]:
 
 
 def served_line(served: ServedLane) -> str:
-    lane = served.lane
-    where = f"port {lane.port} (loopback {lane.backend_port})"
-    if served.rank is not None and served.rank.headless:
+    where = f"port {served.port} (loopback {served.backend_port})"
+    if served.headless and served.rank is not None:
         where = f"headless rank {served.rank.node_rank}, master {served.rank.master_addr}"
     after = f", after {served.after}" if served.after else ""
     demand = ""
@@ -43,11 +43,31 @@ def served_line(served: ServedLane) -> str:
             f"; on demand: a socket on loopback {wanted.socket_port}, the server on"
             f" {wanted.server_port}, stopped after {wanted.idle_s} s idle{conflicts}"
         )
+    key = "yes" if served.key_variable else "no"
     return (
-        f"{lane.name}: {lane.engine} {lane.model} as {lane.served_name}, {where},"
-        f" {lane.image}, memory {lane.memory_fraction:g}, key {'yes' if lane.api_key else 'no'}"
-        f"{after}{demand}"
+        f"{served.name}: {served.engine} {served.model} as {served.served_name}, {where},"
+        f" {served.image}, memory {served.memory_fraction:g}, key {key}{after}{demand}"
     )
+
+
+def served_lines(served: ServedLane) -> list[str]:
+    """The lane, then the command line its container runs (shell-quoted as a person would
+    type it; the key is read into its variable, never in the line), then what else its unit
+    holds."""
+    model = served.model_at_start
+    lines = [served_line(served), f"  runs  {shlex.join(served.argv)}"]
+    if model is not None:
+        lines.append(f"        {model.variable}: {model.file} of the snapshot under {model.repo}")
+    if served.key_variable:
+        lines.append(f"        key in {served.key_variable}, read from its file at the start")
+    timeouts = served.timeouts
+    lines.append(
+        f"        start within {timeouts.start_s} s, {served.health_path} within"
+        f" {timeouts.health_s} s"
+        + (f", Ray nodes within {timeouts.nodes_wait_s} s" if served.on_ray else "")
+        + ("; canary on" if served.canary_causes is not None else "; canary off")
+    )
+    return lines
 
 
 def clock_line(lock: GpuClockLock | None) -> str:
@@ -85,7 +105,8 @@ def cluster_lines(cluster: Cluster) -> list[str]:
     if cluster.lane is not None:
         lane = cluster.lane
         if lane.served is not None:
-            lines.append(f"cluster lane {served_line(lane.served)}")
+            first, *rest = served_lines(lane.served)
+            lines += [f"cluster lane {first}", *rest]
         else:
             lines.append(f"cluster lane {lane.name}: its rank in this box's Ray node")
         if lane.weights.source is not None:
@@ -191,7 +212,7 @@ def box_text(box: BoxPlan) -> str:
         + [f"{key}={value}" for key, value in sorted(box.environment.variables.items())],
     )
     out += rows("memory", memory_lines(box.memory, box.memory_guard.floor_gib))
-    out += rows("lanes", [served_line(lane.served) for lane in box.lanes])
+    out += rows("lanes", [line for lane in box.lanes for line in served_lines(lane.served)])
     front = box.front
     out += rows(
         "front",

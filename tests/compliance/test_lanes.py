@@ -75,7 +75,7 @@ def _report(found: Callable[[object], None], problems: list[str], what: str) -> 
 def test_lanes_enabled_active_in_order(box: Box, found: Callable[[object], None]) -> None:
     """lanes enabled, serving, in order"""
     problems, previous = [], None
-    on_demand = {lane.served.lane.name for lane in box.plan.lanes if lane.served.on_demand}
+    on_demand = {lane.served.name for lane in box.plan.lanes if lane.served.on_demand}
     for name in box.plan.lane_units:  # an mp cluster lane's rank too, after the box's own lanes
         state = _show(box, unit_name(name), "ActiveState,UnitFileState,After")
         found_state = (state.get("ActiveState"), state.get("UnitFileState"))
@@ -238,7 +238,7 @@ def test_on_demand_lanes_wait_on_their_sockets(
     """on-demand lanes: socket, proxy, conflicts"""
     problems, checked = [], []
     for own in box.plan.lanes:
-        wanted, name = own.served.on_demand, own.served.lane.name
+        wanted, name = own.served.on_demand, own.served.name
         if wanted is None:
             continue
         checked.append(name)

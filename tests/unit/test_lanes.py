@@ -46,6 +46,7 @@ from spark import box_paths
 from spark.catalog import ModelSpec
 from spark.inventory import ConfigError, load_from_dicts
 from spark.lane import Lane, MpRank
+from spark.plan import ServedLane, served_lane
 from tests.unit.harness import FakeHost, captured, file_facts, process, refusal, run_op
 from tests.unit.test_config import TWO_SPARKS, merged
 
@@ -102,10 +103,10 @@ GIBBERISH = (
 )
 
 
-def lane_unit(lane: dict[str, Any] | None = None, **changes: Any) -> lanes.LaneUnit:
-    """A LaneUnit of lane coder (with ``lane``'s keys changed) and these LaneUnit fields."""
+def lane_unit(lane: dict[str, Any] | None = None, **changes: Any) -> ServedLane:
+    """The plan's unit of lane coder (with ``lane``'s keys changed) and these unit values."""
     unit = {"environment": ENVIRONMENT, "after": None, "start_timeout_s": 600} | changes
-    return lanes.LaneUnit(lane=Lane.model_validate(LANE | (lane or {})), **unit)
+    return served_lane(Lane.model_validate(LANE | (lane or {})), **unit)
 
 
 def lane_host(fact: str, files: dict[str, str | None], turn_script: bool = True) -> FakeHost:
@@ -238,7 +239,7 @@ def test_serve_script_reads_the_key_into_vllms_variable_and_quotes_each_argument
     vllm.chmod(0o755)
     args = ["org/m", "--served-model-name", "a b", "--x", "$(touch pwned)", "'q'"]
     for api_key, expected in ((True, "s3cret"), (False, None)):
-        script = lanes.serve_script(args, api_key)
+        script = lanes.serve_script(["vllm", "serve", *args], "VLLM_API_KEY" if api_key else None)
         assert "s3cret" not in script
         result = subprocess.run(
             ["sh", "-c", script], capture_output=True, text=True, check=True,
@@ -247,7 +248,8 @@ def test_serve_script_reads_the_key_into_vllms_variable_and_quotes_each_argument
         assert json.loads(result.stdout) == [["serve", *args], expected]
     assert not (tmp_path / "pwned").exists()
     key.unlink()  # an unreadable key stops the container instead of serving without one
-    failed = subprocess.run(["sh", "-c", lanes.serve_script(args, True)], capture_output=True)
+    script = lanes.serve_script(["vllm", "serve", *args], "VLLM_API_KEY")
+    failed = subprocess.run(["sh", "-c", script], capture_output=True)
     assert failed.returncode == 1
 
 
@@ -820,9 +822,8 @@ def test_a_cluster_lane_in_place_yields_nothing() -> None:
 
 
 def test_a_cluster_lane_without_rays_address_is_refused() -> None:
-    host = lane_host("lab-lanehost-bare.txt", dict.fromkeys(paths()))
-    with pytest.raises(OperationError, match="a cluster lane needs ray_address"):
-        run_op(lanes.serving, host=host, unit=lane_unit(CLUSTER))
+    with pytest.raises(ValueError, match="a cluster lane needs ray_address"):
+        lane_unit(CLUSTER)
 
 
 # --- a cluster lane on vLLM's own multi-node mode (executor mp) ----------------------------------
@@ -1129,7 +1130,7 @@ def test_the_canary_is_written_root_0755_and_reads_the_lanes_key_file() -> None:
     ],
 )
 def test_the_canary_names_the_causes_of_the_lanes_model(lane: dict, causes: list[str]) -> None:
-    named = lanes.canary_causes(lane_unit(lane).lane)
+    named = lane_unit(lane).canary_causes or ()
     assert len(named) == len(causes)
     for cause, word in zip(named, causes, strict=True):
         assert word in cause

@@ -15,9 +15,12 @@ import pytest
 from operations import lanes
 from spark import llamacpp
 from spark.catalog import CATALOG
+from spark.engines.llamacpp import server_args
+from spark.engines.record import ModelAtStart
 from spark.lane import Lane
 from spark.llamacpp_release import DEFAULT_COMMIT
 from spark.memory import estimate
+from spark.plan import served_lane
 
 from .test_recipes import SPARK_GIB, accepted, lane, problems
 
@@ -45,7 +48,7 @@ def test_seed_002s_lane_runs_llama_server_with_the_fields_settings() -> None:
     # 0.44 + 0.45 and the router's 1 GiB of the lone box (group_data): 0.898218, under 0.9
     (coder, served) = accepted(lane(memory_fraction=0.44), gguf())
     assert served.engine == "llama.cpp"
-    assert served.llama_args() == [
+    assert server_args(served) == [
         "--alias", "qwen3-coder-next-gguf",
         "--host", "127.0.0.1",
         "--port", "11103",  # behind the front, as a vLLM lane
@@ -64,7 +67,7 @@ def test_seed_002s_lane_runs_llama_server_with_the_fields_settings() -> None:
 
 def test_extra_args_replace_a_default_and_keep_llama_cpps_names() -> None:
     (served,) = accepted(gguf(extra_args=["-ngl", "80", "--no-jinja", "--temp", "1.0"], slots=2))
-    args = served.llama_args()
+    args = server_args(served)
     assert "--n-gpu-layers" not in args and "--jinja" not in args
     assert args[args.index("--parallel") + 1] == "2"
     assert args[-5:] == ["-ngl", "80", "--no-jinja", "--temp", "1.0"]
@@ -171,7 +174,8 @@ def test_the_unit_runs_the_images_server_from_a_shell_with_the_snapshots_file(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     (served,) = accepted(gguf())
-    run = lanes.LaneUnit(lane=served).docker_run(rdma=False, unlimited_memlock=False)
+    unit = served_lane(served, environment={}, start_timeout_s=1200)
+    run = lanes.docker_run(unit, rdma=False, unlimited_memlock=False)
     image = run.index(llamacpp.FIELD_IMAGE)
     # The image's ENTRYPOINT is /app/llama-server itself: the shell replaces it.
     assert run[image - 2 : image] == ["--entrypoint", "/bin/sh"] and run[image + 1] == "-c"
@@ -190,11 +194,12 @@ def test_the_unit_runs_the_images_server_from_a_shell_with_the_snapshots_file(
     )
     server.chmod(0o755)
     monkeypatch.setattr(llamacpp, "SERVER", str(server))
-    script = lanes.serve_script(served.llama_args(), True, (str(repo), "Qwen3-Coder-Next.gguf"))
+    snapshot = ModelAtStart(llamacpp.MODEL_VARIABLE, str(repo), "Qwen3-Coder-Next.gguf")
+    script = lanes.serve_script(served.argv(), llamacpp.KEY_VARIABLE, snapshot)
     assert "s3cret" not in script
     result = subprocess.run(["sh", "-c", script], capture_output=True, text=True, check=True)
     args, api_key, model = json.loads(result.stdout)
-    assert (args, api_key) == (served.llama_args(), "s3cret")
+    assert (args, api_key) == (server_args(served), "s3cret")
     assert model == f"{repo}/snapshots/abc123/Qwen3-Coder-Next.gguf"
     (repo / "refs/main").unlink()  # no revision: the container stops instead of guessing
     failed = subprocess.run(["sh", "-c", script], capture_output=True)
@@ -203,7 +208,7 @@ def test_the_unit_runs_the_images_server_from_a_shell_with_the_snapshots_file(
 
 def test_the_canary_names_llama_cpps_usual_causes() -> None:
     (served,) = accepted(gguf())
-    causes = lanes.canary_causes(served)
+    causes = served.engine_record.canary_causes(served)
     assert causes == llamacpp.CANARY_CAUSES
     assert any("#19324" in cause for cause in causes)
 

@@ -16,9 +16,10 @@ import pytest
 from operations import lanes
 from operations import on_demand as demand
 from operations.util import RootFiles
+from spark.engines.vllm import serve_args
 from spark.inventory import load_from_dicts
 from spark.lane import Lane, clash_problems
-from spark.plan import OnDemand, on_demand, plan
+from spark.plan import OnDemand, ServedLane, on_demand, plan, served_lane
 from spark.ports import on_demand_server_port
 from stages.show_plan import served_line
 from tests.unit.harness import FakeHost, captured, refusal, run_op
@@ -42,9 +43,9 @@ CHECK_START = (
 LISTENING = "Id=spark-ondemand-coder.socket\nActiveState=active\nUnitFileState=enabled\n"
 
 
-def coder_on_demand(**unit: Any) -> lanes.LaneUnit:
-    return lanes.LaneUnit(
-        lane=Lane.model_validate(
+def coder_on_demand(**unit: Any) -> ServedLane:
+    return served_lane(
+        Lane.model_validate(
             small("coder", 10101, 0.3, on_demand_idle_s=20) | {"served_name": "coder"}
         ),
         environment=ENVIRONMENT,
@@ -72,7 +73,7 @@ def test_an_on_demand_lanes_server_listens_1000_above_its_loopback_port() -> Non
     assert Lane.model_validate(small("y", 10102, 0.3, on_demand_idle_s=60)).server_port == 12102
     lane = Lane.model_validate(small("y", 10102, 0.3, on_demand_idle_s=60, loopback_port=15000))
     assert (lane.backend_port, lane.server_port) == (15000, 16000)
-    args = lane.vllm_args()
+    args = serve_args(lane)
     assert args[args.index("--port") + 1] == "16000"  # the server's, never the socket's
 
 
@@ -94,7 +95,7 @@ def test_an_on_demand_lanes_server_port_clashes_like_any_port() -> None:
 
 def test_the_plan_gives_each_on_demand_lane_its_socket_server_idle_time_and_conflicts() -> None:
     box = plan(load_from_dicts(merged({"spark-1": {"lanes": [RESIDENT, Y, Z, W]}}))).box("spark-1")
-    served = {own.served.lane.name: own.served.on_demand for own in box.lanes}
+    served = {own.served.name: own.served.on_demand for own in box.lanes}
     # Y, Z, W are ports 10102, 10103, 10104; z conflicts with y, the earlier one.
     assert served == {
         "resident": None,
@@ -215,7 +216,9 @@ def test_the_socket_on_the_loopback_port_is_the_lanes_own_not_a_taken_port() -> 
         "systemctl restart spark-ondemand-coder.socket"
     )
     # A resident lane on that port: someone else's.
-    resident = lanes.LaneUnit(lane=Lane.model_validate(small("coder", 10101, 0.3)))
+    resident = served_lane(
+        Lane.model_validate(small("coder", 10101, 0.3)), environment={}, start_timeout_s=1200
+    )
     host = lane_host("lab-lanehost-bare.txt", dict.fromkeys(paths()))
     host.outputs.update(lane_facts(bare))
     assert refusal(run_op(lanes.serving, host=host, unit=resident)) == (

@@ -162,7 +162,7 @@ def test_a_lone_box_has_no_fabric_and_no_cluster() -> None:
     assert lone.environment.variables == {"RAY_memory_monitor_refresh_ms": "0"}
     assert lone.lane_units == ("coder", "fast")
     # One lane loads at a time (seed 003): fast after coder.
-    assert [(lane.served.lane.name, lane.served.after) for lane in lone.lanes] == [
+    assert [(lane.served.name, lane.served.after) for lane in lone.lanes] == [
         ("coder", None),
         ("fast", "coder"),
     ]
@@ -471,7 +471,7 @@ def test_the_readmes_model_outside_the_catalog_planned_from_its_model_spec() -> 
     small = readme_lane()
     coder = merged({"spark-1": {}})["spark-1"]["lanes"][0]
     lone = box(merged({"spark-1": {"lanes": [coder, small]}}), "spark-1")
-    own = {lane.served.lane.name: lane for lane in lone.lanes}
+    own = {lane.served.name: lane for lane in lone.lanes}
     assert own["small"].weights.model == "Qwen/Qwen3-0.6B"
     assert own["small"].served.after == "coder"  # one lane after the other, in the list's order
     assert [(lane.name, lane.port) for lane in lone.front.lanes] == [

@@ -14,8 +14,9 @@ from pydantic import BaseModel, ValidationError
 
 from spark.catalog import CATALOG
 from spark.checks import matching, refused
+from spark.engines.vllm import parse_options, serve_args
 from spark.inventory import ConfigError, load_from_dicts
-from spark.lane import Lane, MpRank, parse_options
+from spark.lane import Lane, MpRank
 from spark.memory import estimate
 from spark.sm121 import SM121_ADDITIONS, SM121_RULES
 from spark.vllm_release import DATA
@@ -80,7 +81,7 @@ def test_the_default_lanes_are_the_field_appliance_and_validate() -> None:
 def test_the_default_lanes_render_their_full_command_lines() -> None:
     coder, fast = accepted(*DEFAULTS["lanes"])
 
-    assert coder.vllm_args() == [
+    assert serve_args(coder) == [
         "bullpoint/Qwen3-Coder-Next-AWQ-4bit",
         "--served-model-name", "qwen3-coder-next",
         # vLLM on loopback, 1000 above the lane's port: nginx owns 10101 (operations/front.py).
@@ -92,7 +93,7 @@ def test_the_default_lanes_render_their_full_command_lines() -> None:
         "--attention-backend", "TRITON_ATTN",
         "--generation-config", "vllm",
     ]  # fmt: skip
-    assert fast.vllm_args()[:2] == [NVFP4, "--served-model-name"]
+    assert serve_args(fast)[:2] == [NVFP4, "--served-model-name"]
     assert coder.container_env() == {}
     assert fast.container_env() == {"VLLM_NVFP4_GEMM_BACKEND": "marlin"}
 
@@ -113,7 +114,7 @@ def test_optional_settings_and_extra_args_come_last_and_no_key_is_ever_rendered(
         )
     )
 
-    args = probe.vllm_args()
+    args = serve_args(probe)
     assert args[args.index("--kv-cache-dtype") + 1] == "fp8"
     assert args[-3:] == ["--max-num-seqs", "8", "--max_cudagraph_capture_size=2048"]
     assert "--tool-call-parser" not in args and "--enable-auto-tool-choice" not in args
@@ -124,7 +125,7 @@ def test_optional_settings_and_extra_args_come_last_and_no_key_is_ever_rendered(
 def test_a_chosen_attention_backend_replaces_the_default() -> None:
     (probe,) = accepted(lane(extra_args=["--attention-backend", "TRITON_MLA"]))
 
-    assert probe.vllm_args().count("--attention-backend") == 1
+    assert serve_args(probe).count("--attention-backend") == 1
     assert probe.option("--attention-backend") == "TRITON_MLA"
 
 
@@ -628,14 +629,14 @@ def test_a_cluster_lane_adds_tensor_parallelism_over_ray_and_counts_one_boxs_sha
             "tensor_parallel_size": 2,
         }
     )
-    args = big.vllm_args()
+    args = serve_args(big)
     assert args[args.index("--tensor-parallel-size") + 1] == "2"
     assert args[args.index("--distributed-executor-backend") + 1] == "ray"
     need = estimate(big, 121.69)
     assert need.weights_gib == 57.64  # seed 004: per node at TP=2
     assert need.fits
     single = big.model_copy(update={"tensor_parallel_size": 1})
-    assert "--tensor-parallel-size" not in single.vllm_args()
+    assert "--tensor-parallel-size" not in serve_args(single)
 
 
 def test_every_catalog_entry_names_its_source() -> None:
@@ -729,17 +730,17 @@ def test_an_option_new_in_0310_is_refused_on_2604_and_accepted_on_2610() -> None
         " vLLM 0.19.0's `vllm serve`"
     ), found
     (probe,) = accepted(lane(extra_args=new, **ON_2610))
-    assert probe.vllm_args()[-1] == "--enable-nccl-comm-suspend"
+    assert serve_args(probe)[-1] == "--enable-nccl-comm-suspend"
 
 
 def test_nvfp4_is_kept_on_marlin_in_each_releases_own_terms() -> None:
     (on_2604,) = accepted(nvfp4_lane())
     assert on_2604.container_env() == {"VLLM_NVFP4_GEMM_BACKEND": "marlin"}
-    assert "--linear-backend" not in on_2604.vllm_args()
+    assert "--linear-backend" not in serve_args(on_2604)
 
     (on_2610,) = accepted(nvfp4_lane(**ON_2610))
     assert on_2610.container_env() == {}
-    args = on_2610.vllm_args()
+    args = serve_args(on_2610)
     assert args[args.index("--linear-backend") + 1] == "marlin"
 
 
@@ -850,12 +851,12 @@ def test_an_mp_rank_gets_vllms_multinode_options_and_the_others_headless() -> No
     common = [
         "--tensor-parallel-size", "2", "--distributed-executor-backend", "mp", "--nnodes", "2",
     ]  # fmt: skip
-    head = big.vllm_args(MpRank(0, "192.168.100.10"))
-    worker = big.vllm_args(MpRank(1, "192.168.100.10"))
+    head = serve_args(big, MpRank(0, "192.168.100.10"))
+    worker = serve_args(big, MpRank(1, "192.168.100.10"))
     place = ["--master-addr", "192.168.100.10", "--master-port", "29501"]
     for args, rank in ((head, "0"), (worker, "1")):
         start = args.index("--tensor-parallel-size")
         assert args[start : start + 12] == [*common, "--node-rank", rank, *place]
     assert "--headless" in worker and "--headless" not in head
     with pytest.raises(ValueError, match="a cluster lane on executor mp needs its rank"):
-        big.vllm_args()
+        serve_args(big)
