@@ -300,6 +300,7 @@ class LaneUnit:
     + rank: this box's rank of a cluster lane on executor mp (a unit on every box)
     + peers: the fabric addresses of the boxes whose ranks this box's rank meets on the head's
       master port (the head: every other box's; another box: the head's), on executor mp
+    + peer_boxes: those boxes' names, in the same order (the rendezvous watch names them)
     + fetch_unit: the unit fetching its model (operations/weights.py ``fetched``), which it
       starts after; None: its model is on the box or the box stops without it
     """
@@ -314,6 +315,7 @@ class LaneUnit:
     ray_token: bool = False
     rank: MpRank | None = None
     peers: tuple[str, ...] = ()
+    peer_boxes: tuple[str, ...] = ()
     fetch_unit: str | None = None
 
     @property
@@ -387,8 +389,9 @@ class LaneUnit:
 
     def timeouts(self) -> dict[str, int]:
         """How long the unit waits: the whole start (TimeoutStartSec), the health wait inside
-        it, and a cluster lane's wait for every Ray node (half the start: a box away longer fails
-        the start, and the restart waits again)."""
+        it (and the turn's wait before it, and a headless rank's hold of the turn), and a
+        cluster lane's wait for every Ray node or every rank of executor mp (half the start: a
+        box away longer fails the start, and the restart waits again)."""
         start = self.start_timeout_s
         return {
             "start_timeout": start,
@@ -399,8 +402,17 @@ class LaneUnit:
     def unit_variables(self, rdma: bool, unlimited_memlock: bool) -> dict:
         """What templates/vllm-lane.service.j2 is rendered with."""
         run = self.docker_run(rdma, unlimited_memlock)
+        mark = f"{LOADING_DIR}/{self.name}"
+        timeouts = self.timeouts()
         if self.rank is not None:  # under the rendezvous watch
-            run = [RANKS_COMMAND, str(self.rank.master_port), *self.peers, "--", *run]
+            # A headless rank has no /health to wait for: the watch keeps the box's turn to load
+            # while the rank loads, at most as long as a lane's health wait.
+            turn = ["--turn", mark, str(timeouts["health_timeout"])] if self.headless else []
+            peers = [
+                f"{address}={box}" for address, box in zip(self.peers, self.peer_boxes, strict=True)
+            ]
+            join = str(timeouts["nodes_wait"])
+            run = [RANKS_COMMAND, *turn, str(self.rank.master_port), join, *peers, "--", *run]
         return {
             "lane": self.name,
             "port": self.lane.port,
@@ -429,8 +441,8 @@ class LaneUnit:
             )
             if self.lane.canary
             else None,
-            "loading_mark": f"{LOADING_DIR}/{self.name}",
-            **self.timeouts(),
+            "loading_mark": mark,
+            **timeouts,
         }
 
 

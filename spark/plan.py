@@ -123,6 +123,7 @@ class ServedLane(Record):
     ray_token: bool
     rank: MpRank | None  # a cluster lane on vLLM's own multi-node mode: this box's rank
     peers: tuple[str, ...]  # the addresses this box's rank meets (mp)
+    peer_boxes: tuple[str, ...]  # their boxes' names, in the same order
     fetch_unit: str | None  # its model's fetch, which it starts after (fetch_weights)
 
     @property
@@ -561,6 +562,7 @@ def served(
         ray_token=on_ray and me.ray.auth,
         rank=rank,
         peers=tuple(str(box.fabric[0].address.ip) for box in others) if rank else (),
+        peer_boxes=tuple(box.name for box in others) if rank else (),
         fetch_unit=fetch_unit(lane.model) if fetched_in_background(me, lane) else None,
     )
 
