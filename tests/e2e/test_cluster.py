@@ -434,14 +434,29 @@ def test_a_stopped_worker_leaves_and_rejoins_when_started(cluster: simlab.Lab) -
     until(lambda: alive(head) == "2 of 2 Ray nodes are alive", 120, "the worker rejoined")
 
 
+def ray_state(host: simlab.Host) -> str:
+    return run_on(host, f"systemctl is-active {ray.UNIT}", check=False).strip()
+
+
+def ray_restarts(host: simlab.Host) -> int:
+    """How often systemd has restarted the box's Ray unit since its last start by hand."""
+    return int(run_on(host, f"systemctl show -p NRestarts --value {ray.UNIT}").strip())
+
+
 def test_a_worker_started_before_its_head_keeps_trying_until_it_joins(cluster: simlab.Lab) -> None:
     head, worker = cluster.hosts
     run_on(head, f"sudo systemctl stop {ray.UNIT}")
     run_on(worker, f"sudo systemctl restart {ray.UNIT}")
-    time.sleep(20)
-    # Still trying (ray start waits for the head, then systemd starts it again), not given up.
-    state = run_on(worker, f"systemctl is-active {ray.UNIT}", check=False).strip()
-    assert state in ("active", "activating"), state
+    restarts = ray_restarts(worker)
+    # Still trying: ray start waits for the head, gives up, then systemd starts it again (its
+    # restart counter goes up), never given up (failed).
+    until(
+        lambda: ray_restarts(worker) > restarts,
+        300,
+        "the worker's Ray started again after a try without its head",
+        hopeless=lambda: "its unit failed" if ray_state(worker) == "failed" else None,
+    )
+    assert ray_state(worker) in ("active", "activating")
     # Stopping the head's Ray stopped the cluster lane too (Requires=); starting the lane
     # starts Ray again, and the lane waits for both nodes.
     run_on(head, f"sudo systemctl start --no-block {LANE_UNIT}")
@@ -667,14 +682,16 @@ def test_an_mp_rank_lost_or_a_head_restarted_brings_the_lane_back_on_every_box(
     # collective fails) and answers every request 500.
     until(lambda: "canary passed" in journal(head, since), 240, "the head started again")
     until(lambda: answers(head) == 200, 60, "the lane answering")
-    assert "the rank at 192.168.100.11 left the rendezvous on port 29501" in journal(head, since)
+    assert "the rank at 192.168.100.11 (spark-2) left the rendezvous on port 29501" in journal(
+        head, since
+    )
     # The head restarted: vLLM's headless rank would stay in the old group for good
     # (vllm#32136); the worker's watch restarts it, and it joins the head's new start.
     since = run_on(worker, "date '+%Y-%m-%d %H:%M:%S'").strip()
     run_on(head, f"sudo systemctl restart {LANE_UNIT}")
     assert healthy(head) and answers(head) == 200
     worker_log = journal(worker, since)
-    assert "the rank at 192.168.100.10 left the rendezvous on port 29501" in worker_log
+    assert "the rank at 192.168.100.10 (spark-1) left the rendezvous on port 29501" in worker_log
     assert run_on(worker, f"systemctl is-active {LANE_UNIT}").strip() == "active"
     # The fabric cut between the boxes (a box lost, or its cable): nothing closes the ranks'
     # connections, and the watches take the fabric's silence for the loss; mended, they meet.
@@ -685,10 +702,18 @@ def test_an_mp_rank_lost_or_a_head_restarted_brings_the_lane_back_on_every_box(
         fabric_down.nft(host, "add", "chain", "netdev", fabric_down.CUT_TABLE, "cut", drop)
     try:
         silence = "the rank at {} answers no ping on the fabric (its box lost?)"
-        until(lambda: silence.format(WORKER_IP) in journal(head, since), 90, "the head's watch")
+        until(
+            lambda: silence.format(f"{WORKER_IP} (spark-2)") in journal(head, since),
+            90,
+            "the head's watch",
+        )
         # The worker's watch too: until it takes it, its rank's connection to the head stays
         # established (nothing closes it) and compliance would find it joined.
-        until(lambda: silence.format(HEAD_IP) in journal(worker, since), 90, "the worker's watch")
+        until(
+            lambda: silence.format(f"{HEAD_IP} (spark-1)") in journal(worker, since),
+            90,
+            "the worker's watch",
+        )
         # Meanwhile no rank can join: compliance names the lane on both boxes.
         code, table, output = compliance("--inventory", MP_INVENTORY, "-k", "cluster_lane")
         assert code != 0, output
