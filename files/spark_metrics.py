@@ -311,6 +311,8 @@ def fabric(metrics: Metrics, sys_fs: Path, expected: dict, drift: list[Drift]) -
             each["hca"],
             {"twin": each["ifname"], "hca": each["hca"]},
         )
+        down = twin.set_down(read(Path(twin.flags_file(ifname, str(sys_fs)))))
+        metrics.add("spark_twin_up", int(not down), "The twin is set up (0: set down)", **labels)
         carrier = read(sys_fs / twin.NET / ifname / "carrier")
         metrics.add("spark_twin_carrier", int(carrier == "1"), "The twin has a link", **labels)
         rate = twin.rate(read(Path(twin.rate_file(ifname, str(sys_fs)))))
@@ -345,7 +347,13 @@ def fabric(metrics: Metrics, sys_fs: Path, expected: dict, drift: list[Drift]) -
             # The profile holds the MTU (operations/nmcli.py): activating it again sets it.
             fix = f"nmcli connection up fabric-{ifname}"
             drift.append(Drift("mtu", ifname, str(expected["mtu"]), str(mtu), fix))
-        if carrier != "1":
+        if down:
+            # Set down by hand (ip link set down): its profile stays "activated" in
+            # NetworkManager; activating it again sets it up, as the deploy does. No carrier
+            # nor rate follows from it: the cable is not the cause.
+            fix = f"nmcli connection up fabric-{ifname}"
+            drift.append(Drift("link", ifname, "up", "down", fix))
+        elif carrier != "1":
             drift.append(
                 Drift("carrier", ifname, "1", carrier or "none", "check the cable (ip link)")
             )

@@ -301,8 +301,17 @@ def docker_run(unit: ServedLane, rdma: bool, unlimited_memlock: bool) -> list[st
 def unit_variables(unit: ServedLane, rdma: bool, unlimited_memlock: bool) -> dict:
     """What templates/vllm-lane.service.j2 is rendered with."""
     run = docker_run(unit, rdma, unlimited_memlock)
+    mark = f"{LOADING_DIR}/{unit.name}"
+    timeouts = unit.timeouts
     if unit.rank is not None:  # under the rendezvous watch
-        run = [RANKS_COMMAND, str(unit.rank.master_port), *unit.peers, "--", *run]
+        # A headless rank has no /health to wait for: the watch keeps the box's turn to load
+        # while the rank loads, at most as long as a lane's health wait.
+        turn = ["--turn", mark, str(timeouts.health_s)] if unit.headless else []
+        peers = [
+            f"{address}={box}" for address, box in zip(unit.peers, unit.peer_boxes, strict=True)
+        ]
+        join = str(timeouts.nodes_wait_s)
+        run = [RANKS_COMMAND, *turn, str(unit.rank.master_port), join, *peers, "--", *run]
     canary = None
     if unit.canary_causes is not None:
         canary = [CANARY_COMMAND, unit.name, str(unit.server_port), *unit.canary_causes]
@@ -326,10 +335,10 @@ def unit_variables(unit: ServedLane, rdma: bool, unlimited_memlock: bool) -> dic
         "nodes_command": ray.NODES_COMMAND,
         "turn_command": TURN_COMMAND,
         "canary_command": " ".join(systemd_word(arg) for arg in canary) if canary else None,
-        "loading_mark": f"{LOADING_DIR}/{unit.name}",
-        "start_timeout": unit.timeouts.start_s,
-        "health_timeout": unit.timeouts.health_s,
-        "nodes_wait": unit.timeouts.nodes_wait_s,
+        "loading_mark": mark,
+        "start_timeout": timeouts.start_s,
+        "health_timeout": timeouts.health_s,
+        "nodes_wait": timeouts.nodes_wait_s,
         **demand.lane_unit_variables(unit.name, unit.on_demand, unit_name),
     }
 

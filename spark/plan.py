@@ -172,6 +172,7 @@ class ServedLane(Record):
     nnodes: int  # the boxes a cluster lane spans (1: its own box)
     rank: MpRank | None  # a cluster lane on vLLM's own multi-node mode: this box's rank
     peers: tuple[str, ...]  # the addresses this box's rank meets (mp)
+    peer_boxes: tuple[str, ...]  # their boxes' names, in the same order
     fetch_unit: str | None  # its model's fetch, which it starts after (fetch_weights)
     on_demand: OnDemand | None = None  # None: resident, enabled and started by the deploy
 
@@ -646,6 +647,7 @@ def served(
         ray_token=on_ray and me.ray.auth,
         rank=rank,
         peers=tuple(str(box.fabric[0].address.ip) for box in others) if rank else (),
+        peer_boxes=tuple(box.name for box in others) if rank else (),
         fetch_unit=fetch_unit(lane.model) if fetched_in_background(me, lane) else None,
         on_demand=on_demand(lane, conflicts),
     )
@@ -675,6 +677,7 @@ def served_lane(
     ray_token: bool = False,
     rank: MpRank | None = None,
     peers: tuple[str, ...] = (),
+    peer_boxes: tuple[str, ...] = (),
     fetch_unit: str | None = None,
     on_demand: OnDemand | None = None,
 ) -> ServedLane:
@@ -726,6 +729,7 @@ def served_lane(
         nnodes=lane.tensor_parallel_size,
         rank=rank,
         peers=peers,
+        peer_boxes=peer_boxes,
         fetch_unit=fetch_unit,
         on_demand=on_demand,
     )

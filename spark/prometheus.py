@@ -139,7 +139,7 @@ def rules(plan: Plan) -> dict:
                     ),
                     alert(
                         "SparkFabricDrifted",
-                        f'spark_drift{{{spark},kind=~"mtu|gid|rate|carrier"}} == 1',
+                        f'spark_drift{{{spark},kind=~"mtu|gid|rate|carrier|link"}} == 1',
                         "{{ $labels.box }}: {{ $labels.kind }} of {{ $labels.subject }} is"
                         " {{ $labels.found }}, the plan says {{ $labels.expected }}; deploy"
                         " again (--limit {{ $labels.box }})",

@@ -19,6 +19,10 @@ SYS = "/sys"
 NET = "class/net"
 INFINIBAND = "class/infiniband"
 ROCE_V2 = "RoCE v2"  # gid_attrs/types/N of a RoCE v2 entry (sysfs-class-infiniband)
+# A twin's flags (sysfs-class-net: flags, the bits of include/uapi/linux/if.h's
+# net_device_flags in hex): IFF_UP clear is a twin set down (`ip link set dev IF down`),
+# whatever its cable; its carrier then reads nothing (the kernel refuses the read).
+IFF_UP = 0x1
 NO_RATE = -1  # a twin with no link: the file fails, or reads -1 (SPEED_UNKNOWN of an mlx5 link)
 NO_MTU = 0  # no such interface
 
@@ -32,6 +36,21 @@ def mtu_file(ifname: str, sys_fs: str = SYS) -> str:
     """Where the kernel reports a twin's MTU in bytes (sysfs-class-net: mtu): the live link's,
     whatever NetworkManager's profile says."""
     return f"{sys_fs}/{NET}/{ifname}/mtu"
+
+
+def flags_file(ifname: str, sys_fs: str = SYS) -> str:
+    """Where the kernel reports a twin's interface flags (sysfs-class-net: flags)."""
+    return f"{sys_fs}/{NET}/{ifname}/flags"
+
+
+def set_down(text: str | None) -> bool:
+    """Whether a flags file's text says the twin is set down (IFF_UP clear); False where it has
+    none to say (no such interface: its MTU reads NO_MTU)."""
+    value = (text or "").strip()
+    try:
+        return not int(value, 16) & IFF_UP
+    except ValueError:
+        return False
 
 
 def port_dir(hca: str, sys_fs: str = SYS) -> str:

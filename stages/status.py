@@ -3,14 +3,15 @@
     .venv/bin/python -m stages.status [--inventory inventories/lab.py] [--keys-dir DIR]
 
 `make status` runs it. Per box: the lanes (up, canary), MemAvailable against the memory guard's
-floor, each twin (rate, MTU, RoCE v2 GID index), the NCCL test's verdict and its age, the image
-pulls running, every drift from the plan, and the GPU clock's lock. A box is red when its
-endpoint does not answer, a lane is down or failed its canary, memory is below the floor,
-anything drifted that the plan refuses, or the NCCL test failed or is older than a week; the
-command then exits 1. Drift the plan accepts (the collector's severity "warning": a slower twin
-under fabric_link_speed_low = "warn", a RoCE v2 entry NCCL finds away from its usual index) is
-shown as a warning: yellow, exit 0. Each box's metrics key is read from KEYS_DIR/<box>.key, where
-`make clients` copies its /etc/spark/secrets/_metrics.key (docs/reference.md: Watching the fleet).
+floor, each twin (rate, MTU, RoCE v2 GID index; DOWN where it is set down), the NCCL test's verdict
+and its age, the image pulls running, every drift from the plan, and the GPU clock's lock. A box is
+red when its endpoint does not answer, a lane is down or failed its canary, memory is below the
+floor, anything drifted that the plan refuses (a twin set down among them), or the NCCL test failed
+or is older than a week; the command then exits 1. Drift the plan accepts (the collector's severity
+"warning": a slower twin under fabric_link_speed_low = "warn", a RoCE v2 entry NCCL finds away from
+its usual index) is shown as a warning: yellow, exit 0. Each box's metrics key is read from
+KEYS_DIR/<box>.key, where `make clients` copies its /etc/spark/secrets/_metrics.key (docs/reference.md:
+Watching the fleet).
 """
 
 from __future__ import annotations
@@ -107,8 +108,11 @@ def row(box: str, samples: Samples | None, error: str = "") -> Row:
     rates = by(samples, "spark_twin_rate_mbps", "twin")
     mtus = by(samples, "spark_twin_mtu_bytes", "twin")
     gids = by(samples, "spark_twin_roce_v2_gid_index", "twin")
+    ups = by(samples, "spark_twin_up", "twin")  # none from a collector before it: up
     twins = [
-        f"{twin} {rates[twin] / 1000:g}G/{mtus.get(twin, 0):.0f}/gid {gids.get(twin, -1):.0f}"
+        f"{twin} DOWN"
+        if ups.get(twin) == 0
+        else f"{twin} {rates[twin] / 1000:g}G/{mtus.get(twin, 0):.0f}/gid {gids.get(twin, -1):.0f}"
         for twin in rates
     ]
     nccl = "-"

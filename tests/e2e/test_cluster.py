@@ -667,14 +667,16 @@ def test_an_mp_rank_lost_or_a_head_restarted_brings_the_lane_back_on_every_box(
     # collective fails) and answers every request 500.
     until(lambda: "canary passed" in journal(head, since), 240, "the head started again")
     until(lambda: answers(head) == 200, 60, "the lane answering")
-    assert "the rank at 192.168.100.11 left the rendezvous on port 29501" in journal(head, since)
+    assert "the rank at 192.168.100.11 (spark-2) left the rendezvous on port 29501" in journal(
+        head, since
+    )
     # The head restarted: vLLM's headless rank would stay in the old group for good
     # (vllm#32136); the worker's watch restarts it, and it joins the head's new start.
     since = run_on(worker, "date '+%Y-%m-%d %H:%M:%S'").strip()
     run_on(head, f"sudo systemctl restart {LANE_UNIT}")
     assert healthy(head) and answers(head) == 200
     worker_log = journal(worker, since)
-    assert "the rank at 192.168.100.10 left the rendezvous on port 29501" in worker_log
+    assert "the rank at 192.168.100.10 (spark-1) left the rendezvous on port 29501" in worker_log
     assert run_on(worker, f"systemctl is-active {LANE_UNIT}").strip() == "active"
     # The fabric cut between the boxes (a box lost, or its cable): nothing closes the ranks'
     # connections, and the watches take the fabric's silence for the loss; mended, they meet.
@@ -685,10 +687,18 @@ def test_an_mp_rank_lost_or_a_head_restarted_brings_the_lane_back_on_every_box(
         fabric_down.nft(host, "add", "chain", "netdev", fabric_down.CUT_TABLE, "cut", drop)
     try:
         silence = "the rank at {} answers no ping on the fabric (its box lost?)"
-        until(lambda: silence.format(WORKER_IP) in journal(head, since), 90, "the head's watch")
+        until(
+            lambda: silence.format(f"{WORKER_IP} (spark-2)") in journal(head, since),
+            90,
+            "the head's watch",
+        )
         # The worker's watch too: until it takes it, its rank's connection to the head stays
         # established (nothing closes it) and compliance would find it joined.
-        until(lambda: silence.format(HEAD_IP) in journal(worker, since), 90, "the worker's watch")
+        until(
+            lambda: silence.format(f"{HEAD_IP} (spark-1)") in journal(worker, since),
+            90,
+            "the worker's watch",
+        )
         # Meanwhile no rank can join: compliance names the lane on both boxes.
         code, table, output = compliance("--inventory", MP_INVENTORY, "-k", "cluster_lane")
         assert code != 0, output

@@ -304,6 +304,17 @@ FAULTS = {
         status=f"mtu {TWIN} 1500 (plan 9000)",
         journal=f"drift: mtu {TWIN}: 1500, the plan says 9000; nmcli connection up fabric-{TWIN}",
     ),
+    # Set down by hand: NetworkManager still shows its profile activated; the link's flags tell.
+    "twin set down": Fault(
+        make=lambda host: run_on(host, f"sudo ip link set {TWIN} down"),
+        restore=lambda host: run_on(host, f"sudo nmcli connection up fabric-{TWIN}"),
+        alert="SparkFabricDrifted",
+        labels={"kind": "link", "subject": TWIN, "found": "down"},
+        series='spark_drift{expected="up",found="down",kind="link",severity="critical",'
+        f'subject="{TWIN}"}} 1',
+        status=f"link {TWIN} down (plan up)",
+        journal=f"drift: link {TWIN}: down, the plan says up; nmcli connection up fabric-{TWIN}",
+    ),
     "gid entry moved to 4": Fault(
         make=lambda host: simlab.set_hardware(host, ipv4_roce_v2_index=4),
         restore=lambda host: simlab.set_hardware(host, ipv4_roce_v2_index=3),

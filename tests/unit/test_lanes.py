@@ -26,6 +26,7 @@ import json
 import os
 import re
 import selectors
+import socket
 import subprocess
 import threading
 import time
@@ -47,6 +48,7 @@ from spark.catalog import ModelSpec
 from spark.inventory import ConfigError, load_from_dicts
 from spark.lane import Lane, MpRank
 from spark.plan import ServedLane, served_lane
+from tests.simlab.waits import until
 from tests.unit.harness import FakeHost, captured, file_facts, process, refusal, run_op
 from tests.unit.test_config import TWO_SPARKS, merged
 
@@ -797,7 +799,7 @@ def test_a_cluster_lane_waits_for_every_ray_node_and_mounts_rays_token() -> None
     assert pre == [
         "ExecStartPre=-/usr/bin/docker rm -f spark-lane-coder",
         "ExecStartPre=/usr/local/sbin/spark-ray-nodes 2 300",
-        "ExecStartPre=/usr/local/sbin/spark-lane-turn coder",
+        "ExecStartPre=/usr/local/sbin/spark-lane-turn coder 570",
         "ExecStartPre=-/bin/sh -c 'sync; echo 3 > /proc/sys/vm/drop_caches'",
     ]
     start = exec_start(unit)
@@ -830,8 +832,16 @@ def test_a_cluster_lane_without_rays_address_is_refused() -> None:
 
 
 MP = {"tensor_parallel_size": 2, "executor": "mp"}
-MP_HEAD = {"rank": MpRank(0, "192.168.100.10"), "peers": ("192.168.100.11",)}
-MP_WORKER = {"rank": MpRank(1, "192.168.100.10"), "peers": ("192.168.100.10",)}
+MP_HEAD = {
+    "rank": MpRank(0, "192.168.100.10"),
+    "peers": ("192.168.100.11",),
+    "peer_boxes": ("spark-2",),
+}
+MP_WORKER = {
+    "rank": MpRank(1, "192.168.100.10"),
+    "peers": ("192.168.100.10",),
+    "peer_boxes": ("spark-1",),
+}
 MP_ARGS = (
     "--tensor-parallel-size 2 --distributed-executor-backend mp --nnodes 2 --node-rank {rank}"
     " --master-addr 192.168.100.10 --master-port 29501"
@@ -844,9 +854,11 @@ def test_an_mp_cluster_lanes_head_serves_under_the_rendezvous_watch_without_ray(
     assert "spark-ray" not in unit and "RAY_" not in env.replace("RAY_memory", "")
     assert "StartLimitIntervalSec=0\n" in unit and "StartLimitBurst" not in unit
     start = exec_start(unit)
-    # The watch first: port 29501 and the worker's first twin, then the lane's `docker run`.
+    # The watch first: port 29501, 300 s for every rank to join (half the start timeout of
+    # 600 s), the worker's first twin and its box, then the lane's `docker run`.
     assert start.startswith(
-        "ExecStart=/usr/local/sbin/spark-lane-ranks 29501 192.168.100.11 -- /usr/bin/docker run"
+        "ExecStart=/usr/local/sbin/spark-lane-ranks 29501 300 192.168.100.11=spark-2"
+        " -- /usr/bin/docker run"
     )
     assert MP_ARGS.format(rank=0) in start and "--headless" not in start
     assert "-v /etc/spark/secrets/coder.key:/run/secrets/api-key:ro" in start
@@ -860,10 +872,17 @@ def test_an_mp_cluster_lanes_worker_runs_a_headless_rank_without_key_health_or_c
     commands = run_op(lanes.serving, host=host, unit=unit_)
     unit = host.uploads[UNIT]
     start = exec_start(unit)
+    # The rank keeps the box's turn to load (its mark) while it loads, at most the health wait
+    # of a lane (600 s less 30); every rank joined within 300 s (half the start timeout).
     assert start.startswith(
-        "ExecStart=/usr/local/sbin/spark-lane-ranks 29501 192.168.100.10 -- /usr/bin/docker run"
+        "ExecStart=/usr/local/sbin/spark-lane-ranks --turn /run/spark/loading/coder 570"
+        " 29501 300 192.168.100.10=spark-1 -- /usr/bin/docker run"
     )
     assert MP_ARGS.format(rank=1) + " --headless" in start
+    # The turn taken as any lane's, but not given back as the container starts: only the stop's.
+    assert "ExecStartPre=/usr/local/sbin/spark-lane-turn coder 570\n" in unit
+    assert post_lines(unit) == []
+    assert "ExecStopPost=/bin/rm -f /run/spark/loading/coder\n" in unit
     assert "api-key" not in start and "VLLM_API_KEY" not in start
     assert "/health" not in unit and "spark-lane-canary coder" not in unit
     assert "Description=vLLM lane coder: this box's rank 1 (headless" in unit
@@ -898,27 +917,38 @@ def test_an_mp_rank_in_place_yields_nothing() -> None:
 
 @pytest.fixture
 def ranks(tmp_path: Path) -> Iterator[Callable[..., subprocess.Popen[str]]]:
-    """Start the watch script for port 29501 and these peers over the rank (by default a
-    `sleep 300` that writes its pid to tmp_path/rank.pid), with an `ss` that prints
-    tmp_path/connections (ss's columns under a state filter) and a `ping` that fails for the
-    addresses listed in tmp_path/silent (no packet leaves this machine)."""
+    """Start the watch script for port 29501, `deadline` seconds to join and these peers
+    (ADDRESS=BOX) over the rank (by default a `sleep 300` that writes its pid to
+    tmp_path/rank.pid), with an `ss` that prints tmp_path/connections (ss's columns under a state
+    filter), a `ping` that fails for the addresses listed in tmp_path/silent (no packet leaves
+    this machine) and a `journalctl` that prints tmp_path/journal (this start's journal)."""
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
-    (bin_dir / "ss").write_text(f"#!/bin/sh\ncat {tmp_path}/connections 2>/dev/null\n")
+    (bin_dir / "ss").write_text(
+        f"#!/bin/sh\necho >> {tmp_path}/ss.calls\ncat {tmp_path}/connections 2>/dev/null\n"
+    )
     (bin_dir / "ping").write_text(
         f'#!/bin/sh\nfor last; do :; done\n! grep -qxF "$last" {tmp_path}/silent 2>/dev/null\n'
     )
-    for tool in ("ss", "ping"):
+    (bin_dir / "journalctl").write_text(
+        f"#!/bin/sh\necho >> {tmp_path}/journalctl.calls\ncat {tmp_path}/journal 2>/dev/null\n"
+    )
+    for tool in ("ss", "ping", "journalctl"):
         (bin_dir / tool).chmod(0o755)
     script = tmp_path / "spark-lane-ranks"
     script.write_text((util.TEMPLATES / "spark-lane-ranks.j2").read_text())
     rank = ("sh", "-c", f"echo $$ > {tmp_path}/rank.pid; exec sleep 300")
     started: list[subprocess.Popen[str]] = []
 
-    def start(*peers: str, command: tuple[str, ...] = rank) -> subprocess.Popen[str]:
-        env = {"PATH": f"{bin_dir}:/usr/bin:/bin"}
+    def start(
+        *peers: str,
+        command: tuple[str, ...] = rank,
+        deadline: int = 60,
+        turn: tuple[str, ...] = (),
+    ) -> subprocess.Popen[str]:
+        env = {"PATH": f"{bin_dir}:/usr/bin:/bin", "INVOCATION_ID": "0123abcd"}
         process = subprocess.Popen(
-            ["sh", str(script), "29501", *peers, "--", *command],
+            ["sh", str(script), *turn, "29501", str(deadline), *peers, "--", *command],
             env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
         )  # fmt: skip
         started.append(process)
@@ -955,6 +985,18 @@ def rank_stopped(tmp_path: Path) -> bool:
     return subprocess.run(["kill", "-0", str(pid)], capture_output=True).returncode != 0
 
 
+def calls(tmp_path: Path, tool: str) -> int:
+    """How often the watch has run the fake `tool` so far."""
+    path = tmp_path / f"{tool}.calls"
+    return len(path.read_text().splitlines()) if path.exists() else 0
+
+
+def rounds_after(tmp_path: Path, tool: str, seen: int) -> None:
+    """Wait until the watch has run `tool` twice more than `seen` times: a whole round of it
+    has read what was written before (no fixed sleep)."""
+    until(lambda: calls(tmp_path, tool) >= seen + 2, 30, f"two more rounds reading {tool}")
+
+
 def connections(tmp_path: Path, *peers: str) -> None:
     """ss -Htn state established's lines as the head shows them: its store listens on [::] (as
     torch's TCPStore does), so its end and an IPv4 peer's show as IPv4-mapped IPv6 (written by
@@ -970,13 +1012,16 @@ def test_the_watch_stops_the_rank_and_fails_once_a_joined_peer_leaves(
     ranks: Callable[..., subprocess.Popen[str]], tmp_path: Path
 ) -> None:
     connections(tmp_path, "192.168.100.11", "192.168.100.12")
-    watch = ranks("192.168.100.11", "192.168.100.12")
+    watch = ranks("192.168.100.11=spark-2", "192.168.100.12=spark-3")
     said = joined(watch)
-    assert "every rank joined the rendezvous on port 29501: 192.168.100.11 192.168.100.12" in said
+    assert (
+        "every rank joined the rendezvous on port 29501: 192.168.100.11 (spark-2)"
+        " 192.168.100.12 (spark-3)\n" in said
+    )
     connections(tmp_path, "192.168.100.12")
     output, _ = watch.communicate(timeout=20)
     assert watch.returncode == 1
-    assert "the rank at 192.168.100.11 left the rendezvous on port 29501" in output
+    assert "the rank at 192.168.100.11 (spark-2) left the rendezvous on port 29501" in output
     assert rank_stopped(tmp_path)  # its rank was stopped with it
 
 
@@ -985,20 +1030,24 @@ def test_the_watch_takes_a_peer_answering_no_ping_for_a_lost_box(
 ) -> None:
     # A box lost leaves its connection open on this side: only the fabric's silence tells.
     connections(tmp_path, "192.168.100.11")
-    watch = ranks("192.168.100.11")
+    watch = ranks("192.168.100.11=spark-2")
     joined(watch)
     (tmp_path / "silent").write_text("192.168.100.11\n")
     output, _ = watch.communicate(timeout=40)
     assert watch.returncode == 1, output
-    assert "the rank at 192.168.100.11 answers no ping on the fabric (its box lost?)" in output
+    assert (
+        "the rank at 192.168.100.11 (spark-2) answers no ping on the fabric (its box lost?)"
+        in output
+    )
     assert rank_stopped(tmp_path)
 
 
 def test_the_watch_waits_for_peers_not_yet_joined_and_passes_the_ranks_exit_on(
     ranks: Callable[..., subprocess.Popen[str]], tmp_path: Path
 ) -> None:
-    # Nobody joined yet: a missing peer is no loss; the rank's own failure is the watch's.
-    watch = ranks("192.168.100.11", command=("sh", "-c", "sleep 3; exit 7"))
+    # Nobody joined yet: a missing peer is no loss within its deadline; the rank's own failure
+    # is the watch's.
+    watch = ranks("192.168.100.11=spark-2", command=("sh", "-c", "sleep 3; exit 7"))
     output, _ = watch.communicate(timeout=20)
     assert watch.returncode == 7 and "left" not in output and "joined" not in output
 
@@ -1008,18 +1057,18 @@ def test_the_watch_reads_a_worker_sides_plain_ipv4_connection(
 ) -> None:
     # A headless rank's end: IPv4 to the head's port (written by hand in ss's columns).
     (tmp_path / "connections").write_text("0 0 192.168.100.11:41234 192.168.100.10:29501\n")
-    watch = ranks("192.168.100.10")
+    watch = ranks("192.168.100.10=spark-1")
     joined(watch)
     (tmp_path / "connections").write_text("")
     output, _ = watch.communicate(timeout=20)
-    assert watch.returncode == 1 and "the rank at 192.168.100.10 left" in output, output
+    assert watch.returncode == 1 and "the rank at 192.168.100.10 (spark-1) left" in output, output
 
 
 def test_the_watch_passes_systemds_stop_on_to_the_rank(
     ranks: Callable[..., subprocess.Popen[str]], tmp_path: Path
 ) -> None:
     connections(tmp_path, "192.168.100.11")
-    watch = ranks("192.168.100.11")
+    watch = ranks("192.168.100.11=spark-2")
     joined(watch)  # its trap is set by then
     watch.terminate()
     watch.communicate(timeout=20)
@@ -1030,9 +1079,89 @@ def test_the_watch_passes_systemds_stop_on_to_the_rank(
 def test_the_watch_refuses_a_command_line_without_its_command(
     ranks: Callable[..., subprocess.Popen[str]],
 ) -> None:
-    watch = ranks("192.168.100.11", command=())
+    watch = ranks("192.168.100.11=spark-2", command=())
     output, _ = watch.communicate(timeout=20)
     assert watch.returncode == 2 and "usage: spark-lane-ranks" in output
+
+
+def test_a_rank_that_never_joins_within_its_deadline_is_lost_by_name(
+    ranks: Callable[..., subprocess.Popen[str]], tmp_path: Path
+) -> None:
+    # spark-3's rank never started: no endless wait for it, and the one that joined is no help.
+    connections(tmp_path, "192.168.100.11")
+    watch = ranks("192.168.100.11=spark-2", "192.168.100.12=spark-3", deadline=3)
+    output, _ = watch.communicate(timeout=20)
+    assert watch.returncode == 1, output
+    assert (
+        "spark-lane-ranks: the rank at 192.168.100.12 (spark-3) has not joined the rendezvous on"
+        " port 29501 within 3 s (its rank never started, or its box is away): stopping this"
+        " box's rank so that it starts again with the others\n" in output
+    )
+    assert "every rank joined" not in output
+    assert rank_stopped(tmp_path)
+
+
+def test_a_rank_that_joined_and_left_before_the_others_joined_is_lost(
+    ranks: Callable[..., subprocess.Popen[str]], tmp_path: Path
+) -> None:
+    # spark-2's rank came and went while spark-3's had not come yet: the group never completes
+    # with it (torch takes no rank back), so waiting out the deadline would help nobody.
+    connections(tmp_path, "192.168.100.11")
+    watch = ranks("192.168.100.11=spark-2", "192.168.100.12=spark-3", deadline=600)
+    rounds_after(tmp_path, "ss", 0)  # a round of the watch has seen spark-2 connected
+    connections(tmp_path)
+    output, _ = watch.communicate(timeout=20)
+    assert watch.returncode == 1, output
+    assert "the rank at 192.168.100.11 (spark-2) left the rendezvous on port 29501" in output
+
+
+# A headless rank's journal as vLLM writes it: the line of each worker once its weights are in
+# (vllm/v1/worker/gpu_model_runner.py, "Model loading took %.4f GiB memory and %.6f seconds").
+LOADED = (
+    "(Worker pid=212) INFO 11-28 11:00:31 [gpu_model_runner.py:2338] Model loading took"
+    " 57.6400 GiB memory and 412.118200 seconds\n"
+)
+
+
+def test_a_headless_rank_keeps_its_boxs_turn_until_it_has_loaded(
+    ranks: Callable[..., subprocess.Popen[str]], tmp_path: Path
+) -> None:
+    mark = tmp_path / "loading" / "big"
+    mark.parent.mkdir()
+    mark.touch()  # taken by spark-lane-turn in ExecStartPre
+    connections(tmp_path, "192.168.100.10")
+    watch = ranks("192.168.100.10=spark-1", turn=("--turn", str(mark), "600"))
+    joined(watch)
+    assert mark.exists()  # joined, still loading
+    (tmp_path / "journal").write_text("Starting to load model Qwen/Qwen3-235B-A22B-GPTQ-Int4...\n")
+    rounds_after(tmp_path, "journalctl", calls(tmp_path, "journalctl"))  # read by a round
+    assert mark.exists()
+    (tmp_path / "journal").write_text(LOADED)
+    until(lambda: not mark.exists(), 20, "the turn given back")
+    watch.terminate()
+    output, _ = watch.communicate(timeout=20)
+    assert (
+        "spark-lane-ranks: this box's rank has loaded its share of the model: the box's next"
+        " lane may load\n" in output
+    )
+
+
+def test_a_headless_rank_that_does_not_load_gives_its_turn_on_after_its_hold_saying_so(
+    ranks: Callable[..., subprocess.Popen[str]], tmp_path: Path
+) -> None:
+    mark = tmp_path / "loading" / "big"
+    mark.parent.mkdir()
+    mark.touch()
+    connections(tmp_path, "192.168.100.10")
+    watch = ranks("192.168.100.10=spark-1", turn=("--turn", str(mark), "3"))
+    until(lambda: not mark.exists(), 20, "the turn given on")
+    watch.terminate()
+    output, _ = watch.communicate(timeout=20)
+    host = socket.gethostname()
+    assert (
+        f"spark-lane-ranks: this box's rank on {host} has not loaded within 3 s: its turn to load"
+        " goes to the box's next lane anyway\n" in output
+    )
 
 
 # --- the lanes' turn to load, run by sh against a fake systemctl --------------------------------
@@ -1058,10 +1187,10 @@ def turn(tmp_path: Path) -> Callable[..., subprocess.CompletedProcess[str]]:
     )
     systemctl.chmod(0o755)
 
-    def run(lane: str, timeout: float = 10) -> subprocess.CompletedProcess[str]:
+    def run(lane: str, timeout: float = 10, wait: int = 60) -> subprocess.CompletedProcess[str]:
         env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}"}
-        return subprocess.run(["sh", str(script), lane], capture_output=True, text=True,
-                              env=env, timeout=timeout, check=False)  # fmt: skip
+        return subprocess.run(["sh", str(script), lane, str(wait)], capture_output=True,
+                              text=True, env=env, timeout=timeout, check=False)  # fmt: skip
 
     run.marks, run.states = marks, states  # type: ignore[attr-defined]
     return run
@@ -1096,6 +1225,24 @@ def test_a_lane_waits_while_another_loads_and_goes_once_it_serves(turn: Any) -> 
     assert result.returncode == 0, result.stderr
     assert result.stdout == "lane coder waits for lane fast to finish loading\n"
     assert sorted(path.name for path in turn.marks.glob("[!.]*")) == ["coder"]
+
+
+def test_a_running_headless_ranks_mark_holds_the_turn_and_a_wait_gives_up_by_name(
+    turn: Any,
+) -> None:
+    # The rank's unit is active once its container runs; its watch keeps the mark while it
+    # loads (spark-lane-ranks --turn). coder waits, at most its 2 s, then its start fails.
+    turn.marks.mkdir()
+    (turn.marks / "big").touch()
+    (turn.states / "big").write_text("active\n")
+    result = turn("coder", wait=2)
+    assert result.returncode == 1
+    assert result.stdout == "lane coder waits for lane big to finish loading\n"
+    assert result.stderr == (
+        f"spark-lane-turn: lane coder gave up its start on {socket.gethostname()}: lane big has"
+        " held this box's turn to load for more than 2 s\n"
+    )
+    assert sorted(path.name for path in turn.marks.glob("[!.]*")) == ["big"]
 
 
 # --- the answer canary (issue 16) ---------------------------------------------------------------

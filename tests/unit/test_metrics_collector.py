@@ -324,6 +324,32 @@ def test_a_twin_without_its_roce_v2_entry_or_link(box: dict) -> None:
     assert ("carrier", "enP2p1s0f1np1", "1", "0") in [d[:4] for d in drift]
 
 
+def test_a_twin_set_down_is_a_red_drift_of_its_link_not_of_its_cable(box: dict) -> None:
+    # `ip link set dev enp1s0f1np1 down`: its flags lose IFF_UP (0x1002, as a veth read after
+    # it: tests/unit/test_twin.py) and the kernel refuses to read its carrier (EINVAL: read
+    # as nothing); its peer's twin, still up, reads carrier 0 (not this box's).
+    net = box["sys"] / "class/net/enp1s0f1np1"
+    (net / "flags").write_text("0x1002\n")
+    (net / "carrier").unlink()
+    (net / "speed").write_text("-1\n")
+    (box["sys"] / "class/net/enP2p1s0f1np1/flags").write_text("0x1003\n")
+    text, drift = collect(box)
+    got = samples(text)
+    first = (("hca", "rocep1s0f1"), ("twin", "enp1s0f1np1"))
+    second = (("hca", "roceP2p1s0f1"), ("twin", "enP2p1s0f1np1"))
+    assert (got[("spark_twin_up", first)], got[("spark_twin_up", second)]) == (0, 1)
+    assert got[("spark_twin_carrier", first)] == 0
+    link = [d for d in drift if d.subject == "enp1s0f1np1"]
+    assert link == [
+        spark_metrics.Drift(
+            "link", "enp1s0f1np1", "up", "down", "nmcli connection up fabric-enp1s0f1np1",
+            "critical",
+        )
+    ]  # fmt: skip
+    assert ("spark_drift", (("expected", "up"), ("found", "down"), ("kind", "link"),
+            ("severity", "critical"), ("subject", "enp1s0f1np1"))) in got  # fmt: skip
+
+
 def test_gb10_memory_na_and_a_failed_query(box: dict) -> None:
     """Fields a GB10 does not report ([N/A]) are left out; nvidia-smi failing is said once."""
     got = samples(collect(box, **{"nvidia-smi": "[N/A], [N/A], 0, P0, 580.142\n"})[0])

@@ -265,6 +265,10 @@ def test_a_cluster_lane_on_mp_has_a_rank_unit_on_every_box() -> None:
     assert worker_lane.served.rank == MpRank(1, "192.168.100.10", 29501)
     assert head_lane.served.peers == ("192.168.100.11",)
     assert worker_lane.served.peers == ("192.168.100.10",)
+    assert (head_lane.served.peer_boxes, worker_lane.served.peer_boxes) == (
+        ("spark-2",),
+        ("spark-1",),
+    )
     assert worker.lane_units == ("big",)  # the guard watches the rank's unit too
     assert [lane for lane, _ in worker.memory_guard.lanes] == ["big"]
 

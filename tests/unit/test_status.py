@@ -129,6 +129,31 @@ def test_on_demand_lanes_idle_or_running_are_green_and_one_without_its_socket_re
     assert row.problems == ["lane third DOWN"]
 
 
+def test_a_twin_set_down_is_red_and_shown_down() -> None:
+    """The collector's lines for spark-2 with enp1s0f1np1 set down (ip link set down), as
+    files/spark_metrics.py writes them (tests/unit/test_metrics_collector.py)."""
+    text = "\n".join(
+        [
+            'spark_twin_up{hca="rocep1s0f1",twin="enp1s0f1np1"} 0',
+            'spark_twin_rate_mbps{hca="rocep1s0f1",twin="enp1s0f1np1"} -1',
+            'spark_twin_mtu_bytes{hca="rocep1s0f1",twin="enp1s0f1np1"} 9000',
+            'spark_twin_up{hca="roceP2p1s0f1",twin="enP2p1s0f1np1"} 1',
+            'spark_twin_rate_mbps{hca="roceP2p1s0f1",twin="enP2p1s0f1np1"} 200000',
+            'spark_twin_mtu_bytes{hca="roceP2p1s0f1",twin="enP2p1s0f1np1"} 9000',
+            'spark_twin_roce_v2_gid_index{hca="roceP2p1s0f1",twin="enP2p1s0f1np1"} 3',
+            'spark_drift{expected="up",found="down",kind="link",severity="critical",'
+            'subject="enp1s0f1np1"} 1',
+        ]
+    )
+    row = status.row("spark-2", status.samples_of(text + "\n"))
+    assert row.cells[2] == "enp1s0f1np1 DOWN, enP2p1s0f1np1 200G/9000/gid 3"
+    assert row.cells[5] == "link enp1s0f1np1 down (plan up)"
+    assert row.problems == ["drift: link enp1s0f1np1 down (plan up)"]
+    shown, code = status.report([row], colour=False)
+    assert code == 1
+    assert shown.splitlines()[-1] == "spark-2: drift: link enp1s0f1np1 down (plan up)"
+
+
 def test_a_verdict_older_than_a_week_is_red() -> None:
     text = "spark_nccl_verdict_present 1\nspark_nccl_passed 1\nspark_nccl_age_seconds 605000\n"
     assert status.row("b", status.samples_of(text)).problems == ["NCCL pass 0.00 GB/s 7d ago"]

@@ -53,6 +53,23 @@ def test_an_mtu_reads_as_bytes_or_none(text: str | None, mtu: int) -> None:
     assert twin.mtu(text) == mtu
 
 
+@pytest.mark.parametrize(
+    ("text", "down"),
+    [
+        # A veth's flags read on a test machine (`ip link add v0 type veth peer name v1` in a
+        # network namespace): 0x1002 as created (IFF_MULTICAST|IFF_BROADCAST), 0x1003 once
+        # `ip link set v0 up` (IFF_UP added), and still 0x1003 with its peer set down.
+        ("0x1002\n", True),
+        ("0x1003\n", False),
+        (None, False),  # no such interface: its MTU says so
+        ("", False),
+    ],
+)
+def test_a_twin_is_set_down_where_its_flags_lack_iff_up(text: str | None, down: bool) -> None:
+    assert twin.set_down(text) is down
+    assert twin.flags_file("enp1s0f1np1") == "/sys/class/net/enp1s0f1np1/flags"
+
+
 def test_below_the_rate_is_judged_where_the_twin_reports_one() -> None:
     assert twin.rate_below(100000, 200000)
     assert not twin.rate_below(200000, 200000)
