@@ -10,8 +10,8 @@ floor, anything drifted that the plan refuses (a twin set down among them), or t
 or is older than a week; the command then exits 1. Drift the plan accepts (the collector's severity
 "warning": a slower twin under fabric_link_speed_low = "warn", a RoCE v2 entry NCCL finds away from
 its usual index) is shown as a warning: yellow, exit 0. Each box's metrics key is read from
-KEYS_DIR/<box>.key, where `make clients` copies its /etc/spark/secrets/_metrics.key (docs/reference.md:
-Watching the fleet).
+KEYS_DIR/<box>.key, where `make clients` copies its /etc/spark/secrets/_metrics.key
+(docs/reference.md: Watching the fleet).
 """
 
 from __future__ import annotations
