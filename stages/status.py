@@ -23,6 +23,7 @@ import json
 import os
 import ssl
 import sys
+import urllib.error
 import urllib.request
 from collections import defaultdict
 from concurrent.futures import ThreadPoolExecutor
@@ -213,7 +214,12 @@ def served_names(url: str, key_file: Path) -> tuple[list[str] | None, str]:
         context = ssl.create_default_context() if url.startswith("https:") else None
         with urllib.request.urlopen(request, timeout=TIMEOUT_S, context=context) as response:
             return [card["id"] for card in json.loads(response.read())["data"]], ""
-    except Exception as error:  # any failure to read is a router not answering
+    except urllib.error.HTTPError as error:
+        # LiteLLM without a database answers a key it does not know 400 (bench/router.py).
+        if error.code in (400, 401, 403):
+            return None, f"the fleet key refused ({error.code} {error.reason}: {key_file})"
+        return None, f"{error.code} {error.reason}"
+    except Exception as error:  # any other failure to read is a router not answering
         return None, str(getattr(error, "reason", error))
 
 
