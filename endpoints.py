@@ -16,7 +16,7 @@ from pyinfra.api import State
 from pyinfra.api.host import Host
 from pyinfra.api.state import BaseStateCallback, StateStage
 
-from spark.box_paths import SECRETS_DIR, key_path
+from spark.box_paths import FLEET_KEY, SECRETS_DIR, key_path
 from spark.inventory import HostConfig
 from spark.lane import AGENT_CONTEXT
 from spark.plan import Plan
@@ -225,8 +225,11 @@ class EndpointsReport(BaseStateCallback):
         click.echo(endpoints_table(served), err=True)
         box, lanes = next(iter(served.items()))
         click.echo(
-            f"    OpenCode: `make clients` copies each lane's key ({SECRETS_DIR}/<lane>.key) to"
-            f" {OPENCODE_DIR}/<box>-<lane>.key ({box} {lanes[0].lane}:"
+            f"    OpenCode: `make clients` writes one provider into {OPENCODE_DIR}/opencode.json,"
+            " the fleet's router with every served name, and copies the fleet key"
+            f" ({FLEET_KEY} on the router's box) to {OPENCODE_DIR}/<box>-{FLEET_KEY_NAME}.key."
+            f" `make clients PER_LANE=1` instead copies each lane's key ({SECRETS_DIR}/<lane>.key)"
+            f" to {OPENCODE_DIR}/<box>-<lane>.key ({box} {lanes[0].lane}:"
             f" {key_file(box, lanes[0].lane)}) and merges every box's providers"
             f" (clients/<box>.json) into {OPENCODE_DIR}/opencode.json.",
             err=True,

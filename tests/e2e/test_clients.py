@@ -1,7 +1,7 @@
-"""`make clients` on the deployed lab, then the real OpenCode client (npm's opencode-ai, which
-`make test` installs in .tools/) on what it wrote: the fleet's models listed, an answer from a
-lane, a wrong key refused; and what an earlier run wrote for a box gone from the inventory,
-removed."""
+"""`make clients PER_LANE=1` on the deployed lab, then the real OpenCode client (npm's
+opencode-ai, which `make test` installs in .tools/) on what it wrote: every lane's model listed,
+an answer from a lane, a wrong key refused; and what an earlier run wrote for a box gone from the
+inventory, removed."""
 
 from __future__ import annotations
 
@@ -43,12 +43,12 @@ def run(home: Path, *command: str) -> subprocess.CompletedProcess:
     )  # fmt: skip
 
 
-def make(home: Path, module: str) -> subprocess.CompletedProcess:
+def make(home: Path, module: str, *options: str) -> subprocess.CompletedProcess:
     # What `make clients INVENTORY=inventories/sim.py` (stages.clients) or `make status`
     # (stages.status) runs, from the repository, as an owner whose home is ``home``.
     env = dict(os.environ, HOME=str(home), SIMLAB_STATE=str(STATE))
     return subprocess.run(
-        [f"{REPO}/.venv/bin/python", "-m", module, "--inventory", "inventories/sim.py"],
+        [f"{REPO}/.venv/bin/python", "-m", module, "--inventory", "inventories/sim.py", *options],
         cwd=REPO, env=env, capture_output=True, text=True, timeout=300, stdin=subprocess.DEVNULL,
     )  # fmt: skip
 
@@ -69,7 +69,8 @@ def test_make_clients_then_opencode_lists_answers_and_is_refused_a_wrong_key(
     (directory / "opencode.json").write_text(
         json.dumps({"provider": {"spark-9-coder": mine, "mine": mine}})
     )
-    result = make(tmp_path, "stages.clients")
+    # The per-lane providers (`make clients PER_LANE=1`); the router's: tests/e2e/test_router.py.
+    result = make(tmp_path, "stages.clients", "--per-lane")
     assert result.returncode == 0, result.stdout + result.stderr
     boxes = [host.name for host in deployed_lab.lab.hosts]
     for host in deployed_lab.lab.hosts:
