@@ -23,9 +23,10 @@ KEYS_DIR = "~/.config/spark-provisioning/metrics-keys"
 # Where `make clients` copies the fleet key of each router box (spark/fleet.py), beside the
 # metrics keys: FLEET_KEYS/<box>.key under KEYS_DIR, apart from every box's own <box>.key.
 FLEET_KEYS = "fleet"
-# The router's metrics (LiteLLM's proxy: litellm/proxy/proxy_server.py mounts prometheus_client's
-# app at /metrics; /metrics answers 307 to /metrics/, which asks the fleet key, its
-# require_auth_for_metrics_endpoint defaulting to True: litellm/__init__.py).
+# The router's metrics (LiteLLM's proxy: litellm/integrations/prometheus.py
+# _mount_metrics_endpoint mounts prometheus_client's app at /metrics, which answers 307 to
+# /metrics/; that asks the fleet key, require_auth_for_metrics_endpoint defaulting to True:
+# litellm/__init__.py).
 ROUTER_METRICS_PATH = "/metrics/"
 ROUTER_SCRAPE_INTERVAL_S = 30  # group_data/all.py's metrics_interval_s, where its box has none
 NCCL_MAX_AGE_S = 7 * 24 * 3600  # a verdict older than a week: run the test again (issue 28)
@@ -239,9 +240,10 @@ def rules(plan: Plan) -> dict:
 # set to 2 under its api_base as configured, ".../v1" (litellm/router_utils/cooldown_callbacks.py
 # router_cooldown_event_callback: set_deployment_complete_outage), and nothing sets that series
 # back; a request's failure and success set 1 and 0 under the request's api_base,
-# ".../v1/chat/completions" (prometheus.py async_log_failure_event, set_deployment_healthy). So
+# ".../v1/chat/completions" (prometheus.py set_llm_deployment_failure_metrics and _success_). So
 # a lane is out while its cooldown series says 2 and its requests' series is not back to 0.
-# Background health checks change neither (tests/unit/captured/real-litellm-*.txt).
+# The background health checks' answers are written with an empty model_id, which the match on
+# model_id leaves aside (tests/unit/captured/real-litellm-1.106.12-metrics-replica-killed.txt).
 DEPLOYMENT_COOLED_DOWN = 2
 REQUEST_API_BASE = ".*/chat/completions"
 
