@@ -12,7 +12,8 @@ stages, each executing its part of the box's plan:
    checked; the cluster environment file;
 3. its own lanes and their front: the memory guard, each lane after the one before, nginx;
 4. the cluster, with several boxes: the firewall, Ray or vLLM's own ranks, the NCCL test, the
-   cluster lane. It needs every box: it comes after each box has done what it can alone.
+   cluster lane. It needs every box: it comes after each box has done what it can alone;
+5. on the router's box (and the failover's), the fleet's router, holding every lane's key.
 """
 
 # ruff: noqa: E402 - the check below must run before this collection's own modules are imported
@@ -39,9 +40,11 @@ from stages.cluster import cluster
 from stages.fabric import fabric
 from stages.host_layer import host_layer
 from stages.lanes_front import lanes_and_front
+from stages.router import fleet_router
 
 run_summary.register(state)  # after the run, one line per box: converged, or where it stopped
-box = settings.plan(inventory).box(host.name)  # every box's plan, computed once per run
+fleet = settings.plan(inventory)  # every box's plan, computed once per run
+box = fleet.box(host.name)
 runmode.check(state)  # --serial, --no-wait, a small --parallel: refused for several boxes
 asked.register(state)  # without -y: what change detection found unchanged is not asked again
 
@@ -50,6 +53,7 @@ host_layer(box, _if=once)
 fabric(box, _if=once)
 lanes_and_front(box, _if=once)
 cluster(box, _if=once)
+fleet_router(box.name, fleet.fleet, _if=once)
 
 # Clients reach a box at the address the inventory connects to.
 endpoints.report(state, settings.load(inventory).host(host.name), address=box.address)

@@ -3,13 +3,13 @@
     python -m bench.router [--ttft-samples 30] [--rps-seconds 5] [--rps-rounds 3]
                            [--json router-results.json]
 
-The router is LiteLLM's proxy (README: One endpoint for the fleet), pinned (LITELLM), installed
-by this bench into a virtualenv of its own under SPARK_ROUTER_CACHE (default
-/var/cache/spark-router), outside the clone, as the lab keeps its images. Its lanes are the lab's
-vLLM stand-in (tests/simlab/serving/vllm_standin.py) run as processes on loopback addresses, each
-with its own key (VLLM_API_KEY, never in argv): `alpha` alone, `beta` as a replica pair. The
-router holds each lane's key, clients hold one fleet key; every key goes through the
-environment, the router's configuration names them (os.environ/...).
+The router is LiteLLM's proxy (README: One endpoint for the fleet), pinned (spark/router.py
+LITELLM, the deploy's pins), installed by this bench into a virtualenv of its own under
+SPARK_ROUTER_CACHE (default /var/cache/spark-router), outside the clone, as the lab keeps its
+images. Its lanes are the lab's vLLM stand-in (tests/simlab/serving/vllm_standin.py) run as
+processes on loopback addresses, each with its own key (VLLM_API_KEY, never in argv): `alpha`
+alone, `beta` as a replica pair. The router holds each lane's key, clients hold one fleet key;
+every key goes through the environment, the router's configuration names them (os.environ/...).
 
 Measured, alternating router and lane within each round (this machine is noisy):
 - the router's start: from its launch to the first 200 on /v1/models listing every served name;
@@ -47,16 +47,13 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
+from spark.router import LITELLM  # the router's pins, the deploy's (standard library only)
+
 REPO = Path(__file__).resolve().parents[1]
 STANDIN = REPO / "tests/simlab/serving/vllm_standin.py"
 STANDIN_DATA = REPO / "spark/data"  # the releases' option lists the stand-in checks against
 STANDIN_RELEASE = "0.19.0"
 CACHE = Path(os.environ.get("SPARK_ROUTER_CACHE", "/var/cache/spark-router"))
-# LiteLLM's proxy, pinned. 1.106.12: the newest release whose `proxy` extra installs from PyPI
-# alone (from 1.108.0 it needs a `litellm-proxy` package that PyPI does not serve, and 1.107.0
-# was a compromised release, taken down). Its /metrics needs prometheus_client, which the extra
-# leaves out (docs: proxy/prometheus, "Quick Start").
-LITELLM = ("litellm[proxy]==1.106.12", "prometheus-client==0.26.0")
 ROUTER_HOST, ROUTER_PORT = "127.0.0.1", 38100
 LANE_PORT = 38000
 CONCURRENCY = 16

@@ -296,6 +296,10 @@ router_health_interval_s = 10
 # 16 streams (`python -m bench.router`, loopback, this project's 2-core machine); 1.0 GiB holds
 # two workers with room for a longer model list.
 router_memory_gib = 1.0
+# Where the router's box installs LiteLLM's pinned wheels from (spark/router.py, its whole
+# resolved set in spark/data/): None is pip's own default index; or the URL of a PEP 503 simple
+# index (a mirror, a proxy of it), for boxes that reach no public index.
+router_pip_index = None
 
 # Last: every box's data over the values above, checked before pyinfra connects to any box.
 preconnect.check(globals())

@@ -64,6 +64,9 @@ spark = [
             # once it lands, within the deploy; on real boxes it takes hours (group_data says why).
             "fetch_weights": True,
             "hf_endpoint": _lab["hub"],
+            # The router's pinned wheels from the lab's package index (tests/simlab/pypi.py):
+            # the lab's hosts reach no public index.
+            "router_pip_index": _lab["pypi"],
             # The NCCL test on the lab: its veths carry the stand-in's TCP at a few GB/s at
             # best, on a small machine other labs share, so the mark is the lab's (0.05 GB/s:
             # the bytes moved, not a Spark's 21.875), and 4 MiB keeps the run to seconds; the

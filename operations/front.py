@@ -65,6 +65,21 @@ def printed_with_key(lane: str, template: str) -> str:
     )
 
 
+# The name the router's key map goes by among the lanes' (a lane's name is a slug, without "_"):
+# its key file is the fleet key (spark/box_paths.py FLEET_KEY).
+ROUTER = "_fleet"
+
+
+@dataclass(frozen=True)
+class RouterPort:
+    """The router's port on this box's front: the fleet key asked on every path, the router on
+    127.0.0.1:``backend_port``, its own allow-list (the clients' and the scrapers' networks)."""
+
+    port: int
+    backend_port: int
+    allow_networks: tuple[str, ...]
+
+
 @dataclass(frozen=True)
 class FrontLane:
     """A lane as the front serves it: its port, vLLM's own port on loopback, whether it has a
@@ -157,6 +172,7 @@ def lanes_front(
     lanes: list[FrontLane],
     allow_networks: list[str],
     tls: tuple[str, str] | None = None,
+    router: RouterPort | None = None,
 ):
     """
     Put nginx in front of the box's lanes: each lane's port served by nginx, every path asking
@@ -167,6 +183,8 @@ def lanes_front(
       on the box (made here when the lane has none yet), so the key never leaves the box
     + allow_networks: client networks admitted ("192.168.1.0/24"); empty: any
     + tls: (certificate, key) files on this machine: the lanes' ports speak HTTPS with them
+    + router: the fleet router's port on a router box: its paths (the OpenAI ones, /health/ and
+      LiteLLM's /metrics/) behind the fleet key, made where the box has none
 
     A change is applied by `nginx -t` and a reload, which keeps streams in flight.
 
@@ -180,7 +198,7 @@ def lanes_front(
             allow_networks=[],
         )
     """
-    keyed = keyed_lanes(lanes)
+    keyed = keyed_lanes(lanes, router)
     state = answer(FrontState, lanes=keyed)
     changes: list[str] = []
     if not state["installed"]:
@@ -205,6 +223,7 @@ def lanes_front(
         "nginx-spark-lanes.conf.j2",
         SITE,
         lanes=lanes,
+        router=router,
         allow_networks=allow_networks,
         tls=bool(tls),
         keys_dir=KEYS_DIR,
@@ -228,14 +247,15 @@ def lanes_front(
         host.noop(f"nginx asks the key on every path of {len(lanes)} lane(s)")
 
 
-def keyed_lanes(lanes: list[FrontLane]) -> tuple[str, ...]:
-    """The lanes whose every path asks a key."""
-    return tuple(lane.name for lane in lanes if lane.key)
+def keyed_lanes(lanes: list[FrontLane], router: RouterPort | None = None) -> tuple[str, ...]:
+    """The lanes whose every path asks a key, and the router (its key map's name) where there
+    is one."""
+    return tuple(lane.name for lane in lanes if lane.key) + ((ROUTER,) if router else ())
 
 
-def questions(lanes: list[FrontLane]) -> list[Question]:
+def questions(lanes: list[FrontLane], router: RouterPort | None = None) -> list[Question]:
     """What ``lanes_front`` reads (operations/asked.py)."""
     return [
-        question(FrontState, lanes=keyed_lanes(lanes)),
+        question(FrontState, lanes=keyed_lanes(lanes, router)),
         question(util.RootFiles, paths=(SITE,)),
     ]

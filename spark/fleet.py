@@ -63,6 +63,14 @@ RouterMemory = Annotated[
     float,
     Field(gt=0, description="GiB of unified memory the router takes on its box (1.0)"),
 ]
+PipIndex = Annotated[
+    str | None,
+    Field(
+        pattern=r"^https?://[^\s/]+(/\S*)?$",
+        description="None (pip's own default index), or the URL of a PEP 503 simple index"
+        " holding the router's pinned wheels, e.g. 'https://mirror.example.internal/simple/'",
+    ),
+]
 
 
 class RouterKeys(BaseModel):
@@ -75,6 +83,7 @@ class RouterKeys(BaseModel):
     router_port: RouterPort
     router_health_interval_s: HealthInterval
     router_memory_gib: RouterMemory
+    router_pip_index: PipIndex
 
     @classmethod
     def of(cls, settings: BaseModel) -> RouterKeys:
@@ -91,6 +100,7 @@ class Router(BaseModel):
     port: int
     health_interval_s: int
     memory_gib: float
+    pip_index: str | None
 
     @property
     def loopback_port(self) -> int:
@@ -118,6 +128,7 @@ def router(hosts: tuple[HostConfig, ...]) -> Router:
         port=keys.router_port,
         health_interval_s=keys.router_health_interval_s,
         memory_gib=keys.router_memory_gib,
+        pip_index=keys.router_pip_index,
     )
 
 

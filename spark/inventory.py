@@ -284,6 +284,7 @@ class HostSettings(BaseModel):
     router_port: fleet.RouterPort
     router_health_interval_s: fleet.HealthInterval
     router_memory_gib: fleet.RouterMemory
+    router_pip_index: fleet.PipIndex
 
     @field_validator("fabric_addresses")
     @classmethod

@@ -14,6 +14,7 @@ from pydantic import BaseModel, ConfigDict
 
 from spark import fleet
 from spark import kernel as kernel_rules
+from spark import router as litellm
 from spark.box_paths import (
     FLEET_KEY,
     GPU_CLOCK_UNIT,
@@ -148,10 +149,21 @@ class FrontLane(Record):
     key: bool  # a lane without a key is forwarded to anyone the allow-list admits
 
 
+class RouterFront(Record):
+    """The router's port on a router box's front: nginx asks the fleet key on every path and
+    forwards to the router on 127.0.0.1; clients' and scrapers' networks admitted."""
+
+    port: int
+    backend_port: int
+    allow_networks: tuple[str, ...]  # empty: any
+    key_from: str | None  # the fleet key made on this box (None), or copied from this router box
+
+
 class Front(Record):
     lanes: tuple[FrontLane, ...]
     allow_networks: tuple[str, ...]
     tls: tuple[str, str] | None  # certificate and key files on the controller
+    router: RouterFront | None  # on a router box
 
 
 class Share(Record):
@@ -311,6 +323,13 @@ class Backend(Record):
     key: bool  # the router sends the lane's key
     tls: bool  # the front speaks HTTPS (front_tls_certificate_file)
     on_demand: bool  # started by a request, stopped when idle
+    # The router's environment variable holding the lane's key (spark/router.py); None: no key.
+    key_variable: str | None
+
+    @property
+    def url(self) -> str:
+        """The lane's OpenAI base URL, through its box's front."""
+        return f"{'https' if self.tls else 'http'}://{self.address}:{self.port}/v1"
 
 
 class Route(Record):
@@ -336,6 +355,15 @@ class FleetEndpoint(Record):
     health_interval_s: int
     memory_gib: float
     routes: tuple[Route, ...]
+    # How each router box runs it (spark/router.py): LiteLLM's pinned set, installed into its
+    # virtualenv by pip_command (from pip_index; None: pip's own default), the unit's command,
+    # LiteLLM's configuration (litellm.yaml) and the environment variable of the fleet key.
+    pip_index: str | None
+    requirements: tuple[str, ...]
+    pip_command: tuple[str, ...]
+    unit_command: tuple[str, ...]
+    config: dict
+    fleet_key_variable: str
 
 
 class BoxPlan(Record):
@@ -579,9 +607,13 @@ def own_lanes(me: HostConfig, spark: SparkConfig) -> tuple[OwnLane, ...]:
     return tuple(result)
 
 
-def front(me: HostConfig) -> Front:
+def front(me: HostConfig, router: fleet.Router) -> Front:
     """Clients reach every lane of the box, the cluster lane's too, through nginx, which asks
-    the lane's key on every path; the servers listen on loopback only."""
+    the lane's key on every path; the servers listen on loopback only. On a router box the
+    router's port too, admitting the clients' networks and the scrapers' (its /metrics/)."""
+    allow = me.front_allow_networks
+    if allow and me.metrics_allow_networks:
+        allow = tuple(dict.fromkeys((*allow, *me.metrics_allow_networks)))
     return Front(
         lanes=tuple(
             FrontLane(
@@ -591,6 +623,16 @@ def front(me: HostConfig) -> Front:
         ),
         allow_networks=me.front_allow_networks,
         tls=me.front_tls,
+        router=(
+            RouterFront(
+                port=router.port,
+                backend_port=router.loopback_port,
+                allow_networks=allow,
+                key_from=None if me.name == router.boxes[0] else router.boxes[0],
+            )
+            if me.name in router.boxes
+            else None
+        ),
     )
 
 
@@ -636,7 +678,9 @@ def cluster_lane(me: HostConfig, spark: SparkConfig, after: str | None) -> Clust
     )
 
 
-def cluster(me: HostConfig, spark: SparkConfig, after: str | None) -> Cluster | None:
+def cluster(
+    me: HostConfig, spark: SparkConfig, after: str | None, router_port: int | None = None
+) -> Cluster | None:
     """A box among several: the firewall and Ray where one address reaches every box, the
     NCCL test, the cluster lane. Everything here waits for the other boxes."""
     if len(spark.hosts) < 2:
@@ -652,7 +696,11 @@ def cluster(me: HostConfig, spark: SparkConfig, after: str | None) -> Cluster | 
         firewall = Firewall(
             fabric={link.ifname: str(link.address.network) for link in me.fabric},
             ports=tuple(listen_ports(me.ray.port)),
-            open_ports=(me.ssh_port, *(own.port for own in me.lanes)),
+            open_ports=(
+                me.ssh_port,
+                *(own.port for own in me.lanes),
+                *([router_port] if router_port is not None else []),
+            ),
         )
     if reachable and executor != "mp":
         # Where the cluster lane's workers on this box read its weights.
@@ -775,8 +823,43 @@ def scraped_lane(lane: Lane) -> ScrapedLane:
 
 def fleet_endpoint(spark: SparkConfig) -> FleetEndpoint:
     """The router of the whole inventory (independent boxes' too) and its route table: every
-    served name of every box, its replicas together, in the inventory's order."""
+    served name of every box, its replicas together, in the inventory's order; each keyed lane's
+    key in its own variable of the router's environment, numbered in that order."""
     router = fleet.router(spark.hosts)
+    keyed = [
+        (box.name, lane.name)
+        for lanes in fleet.served(spark.hosts).values()
+        for box, lane in lanes
+        if lane.api_key
+    ]
+    routes = tuple(
+        Route(
+            served_name=name,
+            backends=tuple(
+                Backend(
+                    box=box.name,
+                    address=box.address,
+                    port=lane.port,
+                    lane=lane.name,
+                    key=lane.api_key,
+                    tls=box.front_tls is not None,
+                    on_demand=lane.on_demand_idle_s is not None,
+                    key_variable=(
+                        litellm.key_variable(keyed.index((box.name, lane.name)) + 1)
+                        if lane.api_key
+                        else None
+                    ),
+                )
+                for box, lane in lanes
+            ),
+        )
+        for name, lanes in fleet.served(spark.hosts).items()
+    )
+    deployments = [
+        litellm.Deployment(route.served_name, backend.url, backend.key_variable, backend.on_demand)
+        for route in routes
+        for backend in route.backends
+    ]
     return FleetEndpoint(
         boxes=tuple(RouterBox(name=box, address=spark.host(box).address) for box in router.boxes),
         port=router.port,
@@ -784,28 +867,17 @@ def fleet_endpoint(spark: SparkConfig) -> FleetEndpoint:
         key_path=FLEET_KEY,
         health_interval_s=router.health_interval_s,
         memory_gib=router.memory_gib,
-        routes=tuple(
-            Route(
-                served_name=name,
-                backends=tuple(
-                    Backend(
-                        box=box.name,
-                        address=box.address,
-                        port=lane.port,
-                        lane=lane.name,
-                        key=lane.api_key,
-                        tls=box.front_tls is not None,
-                        on_demand=lane.on_demand_idle_s is not None,
-                    )
-                    for box, lane in lanes
-                ),
-            )
-            for name, lanes in fleet.served(spark.hosts).items()
-        ),
+        routes=routes,
+        pip_index=router.pip_index,
+        requirements=litellm.requirements(),
+        pip_command=litellm.pip_command(router.pip_index),
+        unit_command=litellm.server_command(router.loopback_port),
+        config=litellm.litellm_config(deployments, router.health_interval_s),
+        fleet_key_variable=litellm.FLEET_KEY_VARIABLE,
     )
 
 
-def box_plan(me: HostConfig, spark: SparkConfig, router_gib: float) -> BoxPlan:
+def box_plan(me: HostConfig, spark: SparkConfig, router: fleet.Router) -> BoxPlan:
     lanes = own_lanes(me, spark)
     units = spark.units(me.name)
     return BoxPlan(
@@ -823,7 +895,7 @@ def box_plan(me: HostConfig, spark: SparkConfig, router_gib: float) -> BoxPlan:
             variables=me.cluster_environment(spark.head),
             notes=me.environment_notes(),
         ),
-        memory=memory(me, spark, router_gib),
+        memory=memory(me, spark, router.memory_gib_on(me.name)),
         memory_guard=MemoryGuard(
             floor_gib=me.memory_guard_min_available_gib,
             lanes=tuple((lane.name, lane.priority or 0) for lane in units),
@@ -835,8 +907,13 @@ def box_plan(me: HostConfig, spark: SparkConfig, router_gib: float) -> BoxPlan:
         weights_share=weights_share(me, spark),
         models_in_use=models_in_use(me, spark),
         prune_unused=me.prune_unused,
-        front=front(me),
-        cluster=cluster(me, spark, lanes[-1].served.lane.name if lanes else None),
+        front=front(me, router),
+        cluster=cluster(
+            me,
+            spark,
+            lanes[-1].served.lane.name if lanes else None,
+            router.port if me.name in router.boxes else None,
+        ),
         metrics=metrics(me, spark),
     )
 
@@ -850,7 +927,7 @@ def plan(spark: SparkConfig) -> Plan:
             box_plan(
                 me,
                 spark.alone(me.name) if spark.independent else spark,
-                router.memory_gib_on(me.name),
+                router,
             )
             for me in spark.hosts
         ),

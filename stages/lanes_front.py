@@ -5,7 +5,7 @@ it needs another box."""
 
 from pyinfra.api import deploy
 
-from operations import asked, front, images, lanes, memguard, metrics, preflight, weights
+from operations import asked, front, images, lanes, memguard, metrics, preflight, router, weights
 from operations.asked import Question
 from spark.box_paths import MODELS_DIR, WEIGHTS_PORT
 from spark.plan import BoxPlan, Metrics, ModelOnBox, ServedLane
@@ -77,6 +77,10 @@ def lanes_and_front(box: BoxPlan) -> None:
         front.FrontLane(lane.name, lane.port, lane.backend_port, key=lane.key)
         for lane in box.front.lanes
     ]
+    fleet = box.front.router
+    router_port = (
+        front.RouterPort(fleet.port, fleet.backend_port, fleet.allow_networks) if fleet else None
+    )
     # Everything this stage reads of the box, asked in one command (operations/asked.py).
     asked.ahead(
         [
@@ -92,7 +96,8 @@ def lanes_and_front(box: BoxPlan) -> None:
             ),
             *(weights.serve_questions() if box.weights_share else []),
             *(weights.room_questions(MODELS_DIR) if any_fetch or box.prune_unused else []),
-            *front.questions(fronted),
+            *front.questions(fronted, router_port),
+            *(router.key_questions() if fleet else []),
             *(
                 metrics.questions(watch.port, watch.exporter_port, metrics_lanes(watch))
                 if (watch := box.metrics)
@@ -133,11 +138,19 @@ def lanes_and_front(box: BoxPlan) -> None:
         if not lane.weights.fetch:
             model_on_box(lane.weights, f"Lane {lane.served.lane.name}")
         serve(lane.served)
+    if fleet:
+        router.fleet_key(
+            name="Fleet key (root 0600)"
+            + (f", {fleet.key_from}'s" if fleet.key_from else ", made here"),
+            source=fleet.key_from,
+        )
     front.lanes_front(
-        name=f"Front: nginx asks the key on every path of {len(box.front.lanes)} lane(s)",
+        name=f"Front: nginx asks the key on every path of {len(box.front.lanes)} lane(s)"
+        + (f" and of the router on port {fleet.port}" if fleet else ""),
         lanes=fronted,
         allow_networks=list(box.front.allow_networks),
         tls=box.front.tls,
+        router=router_port,
     )
     if box.metrics:
         watch = box.metrics

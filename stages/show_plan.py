@@ -20,6 +20,8 @@ from spark.plan import (
     Route,
     ServedLane,
 )
+from spark.router import LITELLM
+from spark.router import UNIT as ROUTER_UNIT
 from stages.settings import plan_or_say_why
 
 
@@ -124,13 +126,16 @@ def fleet_text(endpoint: FleetEndpoint) -> str:
     where = f"{first.name} ({first.address})" + "".join(
         f", failover {box.name} ({box.address})" for box in failover
     )
-    out = ["the fleet endpoint (planned; the router's deployment follows)"]
+    out = ["the fleet endpoint"]
     out += rows(
         "router",
         [
             f"on {where}, port {endpoint.port} (the router on 127.0.0.1:{endpoint.loopback_port})",
             f"fleet key {endpoint.key_path}; each lane checked every"
             f" {endpoint.health_interval_s} s; {endpoint.memory_gib:g} GiB of its box",
+            f"{' '.join(LITELLM)}: {len(endpoint.requirements)} pinned packages from"
+            f" {endpoint.pip_index or 'the default index of pip'}",
+            f"unit {ROUTER_UNIT}: {' '.join(endpoint.unit_command)}",
         ],
     )
     out += rows("routes", [route_line(route) for route in endpoint.routes])

@@ -63,6 +63,8 @@ SWITCH_NS = f"{PREFIX}-switch"
 # that a deploy's fetches land within a lane's wait for them (operations/lanes.py FETCH_WAIT_S).
 HUB_PORT = 8790
 HUB_RATE = 1 << 30
+# The lab's Python package index (pypi.py), beside the hub: the hosts' router_pip_index.
+PYPI_PORT = 8791
 REPOS_MOUNT = "/srv/simlab-repos"
 HARDWARE_FILE = "/usr/local/lib/simlab/hardware.json"
 # What every cabled twin of a Spark reports (ethtool `Speed: 200000Mb/s`; NVIDIA's
@@ -147,6 +149,7 @@ class Lab:
                     "cabling": self.cabling,
                     "switch_ports": self.switch_ports,
                     "hub": hub_url(),
+                    "pypi": pypi_url(),
                 },
                 indent=2,
             )
@@ -348,6 +351,35 @@ def start_hub() -> None:
         lambda: "hub at" in (STATE / "hub.log").read_text(), 30, "the lab's hub did not start",
         every=0.1, hopeless=lambda: None if hub.poll() is None else (STATE / "hub.log").read_text(),
     )  # fmt: skip
+
+
+def pypi_url() -> str:
+    return f"http://{MGMT_PREFIX}.1:{PYPI_PORT}/simple/"
+
+
+def start_pypi() -> None:
+    """The lab's package index, listening on the management bridge once this returns (its
+    wheelhouse downloaded first, once per machine)."""
+    log_file = (STATE / "pypi.log").open("w")
+    index = subprocess.Popen(
+        [sys.executable, "-m", "tests.simlab.pypi", "--bind", f"{MGMT_PREFIX}.1",
+         "--port", str(PYPI_PORT)],
+        cwd=REPO, stdout=log_file, stderr=subprocess.STDOUT, start_new_session=True,
+    )  # fmt: skip
+    (STATE / "pypi.pid").write_text(str(index.pid))
+    until(
+        lambda: "index at" in (STATE / "pypi.log").read_text(), 1800,
+        "the lab's package index did not start", every=0.5,
+        hopeless=lambda: None if index.poll() is None else (STATE / "pypi.log").read_text(),
+    )  # fmt: skip
+
+
+def stop_pypi() -> None:
+    pid_file = STATE / "pypi.pid"
+    if pid_file.exists():
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(int(pid_file.read_text()), signal.SIGTERM)
+        pid_file.unlink()
 
 
 def stop_hub() -> None:
@@ -705,6 +737,7 @@ def up(
     ensure_mgmt_bridge()
     registry.start(REGISTRY_ADDRESS)
     start_hub()
+    start_pypi()
     for host in lab.hosts:
         prepare_disk(host, lab, base)
         wire_host(host)
@@ -758,6 +791,7 @@ def down() -> None:
     """Remove every process, mount, namespace and link the lab made (also after a crash)."""
     lab = Lab.load()
     stop_hub()
+    stop_pypi()
     for host in lab.hosts:
         stop(host)
     registry.remove()

@@ -275,9 +275,9 @@ def test_identical_lanes_of_one_served_name_are_replicas_in_one_route() -> None:
     assert route.served_name == "coder"
     assert route.backends == (
         Backend(box="a", address="a", port=10101, lane="coder", key=True, tls=False,
-                on_demand=False),
+                on_demand=False, key_variable="SPARK_LANE_KEY_1"),
         Backend(box="b", address="b", port=10105, lane="coder-b", key=True, tls=False,
-                on_demand=True),
+                on_demand=True, key_variable="SPARK_LANE_KEY_2"),
     )  # fmt: skip
 
 
@@ -376,10 +376,15 @@ def test_make_plan_shows_the_router_and_every_route_with_its_replicas() -> None:
     shown = text(whole)
     # group_data's lanes on every box: each served name has three replicas.
     assert (
-        "the fleet endpoint (planned; the router's deployment follows)\n"
+        "the fleet endpoint\n"
         "  router      on b (b), failover c (c), port 10100 (the router on 127.0.0.1:11100)\n"
         "              fleet key /etc/spark/secrets/_fleet.key; each lane checked every 10 s;"
         " 1 GiB of its box\n"
+        "              litellm[proxy]==1.106.12 prometheus-client==0.26.0: 119 pinned packages"
+        " from the default index of pip\n"
+        "              unit spark-router.service: /var/lib/spark/router/venv/bin/litellm"
+        " --config /etc/spark/router/litellm.yaml --host 127.0.0.1 --port 11100"
+        " --num_workers 1\n"
         "  routes      qwen3-coder-next -> a:10101 (coder), b:10101 (coder), c:10101 (coder);"
         " 3 replicas\n"
         "              qwen3.6-35b-a3b -> a:10102 (fast), b:10102 (fast), c:10102 (fast);"

@@ -54,6 +54,13 @@ TOOLKIT_VERSIONS = ["1.19.0-1", "1.18.0-1"]
 # front): the real Debian packages of this machine's release, which the lab's hosts run.
 DISTRIBUTION_PACKAGES = [
     "nftables", "libnftables1", "nginx", "nginx-common", "prometheus-node-exporter",
+    # python3-venv for the router's virtualenv (operations/router.py), with what it depends on.
+    # python3.11-venv depends on python3.11 at its own version: the archive's newest build of
+    # python3.11 comes with it, as an upgrade of the base image's (built from the release's first
+    # point releases), as apt does on a box whose archive moved on.
+    "python3-venv", "python3.11-venv", "python3-pip-whl", "python3-setuptools-whl",
+    "python3-distutils", "python3-lib2to3", "python3.11", "python3.11-minimal",
+    "libpython3.11-stdlib", "libpython3.11-minimal",
 ]  # fmt: skip
 # Fixed timestamps make the .debs byte-identical from build to build, so a rebuild never
 # changes a package behind a host's cached package lists.

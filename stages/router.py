@@ -1,0 +1,31 @@
+"""The fleet's router on its box (and the failover's): LiteLLM's proxy, pinned, in a virtualenv
+under systemd, holding every lane's key. After the cluster stage: pyinfra runs each operation on
+every box before the next, so by now every lane's key, the cluster lane's too, is made on its
+box (the front makes them), and this box reads them there."""
+
+from pyinfra.api import deploy
+
+from operations import asked, router
+from spark.plan import FleetEndpoint
+
+
+@deploy("Router")
+def fleet_router(box: str, fleet: FleetEndpoint) -> None:
+    if box not in (router_box.name for router_box in fleet.boxes):
+        return
+    asked.ahead(router.questions())
+    router.serving(
+        name=f"Router: LiteLLM's proxy on 127.0.0.1:{fleet.loopback_port},"
+        f" {len(fleet.routes)} served name(s)",
+        requirements=list(fleet.requirements),
+        pip_command=list(fleet.pip_command),
+        config=fleet.config,
+        unit_command=list(fleet.unit_command),
+        loopback_port=fleet.loopback_port,
+        keys=[
+            (backend.key_variable, backend.box, backend.lane)
+            for route in fleet.routes
+            for backend in route.backends
+            if backend.key_variable
+        ],
+    )

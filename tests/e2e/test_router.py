@@ -1,0 +1,137 @@
+"""The fleet's router on the shared deployed lab (issue 38): LiteLLM's proxy, installed by the
+deploy from the lab's package index on the head (spark-1), behind its front on router_port.
+
+The lab's inventory serves group_data's two lanes on both boxes: each served name has a replica
+on each box. Which lane answered a request is LiteLLM's `x-litellm-model-api-base` response
+header (the deployment's api_base: the lane's URL through its box's front).
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import time
+
+import pytest
+
+from spark.plan import FleetEndpoint
+from stages.settings import plan, read_inventory
+from tests.conftest import Deployed, pyinfra, run_on
+from tests.e2e.runs import INVENTORY
+from tests.e2e.test_host_layer import changes
+from tests.simlab import lab as simlab
+from tests.simlab.paths import REPO
+from tests.simlab.waits import patiently, until
+
+pytestmark = pytest.mark.lab
+
+API_BASE = "x-litellm-model-api-base"  # LiteLLM's header: the deployment that answered
+# The router's start after a reboot: the box's boot, its lanes, then LiteLLM's own start
+# (61 to 95 s on this machine, README), on a machine other labs load.
+BACK_AFTER_REBOOT_S = 600
+TIMEOUT_S = 60
+
+
+def endpoint() -> FleetEndpoint:
+    """The lab inventory's fleet endpoint, as the deploy planned it."""
+    return plan(read_inventory(str(REPO / INVENTORY))).fleet
+
+
+def fleet_key(router: simlab.Host) -> str:
+    return run_on(router, f"sudo cat {endpoint().key_path}").strip()
+
+
+def request(
+    address: str, port: int, method: str, path: str, key: str | None, body: dict | None = None
+) -> tuple[int, dict[str, str], bytes]:
+    """(status, headers, body) of one request to the router through the front."""
+    connection = http.client.HTTPConnection(address, port, timeout=TIMEOUT_S)
+    try:
+        headers = {"Content-Type": "application/json"}
+        if key is not None:
+            headers["Authorization"] = f"Bearer {key}"
+        connection.request(method, path, body=json.dumps(body) if body else None, headers=headers)
+        response = connection.getresponse()
+        return response.status, {k.lower(): v for k, v in response.getheaders()}, response.read()
+    finally:
+        connection.close()
+
+
+def chat(
+    address: str, port: int, key: str, model: str, stream: bool = False
+) -> tuple[int, str, bytes]:
+    """(status, the lane that answered, body) of a short chat through the router."""
+    status, headers, body = request(
+        address, port, "POST", "/v1/chat/completions", key,
+        {"model": model, "max_tokens": 8, "stream": stream,
+         "messages": [{"role": "user", "content": "What is 2 + 3?"}]},
+    )  # fmt: skip
+    return status, headers.get(API_BASE, ""), body
+
+
+def test_one_url_lists_and_answers_every_model_of_both_boxes_behind_the_fleet_key(
+    deployed_lab: Deployed,
+) -> None:
+    fleet = endpoint()
+    router = deployed_lab.lab.host(fleet.boxes[0].name)
+    key = fleet_key(router)
+    where = (router.mgmt_ip, fleet.port)
+    names = {route.served_name for route in fleet.routes}
+    status, _, body = patiently(lambda: request(*where, "GET", "/v1/models", key), 120, "models")
+    assert status == 200, body
+    assert {card["id"] for card in json.loads(body)["data"]} == names
+    # No key, and a wrong one: refused by the front (the fleet key on every path) before
+    # LiteLLM, which asks it too (its master_key).
+    assert request(*where, "GET", "/v1/models", None)[0] == 401
+    assert request(*where, "GET", "/v1/models", "not-the-fleet-key")[0] == 401
+    assert chat(*where, "not-the-fleet-key", "qwen3-coder-next")[0] == 401
+    # Every served name answered, streaming to its [DONE], from a lane of each box: the
+    # replicas share the requests (LiteLLM's simple-shuffle), so a few requests reach both.
+    lanes = {backend.url for route in fleet.routes for backend in route.backends}
+    answered: set[str] = set()
+    for _ in range(40):
+        for name in sorted(names):
+            status, lane, body = chat(*where, key, name, stream=True)
+            assert status == 200, body
+            assert body.rstrip().endswith(b"data: [DONE]"), body[-200:]
+            answered.add(lane)
+        if answered == lanes:
+            break
+    assert answered == lanes
+
+
+def test_a_second_deploy_changes_nothing(deployed_lab: Deployed) -> None:
+    again = pyinfra(INVENTORY, "deploy.py")
+    assert changes(again) == 0, again.stdout
+
+
+def test_a_replica_stopped_is_skipped_within_one_health_interval(deployed_lab: Deployed) -> None:
+    fleet = endpoint()
+    router = deployed_lab.lab.host(fleet.boxes[0].name)
+    key = fleet_key(router)
+    where = (router.mgmt_ip, fleet.port)
+    route = next(route for route in fleet.routes if len(route.backends) > 1)
+    stopped, kept = route.backends[1], route.backends[0]
+    box = deployed_lab.lab.host(stopped.box)
+    run_on(box, f"sudo systemctl stop spark-lane-{stopped.lane}.service")
+    try:
+        time.sleep(fleet.health_interval_s)  # one health check of every lane since
+        # Retries on the other replica (router_settings num_retries) answer what reached the
+        # stopped one before its check; every request is answered, by the one left.
+        for _ in range(10):
+            status, lane, body = chat(*where, key, route.served_name)
+            assert (status, lane) == (200, kept.url), body
+    finally:
+        run_on(box, f"sudo systemctl start spark-lane-{stopped.lane}.service")
+
+
+def test_a_reboot_of_the_routers_box_brings_the_endpoint_back(deployed_lab: Deployed) -> None:
+    fleet = endpoint()
+    simlab.reboot(fleet.boxes[0].name)
+    router = simlab.Lab.load().host(fleet.boxes[0].name)
+    key = fleet_key(router)
+
+    def serving() -> bool:
+        return chat(router.mgmt_ip, fleet.port, key, fleet.routes[0].served_name)[0] == 200
+
+    until(serving, BACK_AFTER_REBOOT_S, "the router answering after its box's reboot", every=5)
