@@ -279,8 +279,8 @@ metrics_allow_networks = []
 
 # The fleet as one endpoint (spark/fleet.py, issue 38): one router serves every lane of every box
 # under one URL and one fleet key (/etc/spark/secrets/_fleet.key, root 0600 as a lane's); the
-# lanes of one served_name on several boxes are its replicas. Planned and checked now (`make
-# plan`); the router's deployment follows. Its box: None runs it on the head (of independent
+# lanes of one served_name on several boxes are its replicas (docs/router.md; `make plan` shows
+# it). Its box: None runs it on the head (of independent
 # boxes, the first: where clients already go); a second box for failover, None for none.
 router_box = None
 router_failover_box = None

@@ -26,6 +26,7 @@ import pytest
 
 from operations import metrics, ray
 from spark import box_paths
+from spark.router import ENVIRONMENT as ROUTER_ENVIRONMENT
 from tests.conftest import CLIENTS, pyinfra, reimage_all, run_on
 from tests.e2e.runs import INVENTORY, output_of
 from tests.simlab import lab as simlab
@@ -89,7 +90,10 @@ def test_secrets_are_in_their_files_and_nowhere_else(deployed: dict[str, Any]) -
     # Each box's metrics key, made on the box (operations/metrics.py), is searched for too.
     metrics_keys = [run_on(host, f"sudo cat {metrics.KEY_PATH}").strip() for host in hosts]
     assert all(len(key) == 43 for key in metrics_keys)  # 32 random bytes, base64 unpadded
-    every = [*deployed["planted"].values(), ray_token, *metrics_keys]
+    # The fleet key, made on the router's box (the head: group_data's router_box None).
+    fleet_key = run_on(hosts[0], f"sudo cat {box_paths.FLEET_KEY}").strip()
+    assert len(fleet_key) == 43
+    every = [*deployed["planted"].values(), ray_token, *metrics_keys, fleet_key]
     # The deploy kept the planted keys, and the lanes serve with them.
     for host in hosts:
         for lane in LANES:
@@ -102,9 +106,12 @@ def test_secrets_are_in_their_files_and_nowhere_else(deployed: dict[str, Any]) -
         f"secret file {path}"
         for path in (ray.TOKEN_PATH, box_paths.HF_TOKEN, metrics.KEY_PATH, *keys)
     }
+    # The router's box holds the fleet key and, in the router's environment file, every lane's.
+    router_files = {f"secret file {path}" for path in (box_paths.FLEET_KEY, ROUTER_ENVIRONMENT)}
     for host in hosts:
         places = as_root(host, SEARCH, "".join(f"{secret}\n" for secret in every)).splitlines()
-        assert set(places) == secret_files, f"{host.name}: secrets found in {places}"
+        expected = secret_files | (router_files if host is hosts[0] else set())
+        assert set(places) == expected, f"{host.name}: secrets found in {places}"
     clients = "".join(path.read_text() for path in CLIENTS.glob("*.json"))
     for place, text in (("pyinfra's output", deployed["output"]), ("client files", clients)):
         assert not [secret for secret in every if secret in text], f"a secret in {place}"
