@@ -34,7 +34,10 @@ LANES = {"coder": "qwen3-coder-next", "fast": "qwen3.6-35b-a3b"}  # group_data/a
 
 def run(home: Path, *command: str) -> subprocess.CompletedProcess:
     """A command as an owner whose home is ``home`` runs it, from there."""
-    env = dict(os.environ, HOME=str(home), SIMLAB_STATE=str(STATE), **QUIET)
+    # PWD too: OpenCode takes its project directory from it, not from the working directory
+    # (run from the repository, it snapshots the repository and the lab's state in it first,
+    # which took OpenCode 1.18.33 past 300 s through the router).
+    env = dict(os.environ, HOME=str(home), PWD=str(home), SIMLAB_STATE=str(STATE), **QUIET)
     for name in ("XDG_CONFIG_HOME", "XDG_DATA_HOME", "XDG_CACHE_HOME", "XDG_STATE_HOME"):
         env.pop(name, None)  # all under ``home``
     return subprocess.run(
