@@ -86,12 +86,14 @@ prometheus-config: $(STAMP)
 status: $(STAMP)
 	@$(PY) -m stages.status --inventory $(INVENTORY) $(if $(KEYS),--keys-dir $(KEYS))
 
-# Every lane's key copied from its box into OpenCode's configuration directory (DIR=<dir>, else
-# ~/.config/opencode), 0600, and one opencode.json for the whole fleet (docs/reference.md: Keys to clients);
-# each box's metrics key, 0600 too, where make status and make prometheus-config read it (KEYS).
+# One opencode.json for the whole fleet in OpenCode's configuration directory (DIR=<dir>, else
+# ~/.config/opencode): the router's provider with every served name, its fleet key copied from the
+# router's box, 0600 (docs/clients.md); PER_LANE=1: a provider per lane, each with its lane's key,
+# instead. Each box's metrics key and the router's fleet key, 0600 too, where make status and
+# make prometheus-config read them (KEYS).
 clients: $(STAMP)
 	$(PY) -m stages.clients --inventory $(INVENTORY) $(if $(DIR),--dir $(DIR)) \
-	  $(if $(KEYS),--metrics-keys-dir $(KEYS))
+	  $(if $(KEYS),--metrics-keys-dir $(KEYS)) $(if $(PER_LANE),--per-lane)
 
 # Every lane of every box measured against the field's figures (docs/reference.md: Lanes). It loads each
 # lane for about a minute, one lane of one box at a time: run it deliberately (deploy.py never

@@ -12,6 +12,7 @@ from typing import NamedTuple
 from spark.box_paths import key_path
 from spark.inventory import HostConfig
 from spark.lane import AGENT_CONTEXT
+from spark.plan import Plan
 
 
 class Endpoint(NamedTuple):
@@ -70,6 +71,19 @@ def key_file(box: str, lane: str) -> str:
     return f"{client_slug(box)}-{lane}.key"
 
 
+def model_entry(endpoint: Endpoint) -> dict:
+    """A served name as an OpenCode provider lists it: its context and output limits, and the
+    name the client shows when picking a model, saying where it is too short for agents."""
+    limit = {
+        "context": endpoint.max_model_len,
+        # Seed 002 leaves 16K of its 128K context for output; never more than a quarter.
+        "output": min(16384, endpoint.max_model_len // 4),
+    }
+    note = agent_note(endpoint)
+    name = f"{endpoint.served_name} ({note})" if note else endpoint.served_name
+    return {"name": name, "limit": limit}
+
+
 def opencode_config(box: str, endpoints: Sequence[Endpoint], keys_dir: str = OPENCODE_DIR) -> dict:
     """An OpenCode configuration (as in seed 002) with one provider per lane of the box. The key
     is read from a file on the client in ``keys_dir`` ({file:...}), never written here."""
@@ -79,22 +93,74 @@ def opencode_config(box: str, endpoints: Sequence[Endpoint], keys_dir: str = OPE
         options = {"baseURL": endpoint.url}
         if endpoint.api_key:
             options["apiKey"] = f"{{file:{keys_dir}/{key_file(box, endpoint.lane)}}}"
-        limit = {
-            "context": endpoint.max_model_len,
-            # Seed 002 leaves 16K of its 128K context for output; never more than a quarter.
-            "output": min(16384, endpoint.max_model_len // 4),
-        }
-        # The name is what the client shows when picking a model: a lane too short for agent
-        # clients says so there.
-        note = agent_note(endpoint)
-        name = f"{endpoint.served_name} ({note})" if note else endpoint.served_name
         providers[f"{slug}-{endpoint.lane}"] = {
             "npm": "@ai-sdk/openai-compatible",
             "name": f"{box} {endpoint.lane}",
             "options": options,
-            "models": {endpoint.served_name: {"name": name, "limit": limit}},
+            "models": {endpoint.served_name: model_entry(endpoint)},
         }
     return {"$schema": "https://opencode.ai/config.json", "provider": providers}
+
+
+# The fleet key as `make clients` reads it from a router's box, as it reads a lane's key: the
+# name of /etc/spark/secrets/_fleet.key (spark/box_paths.py FLEET_KEY).
+FLEET_KEY_NAME = "_fleet"
+# The router's provider, and the failover router's: OpenCode takes one baseURL a provider
+# (https://opencode.ai/docs/providers/#custom-provider: options.baseURL), so a second router
+# is a second provider listing the same models, which the owner picks when the first is down.
+FLEET_PROVIDERS = ("spark-fleet", "spark-fleet-failover")
+
+
+class RouterEndpoint(NamedTuple):
+    """One box of the fleet's router as clients see it."""
+
+    box: str
+    url: str  # the OpenAI base URL, ending in /v1
+
+
+def routers_of(plan: Plan) -> list[RouterEndpoint]:
+    """The router's boxes (the first, then the failover's) at the address the inventory connects
+    to, on router_port of the box's front: HTTPS where the front has the user's certificate."""
+    found = []
+    for router in plan.fleet.boxes:
+        scheme = "https" if plan.box(router.name).front.tls else "http"
+        found.append(
+            RouterEndpoint(router.name, f"{scheme}://{router.address}:{plan.fleet.port}/v1")
+        )
+    return found
+
+
+def served_models(fleet: dict[str, Sequence[Endpoint]]) -> list[Endpoint]:
+    """One endpoint per served name of the fleet, its first in the inventory's order: replicas
+    share max_model_len (spark/fleet.py REPLICA_FIELDS), so any one gives the limits."""
+    first: dict[str, Endpoint] = {}
+    for endpoints in fleet.values():
+        for endpoint in endpoints:
+            first.setdefault(endpoint.served_name, endpoint)
+    return list(first.values())
+
+
+def router_provider(
+    router: RouterEndpoint, failover: bool, models: Sequence[Endpoint], keys_dir: str = OPENCODE_DIR
+) -> dict[str, dict]:
+    """The OpenCode provider of one router box (FLEET_PROVIDERS: the first's, or the
+    failover's), listing every served name of the fleet, its fleet key read from a file in
+    ``keys_dir``; none without a model (OpenCode would list an empty provider)."""
+    if not models:
+        return {}
+    name = FLEET_PROVIDERS[failover]
+    shown = "fleet, failover" if failover else "fleet"
+    return {
+        name: {
+            "npm": "@ai-sdk/openai-compatible",
+            "name": f"{shown} (router on {router.box})",
+            "options": {
+                "baseURL": router.url,
+                "apiKey": f"{{file:{keys_dir}/{key_file(router.box, FLEET_KEY_NAME)}}}",
+            },
+            "models": {model.served_name: model_entry(model) for model in models},
+        }
+    }
 
 
 def endpoints_table(endpoints: dict[str, Sequence[Endpoint]]) -> str:

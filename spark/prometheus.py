@@ -10,6 +10,7 @@ read them as they are and nothing beyond the standard library writes them.
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 
 from spark.plan import BoxPlan, Plan
 
@@ -19,6 +20,15 @@ RULES_FILE = "spark-rules.yml"
 # (operations/metrics.py). `make status` reads them there, and the prometheus.yml of `make
 # prometheus-config` names them there, as an absolute path (no shell expands its ~).
 KEYS_DIR = "~/.config/spark-provisioning/metrics-keys"
+# Where `make clients` copies the fleet key of each router box (spark/fleet.py), beside the
+# metrics keys: FLEET_KEYS/<box>.key under KEYS_DIR, apart from every box's own <box>.key.
+FLEET_KEYS = "fleet"
+# The router's metrics (LiteLLM's proxy: litellm/integrations/prometheus.py
+# _mount_metrics_endpoint mounts prometheus_client's app at /metrics, which answers 307 to
+# /metrics/; that asks the fleet key, require_auth_for_metrics_endpoint defaulting to True:
+# litellm/__init__.py).
+ROUTER_METRICS_PATH = "/metrics/"
+ROUTER_SCRAPE_INTERVAL_S = 30  # group_data/all.py's metrics_interval_s, where its box has none
 NCCL_MAX_AGE_S = 7 * 24 * 3600  # a verdict older than a week: run the test again (issue 28)
 # Alerts wait this many collections before firing, so one late or slow collection is no page.
 FOR_COLLECTIONS = 2
@@ -31,6 +41,45 @@ def job_name(box: str) -> str:
 def lane_job_name(box: str, lane: str) -> str:
     """Apart from every box's job: no box name holds a '/' (a host name does not)."""
     return f"spark-{box}/{lane}"
+
+
+def router_job_name(box: str) -> str:
+    """Apart from every box's and lane's job: "spark-router/" begins no "spark-<box>" job's name
+    that the box alerts' regex matches whole."""
+    return f"spark-router/{box}"
+
+
+def fleet_key_file(keys_dir: str, box: str) -> str:
+    """The fleet key of the router on ``box``, where `make clients` copies it."""
+    return f"{keys_dir}/{FLEET_KEYS}/{box}.key"
+
+
+def router_jobs(plan: Plan, keys_dir: str) -> list[dict]:
+    """A job per router box: its /metrics/ through the box's front on router_port (https with
+    the front's TLS), the fleet key as the bearer token from a file, every metrics interval."""
+    jobs = []
+    for router in plan.fleet.boxes:
+        box = plan.box(router.name)
+        interval = box.metrics.interval_s if box.metrics else ROUTER_SCRAPE_INTERVAL_S
+        jobs.append(
+            {
+                "job_name": router_job_name(box.name),
+                "scrape_interval": f"{interval}s",
+                "scheme": "https" if box.front.tls else "http",
+                "metrics_path": ROUTER_METRICS_PATH,
+                "authorization": {
+                    "type": "Bearer",
+                    "credentials_file": fleet_key_file(keys_dir, box.name),
+                },
+                "static_configs": [
+                    {
+                        "targets": [f"{router.address}:{plan.fleet.port}"],
+                        "labels": {"box": box.name},
+                    }
+                ],
+            }
+        )
+    return jobs
 
 
 def scrape_job(
@@ -52,8 +101,8 @@ def scrape_config(plan: Plan, keys_dir: str) -> dict:
     """prometheus.yml: a job per box with a metrics endpoint, scraped every collection
     interval (the collector writes no oftener), its key as the bearer token from a file
     (Prometheus' scrape_config: authorization.credentials_file) and https with the front's
-    TLS; and a job per lane, its own metrics at its path on the same endpoint, with the same
-    key (scrape_config: metrics_path)."""
+    TLS; a job per lane, its own metrics at its path on the same endpoint, with the same key
+    (scrape_config: metrics_path); and a job per router box (router_jobs)."""
     jobs = []
     for box in plan.boxes:
         if box.metrics is None:
@@ -73,14 +122,15 @@ def scrape_config(plan: Plan, keys_dir: str) -> dict:
     return {
         "global": {"evaluation_interval": "15s"},
         "rule_files": [RULES_FILE],
-        "scrape_configs": jobs,
+        "scrape_configs": jobs + router_jobs(plan, keys_dir),
     }
 
 
 def rules(plan: Plan) -> dict:
     """The alert rules (Prometheus' alerting rules format): box down, lane down, canary failing,
     memory below the guard's floor, fabric drifted, the driver off its branch, the GPU clock not
-    locked as planned, NCCL failing or older than a week, the collector stopped."""
+    locked as planned, NCCL failing or older than a week, the collector stopped; the router
+    down, and a lane the router took out of its rotation (router_rules)."""
     intervals = [box.metrics.interval_s for box in plan.boxes if box.metrics is not None]
     interval = max(intervals, default=30)
     wait = f"{interval * FOR_COLLECTIONS}s"
@@ -178,9 +228,48 @@ def rules(plan: Plan) -> dict:
                         wait="0s",
                     ),
                 ],
-            }
+            },
+            {"name": "spark-router", "rules": router_rules(plan, alert)},
         ]
     }
+
+
+# LiteLLM 1.106.12's state of a deployment (a lane of a served name): the gauge
+# litellm_deployment_state, "0 = healthy, 1 = partial outage, 2 = complete outage"
+# (litellm/integrations/prometheus.py). A lane the router cools down after failed requests is
+# set to 2 under its api_base as configured, ".../v1" (litellm/router_utils/cooldown_callbacks.py
+# router_cooldown_event_callback: set_deployment_complete_outage), and nothing sets that series
+# back; a request's failure and success set 1 and 0 under the request's api_base,
+# ".../v1/chat/completions" (prometheus.py set_llm_deployment_failure_metrics and _success_). So
+# a lane is out while its cooldown series says 2 and its requests' series is not back to 0.
+# The background health checks' answers are written with an empty model_id, which the match on
+# model_id leaves aside (tests/unit/captured/real-litellm-1.106.12-metrics-replica-killed.txt).
+DEPLOYMENT_COOLED_DOWN = 2
+REQUEST_API_BASE = ".*/chat/completions"
+
+
+def router_rules(plan: Plan, alert: Callable[..., dict]) -> list[dict]:
+    """The router's alerts: its /metrics/ not answering, and a lane it took out of its rotation
+    (LiteLLM's cooldown, until a request to it is answered again)."""
+    jobs = "|".join(router_job_name(router.name) for router in plan.fleet.boxes)
+    router = f'job=~"{jobs}"'
+    state = "litellm_deployment_state"
+    return [
+        alert(
+            "SparkRouterDown",
+            f"up{{{router}}} == 0",
+            "{{ $labels.box }}: the fleet's router does not answer on /metrics/ (the router"
+            " or its box down, the front stopped, or the fleet key refused)",
+        ),
+        alert(
+            "SparkRouterLaneOut",
+            f'{state}{{{router},api_base!~"{REQUEST_API_BASE}"}} == {DEPLOYMENT_COOLED_DOWN}'
+            f' unless on(job, model_id) {state}{{{router},api_base=~"{REQUEST_API_BASE}"}} == 0',
+            "{{ $labels.box }}: the router took {{ $labels.litellm_model_name }} at"
+            " {{ $labels.api_base }} out after failed requests; its replicas answer, if it has"
+            " any (that box's alerts say why)",
+        ),
+    ]
 
 
 def dump(document: dict) -> str:

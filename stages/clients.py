@@ -1,17 +1,23 @@
-"""Every lane's key and one OpenCode configuration for the whole fleet, on this machine.
+"""The fleet's keys and one OpenCode configuration for the whole fleet, on this machine.
 
     .venv/bin/python -m stages.clients [--inventory inventories/lab.py] [--dir DIR]
-        [--metrics-keys-dir KEYS]
+        [--metrics-keys-dir KEYS] [--per-lane]
 
 `make clients` runs it (DIR: OpenCode's ~/.config/opencode unless given). Each box is reached
-over the SSH connection pyinfra opens for it (as compliance does); each lane's key is read with
-`sudo -n cat` (sudo without a password: README, Quick start) into memory, never into a command line
-or a log, and written to DIR/<box>-<lane>.key, mode 0600 from the start. DIR/opencode.json then
-gets one provider per lane of every box (endpoints.opencode_config), the owner's other settings
-and providers kept, and never an empty provider. DIR/spark-clients.json lists what this command
-wrote: a provider or key file written before whose lane or box the inventory no longer has is
-removed. Each box's metrics key is read the same way into KEYS/<box>.key (spark/prometheus.py
-KEYS_DIR unless given), where `make status` and the generated prometheus.yml read it. A box
+over the SSH connection pyinfra opens for it (as compliance does); each key is read with
+`sudo -n cat` (sudo without a password: README, step 2) into memory, never into a command line
+or a log, and written mode 0600 from the start. DIR/opencode.json gets one provider, the
+fleet's router (spark-fleet: its URL through its box's front, every served name of the fleet),
+its fleet key read from /etc/spark/secrets/_fleet.key on the router's box into
+DIR/<box>-_fleet.key; with a failover router, a second provider (spark-fleet-failover), its key
+from its own box, since OpenCode takes one baseURL a provider. With --per-lane (`make clients
+PER_LANE=1`) it gets one provider per lane of every box instead (endpoints.opencode_config),
+each lane's key in DIR/<box>-<lane>.key. The owner's other settings and providers are kept, and
+never an empty provider is written. DIR/spark-clients.json lists what this command wrote: a
+provider or key file written before whose lane or box the inventory no longer has, or of the
+other choice of providers, is removed. Each box's metrics key is read the same way into
+KEYS/<box>.key (spark/prometheus.py KEYS_DIR unless given), and each router box's fleet key
+into KEYS/fleet/<box>.key, where `make status` and the generated prometheus.yml read them. A box
 that cannot be reached keeps what it had; with none reached nothing is written; any problem
 makes the command exit 1.
 """
@@ -32,7 +38,18 @@ from pyinfra.api import Config, State
 from pyinfra.api.exceptions import PyinfraError
 from pyinfra.api.host import Host
 
-from endpoints import OPENCODE_DIR, Endpoint, endpoints_of, key_file, opencode_config
+from endpoints import (
+    FLEET_KEY_NAME,
+    OPENCODE_DIR,
+    Endpoint,
+    RouterEndpoint,
+    endpoints_of,
+    key_file,
+    opencode_config,
+    router_provider,
+    routers_of,
+    served_models,
+)
 from operations.metrics import KEY_NAME as METRICS_KEY
 from spark import prometheus
 from spark.box_paths import key_path
@@ -51,6 +68,16 @@ class Keys(NamedTuple):
 
 # A box's name and the lanes whose keys to read -> its keys, or why it could not be reached.
 KeyReader = Callable[[str, list[str]], Keys | str]
+
+
+class Router(NamedTuple):
+    """The fleet's router (spark/fleet.py) for the client: its boxes as clients reach them (the
+    first, then the failover's), every served name it lists, and whether the owner asked for
+    the per-lane providers instead of its own (`make clients PER_LANE=1`)."""
+
+    boxes: list[RouterEndpoint]
+    models: list[Endpoint]
+    per_lane: bool = False
 
 
 class MetricsKeys(NamedTuple):
@@ -109,21 +136,28 @@ def update_clients(
     directory: Path,
     keys_dir: str,
     metrics: MetricsKeys | None = None,
+    router: Router | None = None,
 ) -> list[str]:
-    """Write every lane's key and the merged configuration into ``directory`` (which
-    ``keys_dir`` names in the configuration), and the metrics key of each of ``metrics``' boxes
-    into its directory; remove what an earlier run wrote for lanes and boxes no longer in
-    ``fleet``; the problems, one line each. Where no box could be read, nothing is written: the
-    configuration would have lost no provider, and gained none."""
+    """Write the router's provider, its fleet key (from each router box) and the merged
+    configuration into ``directory`` (which ``keys_dir`` names in the configuration); or, with
+    no router or the per-lane providers asked for, every lane's provider and key. Each router
+    box's fleet key also into ``metrics``' directory (FLEET_KEYS/<box>.key), beside the metrics
+    key of each of its boxes; remove what an earlier run wrote for lanes and boxes no longer in
+    ``fleet``, or for the other choice of providers; the problems, one line each. Where no box
+    could be read, nothing is written: the configuration would have lost no provider, and
+    gained none."""
     config_path, manifest_path = directory / CONFIG, directory / MANIFEST
     try:
         config, before = read_json(config_path), read_json(manifest_path)
     except ValueError as error:
         return [f"{config_path} or {manifest_path}: {error}; nothing written (merge by hand)"]
     metrics = metrics or MetricsKeys(frozenset(), directory)
+    routers = {one.box: one for one in router.boxes} if router else {}
+    per_lane = router is None or router.per_lane
     asked = {
-        box: [endpoint.lane for endpoint in endpoints if endpoint.api_key]
+        box: [endpoint.lane for endpoint in endpoints if endpoint.api_key and per_lane]
         + ([METRICS_KEY] if box in metrics.boxes else [])
+        + ([FLEET_KEY_NAME] if box in routers else [])
         for box, endpoints in fleet.items()
     }
     found_by_box = {
@@ -150,10 +184,21 @@ def update_clients(
         if METRICS_KEY in found.keys:
             metrics.directory.mkdir(mode=0o700, parents=True, exist_ok=True)
             write_private(metrics.directory / f"{box}.key", found.keys.pop(METRICS_KEY) + "\n")
+        if FLEET_KEY_NAME in found.keys:
+            fleet_key = Path(prometheus.fleet_key_file(str(metrics.directory), box))
+            fleet_key.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+            write_private(fleet_key, found.keys[FLEET_KEY_NAME] + "\n")
+            if per_lane:  # no provider of the router's: its key stays out of OpenCode's
+                del found.keys[FLEET_KEY_NAME]
         for lane, key in found.keys.items():
             write_private(directory / key_file(box, lane), key + "\n")
-        served = [e for e in endpoints if not e.api_key or e.lane in found.keys]
-        own = opencode_config(box, served, keys_dir)["provider"]
+        own: dict[str, dict] = {}
+        if per_lane:
+            served = [e for e in endpoints if not e.api_key or e.lane in found.keys]
+            own = opencode_config(box, served, keys_dir)["provider"]
+        elif router is not None and FLEET_KEY_NAME in found.keys:
+            failover = routers[box] != router.boxes[0]
+            own = router_provider(routers[box], failover, router.models, keys_dir)
         providers |= own
         written[box] = {
             "providers": sorted(own),
@@ -164,6 +209,10 @@ def update_clients(
     stale = {name for entry in before.values() for name in entry["providers"]} - kept_providers
     for name in {name for entry in before.values() for name in entry["keys"]} - kept_keys:
         (directory / name).unlink(missing_ok=True)
+    # The fleet key of a box that no longer runs the router: no scrape and no status reads it.
+    for path in (metrics.directory / prometheus.FLEET_KEYS).glob("*.key"):
+        if path.name.removesuffix(".key") not in routers:
+            path.unlink()
     config.setdefault("$schema", "https://opencode.ai/config.json")
     config["provider"] = {
         name: provider
@@ -183,6 +232,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--dir", default=OPENCODE_DIR, help="OpenCode's configuration directory")
     parser.add_argument(
         "--metrics-keys-dir", default=prometheus.KEYS_DIR, help="where each box's metrics key goes"
+    )
+    parser.add_argument(
+        "--per-lane",
+        action="store_true",
+        help="a provider per lane of every box, each with its lane's key, instead of the"
+        " router's one provider (e.g. to reach a lane past the router)",
     )
     args = parser.parse_args(argv)
     state = State()
@@ -204,18 +259,32 @@ def main(argv: list[str] | None = None) -> int:
         frozenset(box.name for box in planned.boxes if box.metrics is not None),
         Path(args.metrics_keys_dir).expanduser(),
     )
+    routers = routers_of(planned)
+    # No router (fleet_router False): the lanes' own providers are the only ones there are.
+    router = Router(routers, served_models(fleet), args.per_lane or not routers)
     try:
         problems = update_clients(
-            fleet, lambda box, lanes: read_keys(hosts[box], lanes), directory, keys_dir, metrics
+            fleet,
+            lambda box, lanes: read_keys(hosts[box], lanes),
+            directory,
+            keys_dir,
+            metrics,
+            router,
         )
     finally:
         for host in hosts.values():
             host.disconnect()
     for problem in problems:
         print(problem, file=sys.stderr)
-    if (directory / CONFIG).exists():
+    if (directory / CONFIG).exists() and args.per_lane:
         lanes = sum(len(endpoints) for endpoints in fleet.values())
         print(f"{directory / CONFIG}: {lanes} lanes of {len(fleet)} boxes in the inventory")
+    elif (directory / CONFIG).exists():
+        print(
+            f"{directory / CONFIG}: the router, {router.boxes[0].url}, with the"
+            f" {len(router.models)} served names of {len(fleet)} boxes"
+            + "".join(f"; its failover {failover.url}" for failover in router.boxes[1:])
+        )
     if any(metrics.directory.glob("*.key")):
         print(f"{metrics.directory}: the metrics keys (<box>.key), read by make status")
     return 1 if problems else 0

@@ -5,7 +5,8 @@
 
 `make prometheus-config` runs it: DIR/prometheus.yml (a scrape job per box) and
 DIR/spark-rules.yml (the alert rules), from spark/prometheus.py. Each box's metrics key is read
-from KEYS_DIR/<box>.key, where `make clients` copies it (docs/reference.md: Watching the fleet).
+from KEYS_DIR/<box>.key, and each router box's fleet key from KEYS_DIR/fleet/<box>.key, where
+`make clients` copies them (docs/reference.md: Watching the fleet).
 """
 
 from __future__ import annotations
@@ -32,9 +33,11 @@ def main(argv: list[str] | None = None) -> int:
     (args.out / "prometheus.yml").write_text(prometheus.dump(config))
     (args.out / prometheus.RULES_FILE).write_text(prometheus.dump(prometheus.rules(plan)))
     boxes = sum(1 for box in plan.boxes if box.metrics is not None)
-    lanes = len(config["scrape_configs"]) - boxes
-    print(f"{args.out}/prometheus.yml: {boxes} box(es) and {lanes} lane(s);"
-          f" their keys in {keys_dir}/<box>.key")  # fmt: skip
+    routers = len(plan.fleet.boxes)
+    lanes = len(config["scrape_configs"]) - boxes - routers
+    print(f"{args.out}/prometheus.yml: {boxes} box(es), {lanes} lane(s) and {routers} router(s);"
+          f" their keys in {keys_dir}/<box>.key, the routers' fleet keys in"
+          f" {prometheus.fleet_key_file(keys_dir, '<box>')}")  # fmt: skip
     return 0
 
 

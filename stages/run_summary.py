@@ -22,6 +22,7 @@ from pyinfra.api.host import Host
 from pyinfra.api.state import BaseStateCallback, StateStage
 
 from endpoints import (
+    FLEET_KEY_NAME,
     OPENCODE_DIR,
     Endpoint,
     agent_note,
@@ -31,7 +32,7 @@ from endpoints import (
     opencode_config,
 )
 from operations.util import failed_operation, stopped_at
-from spark.box_paths import SECRETS_DIR
+from spark.box_paths import FLEET_KEY, SECRETS_DIR
 from spark.inventory import HostConfig
 from stages.cluster import STAGE as CLUSTER
 
@@ -129,10 +130,13 @@ class EndpointsReport(BaseStateCallback):
         click.echo(endpoints_table(served), err=True)
         box, lanes = next(iter(served.items()))
         click.echo(
-            f"    OpenCode: `make clients` copies each lane's key ({SECRETS_DIR}/<lane>.key) to"
-            f" {OPENCODE_DIR}/<box>-<lane>.key ({box} {lanes[0].lane}:"
-            f" {key_file(box, lanes[0].lane)}) and merges every box's providers"
-            f" (clients/<box>.json) into {OPENCODE_DIR}/opencode.json.",
+            f"    OpenCode: `make clients` writes one provider into {OPENCODE_DIR}/opencode.json,"
+            " the fleet's router with every served name, and copies the fleet key"
+            f" ({FLEET_KEY} on the router's box) to {OPENCODE_DIR}/<box>-{FLEET_KEY_NAME}.key."
+            " `make clients PER_LANE=1` (or with fleet_router False) instead copies each lane's"
+            f" key ({SECRETS_DIR}/<lane>.key) to {OPENCODE_DIR}/<box>-<lane>.key"
+            f" ({box} {lanes[0].lane}: {key_file(box, lanes[0].lane)}) and merges every box's"
+            f" providers (clients/<box>.json) into {OPENCODE_DIR}/opencode.json.",
             err=True,
         )
         click.echo(

@@ -12,14 +12,19 @@ or is older than a week; the command then exits 1. Drift the plan accepts (the c
 its usual index) is shown as a warning: yellow, exit 0. Each box's metrics key is read from
 KEYS_DIR/<box>.key, where `make clients` copies its /etc/spark/secrets/_metrics.key
 (docs/reference.md: Watching the fleet).
+Then a row per box of the fleet's router (spark/fleet.py): its /v1/models read over HTTP through
+its box's front with the fleet key (KEYS_DIR/fleet/<box>.key), red when it does not answer or
+lists fewer served names than the plan has.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import ssl
 import sys
+import urllib.error
 import urllib.request
 from collections import defaultdict
 from concurrent.futures import ThreadPoolExecutor
@@ -28,8 +33,9 @@ from pathlib import Path
 
 from prometheus_client.parser import text_string_to_metric_families
 
+from endpoints import routers_of
 from spark.plan import BoxPlan
-from spark.prometheus import KEYS_DIR, NCCL_MAX_AGE_S
+from spark.prometheus import KEYS_DIR, NCCL_MAX_AGE_S, fleet_key_file
 from stages.settings import plan_or_say_why
 
 TIMEOUT_S = 1.5  # every box at once: the table in under 2 s (issue 28)
@@ -182,6 +188,51 @@ def scrape(box: BoxPlan, keys_dir: Path) -> tuple[Samples | None, str]:
         return None, str(getattr(error, "reason", error))
 
 
+def router_row(box: str, failover: bool, planned: list[str], listed: list[str] | None,
+               error: str = "") -> Row:  # fmt: skip
+    """The router's row: up when its /v1/models answers, the served names it lists against the
+    plan's (one missing: red; one the plan has not: a warning, the router's configuration is
+    older than the inventory)."""
+    result = Row(f"{box} (router{', failover' if failover else ''})")
+    if listed is None:
+        result.cells = [f"router DOWN: {error}", "", "", "", "", "", ""]
+        result.problems.append(f"router: {error}")
+        return result
+    missing = [name for name in planned if name not in listed]
+    extra = [name for name in listed if name not in planned]
+    cell = f"router up: {len(planned) - len(missing)} of {len(planned)} served names"
+    if missing:
+        cell += f", missing {', '.join(missing)}"
+        result.problems.append(f"router: does not list {', '.join(missing)}; deploy again")
+    if extra:
+        cell += f", not planned {', '.join(extra)}"
+        result.warnings.append(f"router: lists {', '.join(extra)}, which no lane serves")
+    result.cells = [cell, "", "", "", "", "", ""]
+    return result
+
+
+def served_names(url: str, key_file: Path) -> tuple[list[str] | None, str]:
+    """The names the router's /v1/models lists (OpenAI's shape: data[].id), asked with the
+    fleet key; None and why when it does not answer so."""
+    try:
+        key = key_file.read_text().strip()
+    except OSError as error:
+        return None, f"no key ({error.strerror}: {key_file})"
+    request = urllib.request.Request(f"{url}/models")
+    request.add_header("Authorization", f"Bearer {key}")
+    try:
+        context = ssl.create_default_context() if url.startswith("https:") else None
+        with urllib.request.urlopen(request, timeout=TIMEOUT_S, context=context) as response:
+            return [card["id"] for card in json.loads(response.read())["data"]], ""
+    except urllib.error.HTTPError as error:
+        # LiteLLM without a database answers a key it does not know 400 (bench/router.py).
+        if error.code in (400, 401, 403):
+            return None, f"the fleet key refused ({error.code} {error.reason}: {key_file})"
+        return None, f"{error.code} {error.reason}"
+    except Exception as error:  # any other failure to read is a router not answering
+        return None, str(getattr(error, "reason", error))
+
+
 def table(rows: list[Row], colour: bool) -> str:
     header = ["box", "lanes (canary)", "memory avail/floor", "twins rate/MTU/GID", "NCCL"]
     header += ["pulls", "drift", "GPU clock"]
@@ -206,11 +257,24 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     boxes = [box for box in plan.boxes if box.metrics is not None]
     keys_dir = Path(args.keys_dir).expanduser()
-    with ThreadPoolExecutor(max_workers=max(1, len(boxes))) as pool:
-        answers = list(pool.map(lambda box: scrape(box, keys_dir), boxes))
-    rows = [
-        row(box.name, samples, error) for box, (samples, error) in zip(boxes, answers, strict=True)
-    ]
+    routers = routers_of(plan)
+    with ThreadPoolExecutor(max_workers=len(boxes) + len(routers)) as pool:
+        answers = pool.map(lambda box: scrape(box, keys_dir), boxes)
+        listed = pool.map(
+            lambda router: served_names(
+                router.url, Path(fleet_key_file(str(keys_dir), router.box))
+            ),
+            routers,
+        )
+        rows = [
+            row(box.name, samples, error)
+            for box, (samples, error) in zip(boxes, answers, strict=True)
+        ]
+        planned = [route.served_name for route in plan.fleet.routes]
+        rows += [
+            router_row(router.box, index > 0, planned, names, error)
+            for index, (router, (names, error)) in enumerate(zip(routers, listed, strict=True))
+        ]
     colour = sys.stdout.isatty() and "NO_COLOR" not in os.environ  # no-color.org
     text, code = report(rows, colour)
     print(text, end="")

@@ -1,7 +1,7 @@
-"""`make clients` on the deployed lab, then the real OpenCode client (npm's opencode-ai, which
-`make test` installs in .tools/) on what it wrote: the fleet's models listed, an answer from a
-lane, a wrong key refused; and what an earlier run wrote for a box gone from the inventory,
-removed."""
+"""`make clients PER_LANE=1` on the deployed lab, then the real OpenCode client (npm's
+opencode-ai, which `make test` installs in .tools/) on what it wrote: every lane's model listed,
+an answer from a lane, a wrong key refused; and what an earlier run wrote for a box gone from the
+inventory, removed."""
 
 from __future__ import annotations
 
@@ -34,7 +34,10 @@ LANES = {"coder": "qwen3-coder-next", "fast": "qwen3.6-35b-a3b"}  # group_data/a
 
 def run(home: Path, *command: str) -> subprocess.CompletedProcess:
     """A command as an owner whose home is ``home`` runs it, from there."""
-    env = dict(os.environ, HOME=str(home), SIMLAB_STATE=str(STATE), **QUIET)
+    # PWD too: OpenCode takes its project directory from it, not from the working directory
+    # (run from the repository, it snapshots the repository and the lab's state in it first,
+    # which took OpenCode 1.18.33 past 300 s through the router).
+    env = dict(os.environ, HOME=str(home), PWD=str(home), SIMLAB_STATE=str(STATE), **QUIET)
     for name in ("XDG_CONFIG_HOME", "XDG_DATA_HOME", "XDG_CACHE_HOME", "XDG_STATE_HOME"):
         env.pop(name, None)  # all under ``home``
     return subprocess.run(
@@ -43,12 +46,14 @@ def run(home: Path, *command: str) -> subprocess.CompletedProcess:
     )  # fmt: skip
 
 
-def make(home: Path, module: str) -> subprocess.CompletedProcess:
+def make(
+    home: Path, module: str, *options: str, inventory: str = "inventories/sim.py"
+) -> subprocess.CompletedProcess:
     # What `make clients INVENTORY=inventories/sim.py` (stages.clients) or `make status`
     # (stages.status) runs, from the repository, as an owner whose home is ``home``.
     env = dict(os.environ, HOME=str(home), SIMLAB_STATE=str(STATE))
     return subprocess.run(
-        [f"{REPO}/.venv/bin/python", "-m", module, "--inventory", "inventories/sim.py"],
+        [f"{REPO}/.venv/bin/python", "-m", module, "--inventory", inventory, *options],
         cwd=REPO, env=env, capture_output=True, text=True, timeout=300, stdin=subprocess.DEVNULL,
     )  # fmt: skip
 
@@ -69,7 +74,8 @@ def test_make_clients_then_opencode_lists_answers_and_is_refused_a_wrong_key(
     (directory / "opencode.json").write_text(
         json.dumps({"provider": {"spark-9-coder": mine, "mine": mine}})
     )
-    result = make(tmp_path, "stages.clients")
+    # The per-lane providers (`make clients PER_LANE=1`); the router's: tests/e2e/test_router.py.
+    result = make(tmp_path, "stages.clients", "--per-lane")
     assert result.returncode == 0, result.stdout + result.stderr
     boxes = [host.name for host in deployed_lab.lab.hosts]
     for host in deployed_lab.lab.hosts:
@@ -90,7 +96,11 @@ def test_make_clients_then_opencode_lists_answers_and_is_refused_a_wrong_key(
         assert key not in result.stdout + result.stderr
     assert stat.S_IMODE(metrics_keys.stat().st_mode) == 0o700
     status = make(tmp_path, "stages.status")
-    rows = {line.split()[0]: line for line in status.stdout.splitlines() if line.strip()}
+    rows = {  # each box's row (its router's, "<box> (router)", is test_router.py's)
+        line.split()[0]: line
+        for line in status.stdout.splitlines()
+        if line.strip() and "(router" not in line
+    }
     for box in boxes:
         assert "no answer" not in rows[box], status.stdout + status.stderr
     config = json.loads((directory / "opencode.json").read_text())

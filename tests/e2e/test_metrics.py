@@ -29,7 +29,7 @@ import pytest
 
 from operations import metrics
 from spark import prometheus as fleet
-from spark.box_paths import key_path
+from spark.box_paths import FLEET_KEY, key_path
 from tests.conftest import Deployed, pyinfra, run_on
 from tests.simlab import lab as simlab
 from tests.simlab.loopback import free_port
@@ -96,10 +96,15 @@ def test_the_endpoint_asks_the_key_and_serves_the_collectors_figures(
 
 @pytest.fixture(scope="module")
 def keys(deployed_lab: Deployed, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """Each box's metrics key, copied as the README says, one file per box."""
+    """Each box's metrics key, copied as the README says, one file per box; and the fleet key of
+    each box holding one (a router's), which make status and Prometheus ask the router with,
+    where make clients copies it (spark/prometheus.py FLEET_KEYS)."""
     directory = tmp_path_factory.mktemp("metrics-keys")
+    (directory / fleet.FLEET_KEYS).mkdir()
     for host in deployed_lab.lab.hosts:
         (directory / f"{host.name}.key").write_text(key_of(host))
+        if fleet_key := run_on(host, f"sudo cat {FLEET_KEY} 2>/dev/null || true").strip():
+            (directory / fleet.FLEET_KEYS / f"{host.name}.key").write_text(fleet_key)
     return directory
 
 

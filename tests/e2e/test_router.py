@@ -12,8 +12,10 @@ from __future__ import annotations
 
 import http.client
 import json
+import stat
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
@@ -23,6 +25,7 @@ from spark.router import ENVIRONMENT as ROUTER_ENVIRONMENT
 from stages.settings import plan, read_inventory
 from tests.conftest import Deployed, pyinfra, reimage_all, run_on
 from tests.e2e.runs import output_of
+from tests.e2e.test_clients import OPENCODE, make, run
 from tests.e2e.test_host_layer import changes
 from tests.e2e.test_secrets import LANES, SEARCH, as_root
 from tests.simlab import lab as simlab
@@ -114,6 +117,54 @@ def test_one_url_lists_and_answers_every_model_of_both_boxes_behind_the_fleet_ke
         if answered == lanes:
             break
     assert answered == lanes
+
+
+def test_opencode_configured_by_make_clients_lists_and_is_answered_every_model(
+    routed: Deployed, tmp_path: Path
+) -> None:
+    """`make clients` (its default: the router's one provider, keyed by the fleet key), then the
+    real OpenCode client (tests/e2e/test_clients.py drives it): every served name of both boxes
+    listed through the one URL, each answered, a wrong fleet key refused; `make status`'s
+    router row reads every served name over HTTP."""
+    assert OPENCODE.exists(), "OpenCode is not installed: make .tools/opencode/.installed-*"
+    fleet = endpoint()
+    router = routed.lab.host(fleet.boxes[0].name)
+    key = fleet_key_of(router)
+    result = make(tmp_path, "stages.clients", inventory=INVENTORY)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert key not in result.stdout + result.stderr
+    directory = tmp_path / ".config/opencode"
+    copied = directory / f"{router.name}-_fleet.key"
+    assert copied.read_text() == key + "\n"
+    assert stat.S_IMODE(copied.stat().st_mode) == 0o600
+    assert sorted(path.name for path in directory.glob("*.key")) == [copied.name]
+    provider = json.loads((directory / "opencode.json").read_text())["provider"]
+    assert list(provider) == ["spark-fleet"]
+    assert (
+        provider["spark-fleet"]["options"]["baseURL"] == f"http://{router.mgmt_ip}:{fleet.port}/v1"
+    )
+    names = sorted(route.served_name for route in fleet.routes)
+    assert sorted(provider["spark-fleet"]["models"]) == names
+
+    listed = run(tmp_path, str(OPENCODE), "models")
+    assert listed.returncode == 0, listed.stdout + listed.stderr
+    assert {f"spark-fleet/{name}" for name in names} <= set(listed.stdout.split()), listed.stdout
+    for name in names:
+        answer = run(tmp_path, str(OPENCODE), "run", "-m", f"spark-fleet/{name}", "ping")
+        assert answer.returncode == 0, answer.stdout + answer.stderr
+        # The stand-in's reply (tests/simlab/serving/vllm_standin.py chat_completions).
+        assert f"stand-in, no model loaded] {name} got: " in answer.stdout
+
+    status = make(tmp_path, "stages.status", inventory=INVENTORY)
+    row = next(line for line in status.stdout.splitlines() if "(router)" in line)
+    assert f"router up: {len(names)} of {len(names)} served names" in row, status.stdout
+
+    copied.write_text("not-the-fleet-key\n")
+    refused = run(tmp_path, str(OPENCODE), "run", "-m", f"spark-fleet/{names[0]}", "ping")
+    assert refused.returncode != 0
+    # The front's 401 on the router's port (templates/nginx-spark-lanes.conf.j2), as OpenCode
+    # shows it.
+    assert "the fleet router needs the fleet key" in refused.stdout + refused.stderr
 
 
 def test_a_second_deploy_changes_nothing(routed: Deployed) -> None:

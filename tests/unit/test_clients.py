@@ -15,10 +15,12 @@ from types import SimpleNamespace
 import paramiko
 import pytest
 
-from endpoints import Endpoint
+from endpoints import Endpoint, RouterEndpoint, routers_of, served_models
+from spark.inventory import load_from_dicts
+from spark.plan import plan
 from stages import clients, prometheus_config, status
 
-from .test_config import REPO, TWO_SPARKS
+from .test_config import REPO, TWO_SPARKS, merged
 from .test_preconnect import closed_port
 
 CODER = Endpoint(
@@ -290,6 +292,10 @@ def test_make_status_and_prometheus_config_read_the_metrics_keys_where_clients_p
     said = capsys.readouterr().out
     for box in boxes:
         assert f"no key (No such file or directory: {keys}/{box}.key)" in said
+    assert (
+        "spark-1.local (router)  router DOWN: no key (No such file or directory:"
+        f" {keys}/fleet/spark-1.local.key)"
+    ) in said
 
     monkeypatch.setattr(
         clients,
@@ -301,12 +307,17 @@ def test_make_status_and_prometheus_config_read_the_metrics_keys_where_clients_p
         assert (keys / f"{box}.key").read_text() == f"{box}-_metrics\n"
         assert mode(keys / f"{box}.key") == 0o600
 
+    # The router on the head, spark-1.local (group_data: router_box None): its fleet key too.
+    assert (keys / "fleet/spark-1.local.key").read_text() == "spark-1.local-_fleet\n"
+    assert sorted(path.name for path in (keys / "fleet").iterdir()) == ["spark-1.local.key"]
+    assert mode(keys / "fleet") == 0o700
+
     out = tmp_path / "prometheus"
     assert prometheus_config.main(["--inventory", "inventories/lab.py", "--out", str(out)]) == 0
     config = json.loads((out / "prometheus.yml").read_text())
     assert {job["authorization"]["credentials_file"] for job in config["scrape_configs"]} == {
         f"{keys}/{box}.key" for box in boxes
-    }
+    } | {f"{keys}/fleet/spark-1.local.key"}
 
 
 def test_make_clients_with_every_box_down_writes_nothing_and_exits_1(tmp_path: Path) -> None:
@@ -333,3 +344,204 @@ def test_make_clients_with_every_box_down_writes_nothing_and_exits_1(tmp_path: P
     ) in run.stderr
     assert "Traceback" not in run.stdout + run.stderr
     assert sorted(path.name for path in tmp_path.iterdir()) == ["inventory.py"]
+
+
+# The fleet's router (stages/clients.py Router): on spark-1, its failover on spark-2 (https).
+ROUTERS = [
+    RouterEndpoint("spark-1", "http://10.0.0.5:10100/v1"),
+    RouterEndpoint("spark-2", "https://10.0.0.6:10100/v1"),
+]
+# Every served name as the router's providers list it (endpoints.model_entry): max_model_len
+# as context, output a quarter of it up to 16384; none below AGENT_CONTEXT (65536).
+MODELS = {
+    "qwen3-coder-next": {"name": "qwen3-coder-next", "limit": {"context": 131072, "output": 16384}},
+    "qwen3.6-35b-a3b": {"name": "qwen3.6-35b-a3b", "limit": {"context": 65536, "output": 16384}},
+    "tiny": {"name": "tiny", "limit": {"context": 65536, "output": 16384}},
+}
+
+
+def router_provider(name: str, box: str, url: str) -> dict:
+    return {
+        "npm": "@ai-sdk/openai-compatible",
+        "name": f"{name} (router on {box})",
+        "options": {"baseURL": url, "apiKey": f"{{file:~/.config/opencode/{box}-_fleet.key}}"},
+        "models": MODELS,
+    }
+
+
+def test_the_router_is_one_provider_with_every_served_name_keyed_by_the_fleet_key(
+    tmp_path: Path,
+) -> None:
+    """No lane's key is read (the router holds them): the fleet key alone, from the router's
+    box (/etc/spark/secrets/_fleet.key, read as a lane's), 0600 under any umask, into OpenCode's
+    directory and beside the metrics keys (fleet/<box>.key) for make status and Prometheus."""
+    directory, metrics = tmp_path / "opencode", clients.MetricsKeys(frozenset(), tmp_path / "mk")
+    fleet = {"spark-1": [CODER, FAST], "spark-2": [OPEN]}
+    read = reader({"spark-1": {"_fleet": "fk-1", "coder": "sk-coder"}})
+    router = clients.Router(ROUTERS[:1], [CODER, FAST, OPEN])
+
+    old = os.umask(0)
+    try:
+        problems = clients.update_clients(fleet, read, directory, KEYS, metrics, router)
+    finally:
+        os.umask(old)
+
+    assert problems == []
+    assert read.asked == [("spark-1", ["_fleet"])]
+    config = json.loads((directory / "opencode.json").read_text())
+    assert config == {
+        "$schema": "https://opencode.ai/config.json",
+        "provider": {
+            "spark-fleet": router_provider("fleet", "spark-1", "http://10.0.0.5:10100/v1")
+        },
+    }
+    assert sorted(path.name for path in directory.iterdir()) == [
+        "opencode.json",
+        "spark-1-_fleet.key",
+        "spark-clients.json",
+    ]
+    assert (directory / "spark-1-_fleet.key").read_text() == "fk-1\n"
+    assert (metrics.directory / "fleet/spark-1.key").read_text() == "fk-1\n"
+    assert [mode(directory / "spark-1-_fleet.key"), mode(metrics.directory / "fleet/spark-1.key")]\
+        == [0o600, 0o600]  # fmt: skip
+    assert mode(metrics.directory / "fleet") == 0o700
+    assert json.loads((directory / "spark-clients.json").read_text()) == {
+        "spark-1": {"keys": ["spark-1-_fleet.key"], "providers": ["spark-fleet"]},
+        "spark-2": {"keys": [], "providers": []},
+    }
+
+
+def test_a_failover_router_is_a_second_provider_with_its_own_boxs_key(tmp_path: Path) -> None:
+    """OpenCode takes one baseURL a provider: the failover's is spark-fleet-failover, the same
+    models, its key read from its own box."""
+    read = reader({"spark-1": {"_fleet": "fk-1"}, "spark-2": {"_fleet": "fk-2"}})
+    router = clients.Router(ROUTERS, [CODER, FAST, OPEN])
+    fleet = {"spark-1": [CODER, FAST], "spark-2": [OPEN]}
+
+    assert clients.update_clients(fleet, read, tmp_path, KEYS, router=router) == []
+
+    assert read.asked == [("spark-1", ["_fleet"]), ("spark-2", ["_fleet"])]
+    assert json.loads((tmp_path / "opencode.json").read_text())["provider"] == {
+        "spark-fleet": router_provider("fleet", "spark-1", "http://10.0.0.5:10100/v1"),
+        "spark-fleet-failover": router_provider(
+            "fleet, failover", "spark-2", "https://10.0.0.6:10100/v1"
+        ),
+    }
+    assert (tmp_path / "spark-2-_fleet.key").read_text() == "fk-2\n"
+
+
+def test_per_lane_and_back_each_removes_the_others_providers_and_keys(tmp_path: Path) -> None:
+    """PER_LANE=1 writes today's providers (the fleet key still copied for make status and
+    Prometheus, not into OpenCode's directory); the router's provider again takes their place;
+    a box that no longer runs the router loses its copy of the fleet key."""
+    directory, metrics = tmp_path / "opencode", clients.MetricsKeys(frozenset(), tmp_path / "mk")
+    fleet = {"spark-1": [CODER, FAST], "spark-2": [OPEN]}
+    keys = {"spark-1": {"_fleet": "fk-1", "coder": "sk-c", "fast": "sk-f"}, "spark-2": {}}
+    per_lane = clients.Router(ROUTERS[:1], [CODER, FAST, OPEN], per_lane=True)
+
+    read = reader(keys)
+    assert clients.update_clients(fleet, read, directory, KEYS, metrics, per_lane) == []
+    assert read.asked == [("spark-1", ["coder", "fast", "_fleet"])]
+    config = json.loads((directory / "opencode.json").read_text())
+    assert sorted(config["provider"]) == ["spark-1-coder", "spark-1-fast", "spark-2-open"]
+    assert sorted(path.name for path in directory.glob("*.key")) == [
+        "spark-1-coder.key",
+        "spark-1-fast.key",
+    ]
+    assert (metrics.directory / "fleet/spark-1.key").read_text() == "fk-1\n"
+
+    router = per_lane._replace(per_lane=False)
+    assert clients.update_clients(fleet, reader(keys), directory, KEYS, metrics, router) == []
+    config = json.loads((directory / "opencode.json").read_text())
+    assert sorted(config["provider"]) == ["spark-fleet"]
+    assert sorted(path.name for path in directory.glob("*.key")) == ["spark-1-_fleet.key"]
+
+    moved = router._replace(boxes=[RouterEndpoint("spark-2", "http://10.0.0.6:10100/v1")])
+    keys["spark-2"] = {"_fleet": "fk-2"}
+    assert clients.update_clients(fleet, reader(keys), directory, KEYS, metrics, moved) == []
+    assert sorted(path.name for path in (metrics.directory / "fleet").iterdir()) == ["spark-2.key"]
+    assert sorted(path.name for path in directory.glob("*.key")) == ["spark-2-_fleet.key"]
+    config = json.loads((directory / "opencode.json").read_text())
+    assert config["provider"]["spark-fleet"]["options"]["baseURL"] == "http://10.0.0.6:10100/v1"
+
+
+def test_a_router_whose_key_cannot_be_read_gets_no_provider(tmp_path: Path) -> None:
+    """Its box answers but holds no fleet key (the router not deployed there yet): named, and
+    no provider without its key, nor an empty one."""
+    router = clients.Router(ROUTERS[:1], [CODER])
+    problems = clients.update_clients(
+        {"spark-1": [CODER]}, reader({}), tmp_path, KEYS, None, router
+    )
+    assert problems == ["spark-1: _fleet: no key read (No such file)"]
+    assert json.loads((tmp_path / "opencode.json").read_text()) == {
+        "$schema": "https://opencode.ai/config.json"
+    }
+
+
+def test_a_fleet_without_a_lane_gets_no_router_provider(tmp_path: Path) -> None:
+    router = clients.Router(ROUTERS[:1], [])
+    read = reader({"spark-1": {"_fleet": "fk-1"}})
+    assert clients.update_clients({"spark-1": []}, read, tmp_path, KEYS, None, router) == []
+    assert "provider" not in json.loads((tmp_path / "opencode.json").read_text())
+
+
+def test_served_models_are_each_name_once_in_the_inventorys_order() -> None:
+    replica = CODER._replace(url="http://10.0.0.6:10101/v1")
+    fleet = {"spark-1": [CODER, FAST], "spark-2": [replica, OPEN]}
+    assert served_models(fleet) == [CODER, FAST, OPEN]
+
+
+def test_the_routers_urls_go_through_its_boxs_front_https_with_its_certificate(
+    tmp_path: Path,
+) -> None:
+    certificate, key = tmp_path / "cert.pem", tmp_path / "key.pem"
+    certificate.write_text("-----BEGIN CERTIFICATE-----\nMIIB\n")
+    key.write_text("-----BEGIN PRIVATE KEY-----\nMIIE\n")
+    router = {"router_box": "spark-2", "router_failover_box": "spark-1", "router_port": 10200}
+    hosts = {
+        "spark-1": TWO_SPARKS["spark-1"]
+        | router
+        | {"front_tls_certificate_file": str(certificate), "front_tls_key_file": str(key)},
+        "spark-2": TWO_SPARKS["spark-2"] | router,
+    }
+    assert routers_of(plan(load_from_dicts(merged(hosts)))) == [
+        RouterEndpoint("spark-2", "http://spark-2:10200/v1"),
+        RouterEndpoint("spark-1", "https://spark-1:10200/v1"),
+    ]
+
+
+def test_make_clients_writes_the_routers_provider_for_the_owners_inventory(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """inventories/lab.py: the router on spark-1.local, the head, at router_port 10100; the two
+    served names of group_data's lanes (both boxes serve both: replicas); PER_LANE: each lane."""
+    monkeypatch.setenv("HOME", str(tmp_path))
+    monkeypatch.setattr(
+        clients,
+        "read_keys",
+        lambda host, lanes: clients.Keys({lane: f"{host.name}-{lane}" for lane in lanes}, []),
+    )
+    directory = tmp_path / "oc"
+    assert clients.main(["--inventory", "inventories/lab.py", "--dir", str(directory)]) == 0
+    assert capsys.readouterr().out.splitlines()[0] == (
+        f"{directory}/opencode.json: the router, http://spark-1.local:10100/v1, with the 2 served"
+        " names of 2 boxes"
+    )
+    config = json.loads((directory / "opencode.json").read_text())
+    assert list(config["provider"]) == ["spark-fleet"]
+    assert config["provider"]["spark-fleet"]["options"] == {
+        "baseURL": "http://spark-1.local:10100/v1",
+        "apiKey": f"{{file:{directory}/spark-1-local-_fleet.key}}",
+    }
+    assert list(config["provider"]["spark-fleet"]["models"]) == [
+        "qwen3-coder-next",
+        "qwen3.6-35b-a3b",
+    ]
+    assert (directory / "spark-1-local-_fleet.key").read_text() == "spark-1.local-_fleet\n"
+
+    argv = ["--inventory", "inventories/lab.py", "--dir", str(directory), "--per-lane"]
+    assert clients.main(argv) == 0
+    config = json.loads((directory / "opencode.json").read_text())
+    assert sorted(config["provider"]) == [
+        f"spark-{n}-local-{lane}" for n in (1, 2) for lane in ("coder", "fast")
+    ]

@@ -122,9 +122,14 @@ def test_report_after_a_run_only_for_boxes_whose_lanes_serve(
     assert "spark-1  coder" in shown and "spark-2" not in shown.split("OpenCode")[0]
     # The key file's name as the client files spell it (spark-1.local: spark-1-local-coder.key).
     assert (
-        "    OpenCode: `make clients` copies each lane's key (/etc/spark/secrets/<lane>.key) to"
-        " ~/.config/opencode/<box>-<lane>.key (spark-1 coder: spark-1-coder.key) and merges every"
-        " box's providers (clients/<box>.json) into ~/.config/opencode/opencode.json."
+        "    OpenCode: `make clients` writes one provider into ~/.config/opencode/opencode.json,"
+        " the fleet's router with every served name, and copies the fleet key"
+        " (/etc/spark/secrets/_fleet.key on the router's box) to"
+        " ~/.config/opencode/<box>-_fleet.key. `make clients PER_LANE=1` (or with fleet_router"
+        " False) instead copies each lane's key (/etc/spark/secrets/<lane>.key) to"
+        " ~/.config/opencode/<box>-<lane>.key"
+        " (spark-1 coder: spark-1-coder.key) and merges every box's providers"
+        " (clients/<box>.json) into ~/.config/opencode/opencode.json."
     ) in shown.splitlines()
     assert (
         "    spark-1 fast: max_model_len 8192 is below 65536: agent clients refuse it (Hermes"

@@ -13,12 +13,14 @@ import subprocess
 from pathlib import Path
 
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from spark import prometheus
 from spark.inventory import load_from_dicts
 from spark.plan import Plan, plan
 from stages import prometheus_config
 from tests.simlab.rootfs import prometheus_binaries
+from tests.unit.harness import captured
 from tests.unit.test_config import TWO_SPARKS, merged
 
 
@@ -36,8 +38,10 @@ def written(tmp_path: Path) -> Path:
     fleet = pair()
     keys = tmp_path / "keys"
     keys.mkdir()
+    (keys / "fleet").mkdir()
     for box in fleet.boxes:
         (keys / f"{box.name}.key").write_text("k\n")
+        (keys / "fleet" / f"{box.name}.key").write_text("k\n")
     config = tmp_path / "prometheus.yml"
     config.write_text(prometheus.dump(prometheus.scrape_config(fleet, str(keys))))
     (tmp_path / prometheus.RULES_FILE).write_text(prometheus.dump(prometheus.rules(fleet)))
@@ -74,6 +78,17 @@ def test_a_job_per_box_with_its_key_and_interval(tmp_path: Path) -> None:
             ("/coder", "/lanes/coder/metrics", {"lane": "coder"}),
             ("/fast", "/lanes/fast/metrics", {"lane": "fast"}),
         )
+    ] + [
+        # The router on the head (group_data: router_box None), its port 10100 on the front,
+        # its fleet key where make clients copies it.
+        (
+            "spark-router/spark-1",
+            "/metrics/",
+            [{"targets": ["spark-1:10100"], "labels": {"box": "spark-1"}}],
+            {"type": "Bearer", "credentials_file": "/k/fleet/spark-1.key"},
+            "30s",
+            "http",
+        )
     ]
 
 
@@ -82,7 +97,7 @@ def test_promtool_checks_the_config_and_its_rules(tmp_path: Path, promtool: str)
         [promtool, "check", "config", str(written(tmp_path))], capture_output=True, text=True
     )
     assert done.returncode == 0, done.stdout + done.stderr
-    assert "SUCCESS: 10 rules found" in done.stdout
+    assert "SUCCESS: 12 rules found" in done.stdout
 
 
 def series(name: str, values: str, **labels: str) -> dict:
@@ -318,9 +333,160 @@ def test_make_prometheus_config_writes_both_files_for_the_owners_inventory(
         (["spark-2.local:9100"], "/metrics"),
         (["spark-2.local:9100"], "/lanes/coder/metrics"),
         (["spark-2.local:9100"], "/lanes/fast/metrics"),
+        (["spark-1.local:10100"], "/metrics/"),
     ]
+    (keys / "fleet").mkdir()
+    (keys / "fleet/spark-1.local.key").write_text("k\n")
     for name in ("spark-1.local", "spark-2.local"):
         (keys / f"{name}.key").write_text("k\n")
     done = subprocess.run([promtool, "check", "config", str(out / "prometheus.yml")],
                           capture_output=True, text=True)  # fmt: skip
     assert done.returncode == 0, done.stdout + done.stderr
+
+
+def test_a_router_job_per_router_box_https_where_its_front_has_tls(tmp_path: Path) -> None:
+    """The router on spark-2 (router_box), its failover on spark-1, whose front has a
+    certificate: https there; spark-2's metrics at 15 s, the failover box's at 30 s."""
+    certificate, key = tmp_path / "cert.pem", tmp_path / "key.pem"
+    certificate.write_text("-----BEGIN CERTIFICATE-----\nMIIB\n")
+    key.write_text("-----BEGIN PRIVATE KEY-----\nMIIE\n")
+    router = {"router_box": "spark-2", "router_failover_box": "spark-1"}
+    hosts = {
+        "spark-1": TWO_SPARKS["spark-1"]
+        | router
+        | {"front_tls_certificate_file": str(certificate), "front_tls_key_file": str(key)},
+        "spark-2": TWO_SPARKS["spark-2"] | router | {"metrics_interval_s": 15},
+    }
+    jobs = prometheus.scrape_config(plan(load_from_dicts(merged(hosts))), "/k")["scrape_configs"]
+    assert [job for job in jobs if job["job_name"].startswith("spark-router/")] == [
+        {
+            "job_name": "spark-router/spark-2",
+            "scrape_interval": "15s",
+            "scheme": "http",
+            "metrics_path": "/metrics/",
+            "authorization": {"type": "Bearer", "credentials_file": "/k/fleet/spark-2.key"},
+            "static_configs": [{"targets": ["spark-2:10100"], "labels": {"box": "spark-2"}}],
+        },
+        {
+            "job_name": "spark-router/spark-1",
+            "scrape_interval": "30s",
+            "scheme": "https",
+            "metrics_path": "/metrics/",
+            "authorization": {"type": "Bearer", "credentials_file": "/k/fleet/spark-1.key"},
+            "static_configs": [{"targets": ["spark-1:10100"], "labels": {"box": "spark-1"}}],
+        },
+    ]
+
+
+ROUTER = {"job": "spark-router/spark-1", "box": "spark-1", "instance": "spark-1:10100"}
+# LiteLLM 1.106.12's own lines (tests/unit/captured/real-litellm-1.106.12-metrics-replica-
+# killed.txt): its proxy on loopback (bench/router.py's configuration) before `alpha` and a
+# replica pair `beta`, lanes of the lab's vLLM stand-in; the replica at 127.0.0.4 killed, then
+# 30 requests to beta, all answered: its requests' series at 1 (a failed request), its
+# cooldown's at 2. The other deployments' series, at 0 throughout, are left out here.
+BETA_DOWN = (
+    "69500cd682b2249bf9180969962ae4c6ebe06c47f77eac6ffd0fe1ea8414d9e8",
+    "http://127.0.0.4:38000",
+)
+
+
+def router_series(values: str, api_base: str) -> dict:
+    model_id, address = BETA_DOWN
+    labels = ROUTER | {"api_base": f"{address}{api_base}", "api_provider": "hosted_vllm",
+                       "litellm_model_name": "beta", "model_id": model_id}  # fmt: skip
+    inner = ",".join(f'{key}="{value}"' for key, value in labels.items())
+    return {"series": f"litellm_deployment_state{{{inner}}}", "values": values}
+
+
+def test_the_routers_alerts_fire_on_its_faults_and_not_before(
+    tmp_path: Path, promtool: str
+) -> None:
+    """The router's /metrics/ not answering for two collections; a lane it cooled down, from
+    LiteLLM's own series, until a request to it is answered again (its requests' series back
+    to 0): then no alert, though the cooldown's series stays at 2 (nothing resets it)."""
+    written(tmp_path)
+    lane_out = (
+        "spark-1: the router took beta at http://127.0.0.4:38000/v1 out after failed requests;"
+        " its replicas answer, if it has any (that box's alerts say why)"
+    )
+    tests = {
+        "rule_files": [prometheus.RULES_FILE],
+        "evaluation_interval": "15s",
+        "tests": [
+            {
+                "interval": "30s",
+                "input_series": [
+                    {
+                        "series": 'up{job="spark-router/spark-1",box="spark-1",'
+                        'instance="spark-1:10100"}',
+                        "values": "1 0 0 0",
+                    },
+                    # healthy, then the captured state from 30 s to 120 s, answered at 150 s
+                    router_series("0 1 1 1 1 0 0", "/v1/chat/completions"),
+                    router_series("_ 2 2 2 2 2 2", "/v1"),
+                ],
+                "alert_rule_test": [
+                    quiet("SparkRouterDown", "60s"),  # down from 30 s: pending
+                    {
+                        "eval_time": "90s",
+                        "alertname": "SparkRouterDown",
+                        "exp_alerts": [
+                            {
+                                "exp_labels": ROUTER | {"severity": "critical"},
+                                "exp_annotations": {
+                                    "summary": "spark-1: the fleet's router does not answer on"
+                                    " /metrics/ (the router or its box down, the front stopped,"
+                                    " or the fleet key refused)"
+                                },
+                            }
+                        ],
+                    },
+                    quiet("SparkRouterLaneOut", "60s"),  # out from 30 s: pending
+                    {
+                        "eval_time": "90s",
+                        "alertname": "SparkRouterLaneOut",
+                        "exp_alerts": [
+                            {
+                                "exp_labels": ROUTER
+                                | {
+                                    "severity": "critical",
+                                    "api_base": "http://127.0.0.4:38000/v1",
+                                    "api_provider": "hosted_vllm",
+                                    "litellm_model_name": "beta",
+                                    "model_id": BETA_DOWN[0],
+                                },
+                                "exp_annotations": {"summary": lane_out},
+                            }
+                        ],
+                    },
+                    quiet("SparkRouterLaneOut", "150s"),  # answered again
+                ],
+            }
+        ],
+    }
+    test_file = tmp_path / "router-rules.test.yml"
+    test_file.write_text(json.dumps(tests, indent=1))
+    done = subprocess.run(
+        [promtool, "test", "rules", str(test_file)], capture_output=True, text=True, cwd=tmp_path
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+
+
+def test_the_router_alert_reads_the_series_litellm_writes() -> None:
+    """Every label the rule names is one LiteLLM 1.106.12 writes on litellm_deployment_state
+    (the captured exposition, parsed as Prometheus' text format), and the captured lines hold
+    what the rule keys on: the cooled-down lane at 2 under its configured api_base."""
+    text = captured("real-litellm-1.106.12-metrics-replica-killed.txt")
+    samples = [
+        (sample.labels, sample.value)
+        for family in text_string_to_metric_families(text)
+        if family.name == "litellm_deployment_state"
+        for sample in family.samples
+    ]
+    assert {frozenset(labels) for labels, _ in samples} == {
+        frozenset({"api_base", "api_provider", "litellm_model_name", "model_id"})
+    }
+    model_id, address = BETA_DOWN
+    assert [
+        (labels["api_base"], value) for labels, value in samples if labels["model_id"] == model_id
+    ] == [(f"{address}/v1/chat/completions", 1.0), (f"{address}/v1", 2.0)]

@@ -246,3 +246,71 @@ def test_scrape_sends_the_key_and_says_why_not(endpoint: int, tmp_path: Path) ->
     samples, error = status.scrape(box, tmp_path)
     assert error == "" and samples is not None
     assert samples["spark_drifts"] == [({}, 3.0)]
+
+
+# The router's /v1/models as LiteLLM 1.106.12 answers it (bench/router.py's configuration, on
+# loopback, lanes `alpha` and a replica pair `beta` of the lab's vLLM stand-in): with the fleet
+# key, and with another key (no database: 400).
+MODELS = captured("real-litellm-1.106.12-v1-models.json")
+REFUSED = captured("real-litellm-1.106.12-v1-models-wrong-key.json")
+FLEET_KEY = "fk-_9"
+
+
+class Router(BaseHTTPRequestHandler):
+    def do_GET(self) -> None:
+        ok = self.headers.get("Authorization") == f"Bearer {FLEET_KEY}"
+        found = self.path == "/v1/models"
+        self.send_response(200 if ok and found else 400 if found else 404)
+        self.end_headers()
+        self.wfile.write((MODELS if ok else REFUSED).encode())
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+@pytest.fixture
+def router() -> str:
+    server = HTTPServer(("127.0.0.1", 0), Router)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield f"http://127.0.0.1:{server.server_address[1]}/v1"
+    server.shutdown()
+
+
+def test_the_routers_served_names_read_with_the_fleet_key(router: str, tmp_path: Path) -> None:
+    key = tmp_path / "spark-1.key"
+    assert status.served_names(router, key) == (
+        None,
+        f"no key (No such file or directory: {key})",
+    )
+    key.write_text("not-the-fleet-key\n")
+    assert status.served_names(router, key) == (
+        None,
+        f"the fleet key refused (400 Bad Request: {key})",
+    )
+    key.write_text(FLEET_KEY + "\n")
+    assert status.served_names(router, key) == (["alpha", "beta"], "")
+
+
+def test_the_routers_row_counts_its_names_against_the_plans() -> None:
+    up = status.router_row("spark-1", False, ["alpha", "beta"], ["alpha", "beta"])
+    assert (up.box, up.cells[0], up.problems, up.warnings) == (
+        "spark-1 (router)",
+        "router up: 2 of 2 served names",
+        [],
+        [],
+    )
+    short = status.router_row("spark-2", True, ["alpha", "beta", "gamma"], ["beta", "old"])
+    assert (short.box, short.cells[0]) == (
+        "spark-2 (router, failover)",
+        "router up: 1 of 3 served names, missing alpha, gamma, not planned old",
+    )
+    assert short.problems == ["router: does not list alpha, gamma; deploy again"]
+    assert short.warnings == ["router: lists old, which no lane serves"]
+    down = status.router_row("spark-1", False, ["alpha"], None, "Connection refused")
+    assert (down.cells[0], down.problems) == (
+        "router DOWN: Connection refused",
+        ["router: Connection refused"],
+    )
+    shown, code = status.report([up, down], colour=False)
+    assert code == 1
+    assert shown.splitlines()[-1] == "spark-1 (router): router: Connection refused"
