@@ -38,10 +38,11 @@ import threading
 import time
 from collections import Counter
 from http import HTTPStatus
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from types import TracebackType
 
 from tests.simlab.serving import hf_standin
+from tests.simlab.threaded_server import ThreadedServer
 
 DEFAULT_RATE = 64 * 2**20  # bytes a second: a 256 MiB stand-in weights file takes 4 s
 CHUNK = 64 * 2**10
@@ -50,7 +51,7 @@ RESOLVE = re.compile(r"/(?P<repo>[^/]+/[^/]+)/resolve/(?P<rev>[^/]+)/(?P<file>.+
 RANGE = re.compile(r"bytes=(?P<start>\d+)-(?P<end>\d*)")
 
 
-class Hub:
+class Hub(ThreadedServer):
     """The stand-in hub on ``address`` (an ephemeral port unless ``port``), sending at most
     ``rate`` bytes a second. What it served, for the tests: ``downloads`` (GETs of a file's
     bytes, by `<id>/<file>`), ``sent`` (bytes handed to the connection, the same keys),
@@ -66,23 +67,12 @@ class Hub:
         self.tokens: Counter[str] = Counter()
         self._lock = threading.Lock()
         self._next_send = 0.0
-        self._server = ThreadingHTTPServer((address, port), _handler(self))
-        self._server.daemon_threads = True
-        self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
+        super().__init__(_handler(self), address, port)
 
     @property
     def url(self) -> str:
         """The endpoint the hosts are given (HF_ENDPOINT)."""
-        address, port = self._server.server_address[:2]
-        return f"http://{address}:{port}"
-
-    def start(self) -> Hub:
-        self._thread.start()
-        return self
-
-    def stop(self) -> None:
-        self._server.shutdown()
-        self._server.server_close()
+        return self.origin
 
     def __enter__(self) -> Hub:
         return self.start()
@@ -244,7 +234,7 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     hub = Hub(args.bind, args.port, args.rate)
     print(f"hub at {hub.url}", flush=True)
-    hub.start()._thread.join()
+    hub.serve_until_stopped()
 
 
 if __name__ == "__main__":

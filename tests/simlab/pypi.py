@@ -30,12 +30,12 @@ import os
 import re
 import subprocess
 import sys
-import threading
 from http import HTTPStatus
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 
 from spark.router import REQUIREMENTS_FILE
+from tests.simlab.threaded_server import ThreadedServer
 
 WHEELHOUSE = Path(os.environ.get("SPARK_ROUTER_CACHE", "/var/cache/spark-router")) / "wheels"
 # The lab hosts' python3 (Debian 12's), whose wheels and markers the wheelhouse is made for.
@@ -90,7 +90,7 @@ def page(title: str, anchors: list[tuple[str, str]]) -> bytes:
     ).encode()
 
 
-class Index:
+class Index(ThreadedServer):
     """The index on ``address``:``port`` (an ephemeral port unless given), serving ``directory``;
     ``served`` counts the files sent, by name."""
 
@@ -98,23 +98,12 @@ class Index:
         self.directory = directory
         self.projects = index(directory)
         self.served: dict[str, int] = {}
-        self._server = ThreadingHTTPServer((address, port), _handler(self))
-        self._server.daemon_threads = True
-        self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
+        super().__init__(_handler(self), address, port)
 
     @property
     def url(self) -> str:
         """The index's URL, as pip's --index-url takes it."""
-        address, port = self._server.server_address[:2]
-        return f"http://{address}:{port}/simple/"
-
-    def start(self) -> Index:
-        self._thread.start()
-        return self
-
-    def stop(self) -> None:
-        self._server.shutdown()
-        self._server.server_close()
+        return f"{self.origin}/simple/"
 
 
 def _handler(served: Index) -> type[BaseHTTPRequestHandler]:
@@ -160,7 +149,7 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     served = Index(wheelhouse(), args.bind, args.port)
     print(f"index at {served.url}", flush=True)
-    served.start()._thread.join()
+    served.serve_until_stopped()
 
 
 if __name__ == "__main__":
