@@ -10,6 +10,12 @@ _run_background_health_check), pip's options (pip install --help: --index-url, -
 Captures: lab-router-state-deployed.txt is RouterState's command run under sudo on the
 simulated lab's spark-1 (Debian 12) after a deploy of this branch (the router's box);
 lab-router-state-bare.txt the same on spark-2 of that lab (no router there).
+lab-router-left-*.txt are RouterLeft's command run under sudo on the simulated lab's hosts
+(Debian 12): "bare" on a bare spark-2; "running" on spark-1 after a unit of that name (with
+DynamicUser=, CacheDirectory=spark-router, ExecStart=/bin/sleep infinity), the keys file, the
+configuration's directory and the virtualenv's directory were made by hand and the unit enabled
+and started; "virtualenv" on that spark-1 after the commands that `removed` yields below, the
+virtualenv kept, had run there.
 """
 
 from __future__ import annotations
@@ -395,3 +401,66 @@ def test_a_key_found_nowhere_stops_the_routers_box(keys: dict) -> None:
         " b:/etc/spark/secrets/coder-b.key (a box not deployed yet, left out of this run or"
         " stopped in it); deploy every box of the fleet"
     )
+
+
+CACHE = (
+    "/var/cache/spark-router",
+    "/var/cache/private/spark-router",
+)  # systemd.exec: CacheDirectory=
+
+
+def test_the_left_fact_reads_a_router_and_a_bare_box() -> None:
+    assert process(router.RouterLeft, captured("lab-router-left-running.txt")) == {
+        "active": "active",
+        "enabled": "enabled",
+        "left": [UNIT_PATH, ENVIRONMENT, "/etc/spark/router", *CACHE, "/var/lib/spark/router"],
+    }
+    assert process(router.RouterLeft, captured("lab-router-left-bare.txt")) == {
+        "active": "inactive", "enabled": None, "left": [],
+    }  # fmt: skip
+    assert process(router.RouterLeft, captured("lab-router-left-virtualenv.txt")) == {
+        "active": "inactive", "enabled": None, "left": ["/var/lib/spark/router"],
+    }  # fmt: skip
+
+
+def left(capture: str) -> FakeHost:
+    return FakeHost({router.RouterLeft: captured(f"lab-router-left-{capture}.txt")})
+
+
+def test_a_router_left_on_a_box_is_stopped_and_removed_its_virtualenv_kept() -> None:
+    assert run_op(router.removed, host=left("running"), keep_virtualenv=True) == [
+        "systemctl disable --now spark-router.service",
+        f"rm -rf {UNIT_PATH} {ENVIRONMENT} /etc/spark/router {' '.join(CACHE)}",
+        "systemctl daemon-reload",
+    ]
+
+
+def test_a_box_that_prunes_loses_the_virtualenv_too() -> None:
+    assert run_op(router.removed, host=left("running"), keep_virtualenv=False) == [
+        "systemctl disable --now spark-router.service",
+        f"rm -rf {UNIT_PATH} {ENVIRONMENT} /etc/spark/router {' '.join(CACHE)}"
+        " /var/lib/spark/router",
+        "systemctl daemon-reload",
+    ]
+    virtualenv = left("virtualenv")
+    assert run_op(router.removed, host=virtualenv, keep_virtualenv=False) == [
+        "rm -rf /var/lib/spark/router"
+    ]
+
+
+def test_a_box_without_a_router_changes_nothing() -> None:
+    bare = left("bare")
+    assert run_op(router.removed, host=bare, keep_virtualenv=True) == []
+    assert bare.noops == ["no router here"]
+    kept = left("virtualenv")
+    assert run_op(router.removed, host=kept, keep_virtualenv=True) == []
+    assert kept.noops == ["no router here (its virtualenv kept)"]
+
+
+def test_a_failed_router_whose_unit_is_gone_is_stopped_and_forgotten() -> None:
+    """Its unit file removed by hand while it had failed: systemd still holds it (failed)."""
+    failed = FakeHost({router.RouterLeft: "ActiveState=failed\nUnitFileState="})
+    assert run_op(router.removed, host=failed, keep_virtualenv=True) == [
+        "systemctl stop spark-router.service",
+        "systemctl reset-failed spark-router.service || true",
+    ]
