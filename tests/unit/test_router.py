@@ -100,9 +100,9 @@ def test_the_router_listens_on_loopback_with_one_worker() -> None:
 def test_litellm_config_names_each_key_and_leaves_on_demand_lanes_out_of_health_checks() -> None:
     config = litellm.litellm_config(
         [
-            litellm.Deployment("coder", "http://a:10101/v1", "SPARK_LANE_KEY_1", on_demand=False),
-            litellm.Deployment("coder", "https://b:10105/v1", "SPARK_LANE_KEY_2", on_demand=True),
-            litellm.Deployment("open", "http://a:10106/v1", None, on_demand=False),
+            litellm.Deployment("coder", "http://a:10101/v1", "SPARK_LANE_KEY_1", False, 3600),
+            litellm.Deployment("coder", "https://b:10105/v1", "SPARK_LANE_KEY_2", True, 4800),
+            litellm.Deployment("open", "http://a:10106/v1", None, False, 3600),
         ],
         health_interval_s=10,
     )
@@ -110,13 +110,14 @@ def test_litellm_config_names_each_key_and_leaves_on_demand_lanes_out_of_health_
         "model_list": [
             {"model_name": "coder",
              "litellm_params": {"model": "hosted_vllm/coder", "api_base": "http://a:10101/v1",
-                                "api_key": "os.environ/SPARK_LANE_KEY_1"}},
+                                "timeout": 3600, "api_key": "os.environ/SPARK_LANE_KEY_1"}},
             {"model_name": "coder",
              "litellm_params": {"model": "hosted_vllm/coder", "api_base": "https://b:10105/v1",
-                                "api_key": "os.environ/SPARK_LANE_KEY_2"},
+                                "timeout": 4800, "api_key": "os.environ/SPARK_LANE_KEY_2"},
              "model_info": {"disable_background_health_check": True}},
             {"model_name": "open",
-             "litellm_params": {"model": "hosted_vllm/open", "api_base": "http://a:10106/v1"}},
+             "litellm_params": {"model": "hosted_vllm/open", "api_base": "http://a:10106/v1",
+                                "timeout": 3600}},
         ],
         "general_settings": {
             "master_key": "os.environ/SPARK_FLEET_KEY",
@@ -164,9 +165,31 @@ def test_the_plan_holds_the_routers_commands_its_config_and_each_lanes_key_varia
     # The router's port on the fronts of its boxes only; the failover takes the first's key.
     assert whole.box("a").front.router.model_dump() == {
         "port": 10100, "backend_port": 11100, "allow_networks": (), "key_from": None,
+        "timeout_s": 4800,  # b's on-demand lane's route: below
     }  # fmt: skip
     assert whole.box("b").front.router.key_from == "a"
     assert fleet_plan().box("b").front.router is None
+
+
+def test_an_on_demand_lanes_route_and_front_wait_for_its_load_then_its_answer() -> None:
+    """b's lane coder-b is on demand: its first request waits for its load, bounded by b's
+    lane_start_timeout_min (group_data: 20, so 1,200 s), then for its answer as any lane's
+    (ANSWER_WAIT_S, 3,600 s); a's resident lane only for its answer. The router's front waits
+    as long as its longest route; each lane's front as long as the router waits for the lane."""
+    whole = fleet_plan()
+    assert [backend.timeout_s for backend in whole.fleet.routes[0].backends] == [3600, 4800]
+    assert [entry["litellm_params"]["timeout"] for entry in whole.fleet.config["model_list"]] == [
+        3600,
+        4800,
+    ]
+    assert whole.box("a").front.router.timeout_s == 4800
+    assert [lane.timeout_s for lane in whole.box("a").front.lanes] == [3600]
+    assert [lane.timeout_s for lane in whole.box("b").front.lanes] == [4800]
+    # A longer start timeout on b: its lane's route and front, and the router's front, wait longer.
+    longer = fleet_plan(lane_start_timeout_min=240)  # 14,400 s
+    assert [backend.timeout_s for backend in longer.fleet.routes[0].backends] == [3600, 18000]
+    assert longer.box("a").front.router.timeout_s == 18000
+    assert [lane.timeout_s for lane in longer.box("b").front.lanes] == [18000]
 
 
 def test_the_routers_port_admits_the_clients_and_the_scrapers_networks() -> None:
@@ -193,7 +216,7 @@ def test_the_cluster_firewall_keeps_the_routers_port_open_on_its_box() -> None:
 
 def test_the_routers_server_asks_the_fleet_key_on_every_path() -> None:
     source = (Path(__file__).parents[2] / "templates" / "nginx-spark-lanes.conf.j2").read_text()
-    port = front.RouterPort(10100, 11100, ("192.168.1.0/24",))
+    port = front.RouterPort(10100, 11100, ("192.168.1.0/24",), timeout_s=3600)
     text = jinja2.Template(source, keep_trailing_newline=True).render(
         lanes=[], router=port, allow_networks=[], tls=False, keys_dir="/etc/nginx/spark-keys",
         key_variables={"_fleet": front.key_variable("_fleet")},
@@ -206,8 +229,10 @@ def test_the_routers_server_asks_the_fleet_key_on_every_path() -> None:
     assert locations == ["location /v1/ {", "location /health/ {", "location /metrics/ {",
                          "location / {"]  # fmt: skip
     assert server.count("proxy_pass http://127.0.0.1:11100;") == 3
+    assert "proxy_read_timeout 3600s;\n    proxy_send_timeout 3600s;\n" in server
     # Its key map is the fleet key's, made where the box has none, as a lane's.
-    assert front.keyed_lanes([front.FrontLane("coder", 10101, 11101, key=True)], port) == (
+    coder = front.FrontLane("coder", 10101, 11101, key=True, timeout_s=3600)
+    assert front.keyed_lanes([coder], port) == (
         "coder",
         "_fleet",
     )
