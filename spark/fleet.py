@@ -244,7 +244,7 @@ def port_problems(host: HostConfig, endpoint: Router) -> list[str]:
 
 def memory_problems(host: HostConfig, cluster: Lane | None, router_gib: float) -> list[str]:
     """The box with the router's share, where the router's share is what tips it over (without
-    it the box was checked already: spark/inventory.py)."""
+    it the box was checked already: spark/inventory/)."""
     alone = box_budget(host, cluster)
     if alone.problems() or alone.guard_problems(host.memory_guard_min_available_gib):
         return []
