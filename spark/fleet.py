@@ -29,8 +29,8 @@ if TYPE_CHECKING:
 # allow-list), as a lane's server does: there loopback_port defaults to port + 1000.
 LOOPBACK_OFFSET = 1000
 
-# The router's keys (group_data/all.py gives their defaults): HostSettings declares them with
-# these types, so each is written once.
+# The router's keys (group_data/all.py gives their defaults), declared once in RouterKeys, which
+# a box's keys (spark/inventory/settings.py HostSettings) inherit.
 FleetRouter = Annotated[
     bool,
     option(
