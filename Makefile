@@ -65,7 +65,7 @@ plan: $(STAMP)
 	$(PY) -m stages.show_plan --inventory $(INVENTORY) $(if $(BOX),--box $(BOX)) $(if $(JSON),--json)
 
 # docs/variables.md, the inventory's variables reference, written from the keys' declarations
-# (spark/inventory.py, spark/fleet.py, spark/lane.py) and group_data/all.py's defaults.
+# (spark/inventory/, spark/fleet.py, spark/lane.py) and group_data/all.py's defaults.
 variables: $(STAMP)
 	$(PY) -m tools.options_reference
 
