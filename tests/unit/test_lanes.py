@@ -1101,6 +1101,22 @@ def test_a_rank_that_never_joins_within_its_deadline_is_lost_by_name(
     assert rank_stopped(tmp_path)
 
 
+def test_the_race_of_a_rank_that_never_joined_treated_as_lost_is_closed(
+    ranks: Callable[..., subprocess.Popen[str]], tmp_path: Path
+) -> None:
+    # Issue 37's race: a rank slower to start than the others (its box's turn, its image) is
+    # no loss while it has not joined, whatever rounds go by before its deadline; it joins,
+    # and the group is whole. Only its deadline, or its leaving once seen, loses it.
+    connections(tmp_path, "192.168.100.11")
+    watch = ranks("192.168.100.11=spark-2", "192.168.100.12=spark-3", deadline=600)
+    rounds_after(tmp_path, "ss", calls(tmp_path, "ss") + 1)  # three rounds without spark-3
+    assert watch.poll() is None and not rank_stopped(tmp_path)
+    connections(tmp_path, "192.168.100.11", "192.168.100.12")
+    said = joined(watch)
+    assert "stopping this box's rank" not in said, said
+    assert not rank_stopped(tmp_path)
+
+
 def test_a_rank_that_joined_and_left_before_the_others_joined_is_lost(
     ranks: Callable[..., subprocess.Popen[str]], tmp_path: Path
 ) -> None:
