@@ -334,7 +334,7 @@ def unit_variables(unit: ServedLane, rdma: bool, unlimited_memlock: bool) -> dic
     timeouts = unit.timeouts
     if unit.rank is not None:  # under the rendezvous watch
         # A headless rank has no /health to wait for: the watch keeps the box's turn to load
-        # while the rank loads, at most as long as a lane's health wait.
+        # until the rank is ready to serve, at most as long as a lane's health wait.
         turn = ["--turn", mark, str(timeouts.health_s)] if unit.headless else []
         peers = [
             f"{address}={box}" for address, box in zip(unit.peers, unit.peer_boxes, strict=True)
