@@ -29,7 +29,7 @@ from pathlib import Path
 
 from spark.llamacpp_release import DEFAULT_COMMIT
 from tests.simlab.paths import CACHE, log
-from tests.simlab.rootfs import building, cache_key, cached
+from tests.simlab.rootfs import building, cache_key, cached, ensure_host_tools
 
 # llama-cpp-python's source distribution on PyPI; its SHA-256, as pip downloaded it here.
 SDIST_REQUIREMENT = "llama-cpp-python==0.3.36"
@@ -62,7 +62,6 @@ BUILD_JOBS = "2"
 # nor the model on them.
 LOCK = ".llama-build.lock"
 SERVER_LOCK = ".llama-server.lock"
-BUILD_TOOLS = {"cmake": "cmake", "g++": "g++", "make": "make"}
 # The gguf package's own needs (gguf-py/pyproject.toml: numpy >= 2.2.6, pyyaml >= 5.1; tqdm and
 # requests are imported only by its scripts), pinned.
 GGUF_NEEDS = ("numpy==2.4.6", "pyyaml==6.0.3")
@@ -114,7 +113,7 @@ def llama_server() -> Path:
     source = sdist_tree() / LLAMA_TREE
     with building(target, SERVER_LOCK) as needed:
         if needed:
-            _ensure_build_tools()
+            ensure_host_tools()  # cmake and g++ among them
             # Kept when a build is cut off: the next one goes on from the objects it left.
             staging = CACHE / "llama-server.staging"
             # Lowest priority: the machine's other work (other labs, tests) goes first.
@@ -133,16 +132,6 @@ def llama_server() -> Path:
             target.with_suffix(".partial").rename(target)
             shutil.rmtree(staging)
     return binary
-
-
-def _ensure_build_tools() -> None:
-    missing = sorted({pkg for tool, pkg in BUILD_TOOLS.items() if shutil.which(tool) is None})
-    if missing:
-        log(f"installing build tools: {' '.join(missing)}")
-        env = {"DEBIAN_FRONTEND": "noninteractive", "PATH": os.environ["PATH"]}
-        subprocess.run(["apt-get", "update", "-qq"], check=True, stdin=subprocess.DEVNULL)
-        subprocess.run(["apt-get", "install", "-y", "-qq", "--no-install-recommends", *missing],
-                       check=True, stdin=subprocess.DEVNULL, env=env)  # fmt: skip
 
 
 def gguf_python() -> Path:
