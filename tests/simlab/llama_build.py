@@ -32,7 +32,8 @@ from tests.simlab.paths import CACHE, log
 from tests.simlab.rootfs import building, cache_key, cached, ensure_host_tools
 
 # llama-cpp-python's source distribution on PyPI; its SHA-256, as pip downloaded it here.
-SDIST_REQUIREMENT = "llama-cpp-python==0.3.36"
+SDIST_PROJECT = "llama-cpp-python"
+SDIST_REQUIREMENT = f"{SDIST_PROJECT}==0.3.36"
 SDIST_NAME = "llama_cpp_python-0.3.36"
 SDIST_SHA256 = "832db0699007f1be95a7e41ef12e88926b02ba836461e36a36372db2760c1a2e"
 LLAMA_TREE = Path("vendor/llama.cpp")  # in the unpacked sdist
@@ -87,12 +88,16 @@ def sdist_tree() -> Path:
 
 def _download_sdist(into: Path) -> Path:
     # --require-hashes: pip refuses any other file; the check below is the project's own.
+    # --no-binary names the project alone: pip reads the sdist's metadata with its build backend
+    # (scikit-build-core), whose own build needs then come as wheels; with `:all:` pip built
+    # every one of them from source on a machine with no pip cache (setuptools, hatchling,
+    # flit_core...: still going after 7 minutes, where the download itself takes 11 s).
     pinned = into / "requirement.txt"
     pinned.write_text(f"{SDIST_REQUIREMENT} --hash=sha256:{SDIST_SHA256}\n")
     subprocess.run(
         [sys.executable, "-m", "pip", "--disable-pip-version-check", "--quiet", "download",
-         "--no-deps", "--no-binary", ":all:", "--require-hashes", "-r", str(pinned),
-         "--dest", str(into)],
+         "--no-deps", "--no-binary", SDIST_PROJECT, "--require-hashes",
+         "-r", str(pinned), "--dest", str(into)],
         check=True, stdin=subprocess.DEVNULL,
     )  # fmt: skip
     archive = into / f"{SDIST_NAME}.tar.gz"
