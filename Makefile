@@ -51,7 +51,7 @@ WORKERS := --dist loadgroup --no-loadscope-reorder --tx popen//env:SIMLAB_ID=$(L
 test: $(STAMP) $(OPENCODE_STAMP)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
-	$(PY) -m tests.simlab host-tools  # as root: what the tests run (nft, apt-utils...), first
+	$(PY) -m tests.simlab caches  # as root, first: host packages, images, llama-server, wheels
 	$(PY) -m pytest -p no:cacheprovider --durations=30 $(WORKERS) tests; rc=$$?; \
 	  if [ $$rc -eq 5 ]; then echo "pytest collected no tests: that is a broken suite, not a pass"; exit 1; fi; \
 	  exit $$rc
@@ -65,7 +65,7 @@ plan: $(STAMP)
 	$(PY) -m stages.show_plan --inventory $(INVENTORY) $(if $(BOX),--box $(BOX)) $(if $(JSON),--json)
 
 # docs/variables.md, the inventory's variables reference, written from the keys' declarations
-# (spark/inventory.py, spark/fleet.py, spark/lane.py) and group_data/all.py's defaults.
+# (spark/inventory/, spark/fleet.py, spark/lane.py) and group_data/all.py's defaults.
 variables: $(STAMP)
 	$(PY) -m tools.options_reference
 

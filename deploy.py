@@ -3,7 +3,7 @@
     pyinfra inventories/lab.py deploy.py [--dry] [--limit HOST]
 
 Every box's data is validated and its plan computed before any operation or fact reaches a
-box (spark/inventory.py, spark/plan.py; `make plan` prints the plans): a bad value stops the
+box (spark/inventory/, spark/plan.py; `make plan` prints the plans): a bad value stops the
 run, naming the box and the key, and nothing is changed. Then each box goes through four
 stages, each executing its part of the box's plan:
 

@@ -1,10 +1,10 @@
 """Defaults for every host; an inventory's host data overrides them key by key.
 
 Each key's type, allowed values, scope (may a box differ?) and why, with its source, are declared
-once where it is checked, spark/inventory.py HostSettings (the router's in spark/fleet.py), and
-listed in docs/variables.md, generated from there (`make variables`). Here: the values, and a
-pointer each. Per host, the inventory sets `spark_role` ("head"/"worker"), `fabric_addresses`
-({ifname: "A.B.C.D/prefix"}) and, on a ring, `management_address`.
+once where it is checked, in spark/inventory/'s module of its concern (the router's in
+spark/fleet.py), and listed in docs/variables.md, generated from there (`make variables`). Here:
+the values, and a pointer each. Per host, the inventory sets `spark_role` ("head"/"worker"),
+`fabric_addresses` ({ifname: "A.B.C.D/prefix"}) and, on a ring, `management_address`.
 """
 
 from stages import preconnect  # pyinfra keeps imported names out of the group data

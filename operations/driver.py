@@ -149,7 +149,7 @@ def branch_held(
         driver.branch_held(name="Hold driver branch 580", branch=580,
                            package="nvidia-driver-580-open")
     """
-    # Arguments the inventory's checks refuse before any box is contacted (spark/inventory.py:
+    # Arguments the inventory's checks refuse before any box is contacted (spark/inventory/box.py:
     # driver_package, driver_version); here they stop this box alone.
     wrong = []
     if _names_other_branch(package, branch):

@@ -46,7 +46,7 @@ def cluster_env(
         environment.cluster_env(name="Cluster environment", variables=cluster.environment)
     """
     notes = notes or {}
-    # The plan computes every name, value and note from checked data (spark/inventory.py
+    # The plan computes every name, value and note from checked data (spark/inventory/
     # cluster_environment): a problem here is the plan's, and stops this box alone.
     if wrong := unwritable(variables, notes):
         yield from util.refused(f"{host.name}: the cluster environment: {'; '.join(wrong)}")

@@ -6,12 +6,11 @@ from __future__ import annotations
 import hashlib
 import re
 import shlex
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 from pyinfra import host
 from pyinfra.api import FactBase, operation
-from pyinfra.api.exceptions import OperationError
 from pyinfra.facts.files import Sha1File
 
 from operations import on_demand as demand
@@ -236,9 +235,8 @@ class LaneServing(FactBase):
 
 def systemd_word(arg: str) -> str:
     """One argument of an Exec*= line, as systemd reads it back: double-quoted with backslash
-    escapes where needed, and "$" and "%" doubled (systemd expands variables and specifiers)."""
-    if any(character in arg for character in "\n\r\0"):
-        raise OperationError(f"{arg!r}: a line break or NUL cannot be passed in a systemd unit")
+    escapes where needed, and "$" and "%" doubled (systemd expands variables and specifiers).
+    A line break or NUL, which no quoting carries, was refused before (unsayable)."""
     if not SYSTEMD_PLAIN.fullmatch(arg):
         arg = '"' + arg.replace("\\", "\\\\").replace('"', '\\"') + '"'
     return arg.replace("$", "$$").replace("%", "%%")
@@ -263,14 +261,45 @@ def serve_script(
 
 
 def env_lines(unit: ServedLane) -> list[tuple[str, str]]:
-    """The container's environment file as the plan gives it, line by line as docker reads it."""
-    for key, value in unit.variables.items():
-        if not ENV_NAME.fullmatch(key) or LINE_BREAK.search(value):
-            raise OperationError(
-                f"lane {unit.name}: environment {key}={value!r}: a name of A-Z a-z 0-9 _ and"
-                " a value without line breaks only (docker reads the file line by line)"
-            )
+    """The container's environment file as the plan gives it, line by line as docker reads it
+    (names and values it cannot carry were refused before: unsayable)."""
     return sorted(unit.variables.items())
+
+
+def unsayable(unit: ServedLane) -> list[str]:
+    """What the lane's unit and its container's environment file cannot carry, each with its
+    fix: a value with a line break or NUL (systemd reads a unit, docker an environment file,
+    line by line, and no quoting carries them), a variable name no shell or systemd takes, a
+    lane to start after that has no lane's name (its unit's name is made of it)."""
+    wrong = [
+        f"{where}: {text!r} has a line break or NUL, which a unit cannot carry; remove it"
+        for field, value in unit.model_dump().items()
+        for where, text in _texts(value, field)
+        if LINE_BREAK.search(text)
+    ]
+    wrong += [
+        f"variables[{key}]: {key!r} is no variable name (A-Z a-z 0-9 _, no digit first); rename it"
+        for key in unit.variables
+        if not ENV_NAME.fullmatch(key)
+    ]
+    if unit.after is not None and not SLUG.fullmatch(unit.after):
+        wrong.append(
+            f"after: {unit.after!r} is no lane name (1-32 of a-z 0-9 -, a letter or digit"
+            " first); rename that lane"
+        )
+    return wrong
+
+
+def _texts(value: object, where: str) -> Iterator[tuple[str, str]]:
+    """Every string in a plan's value, with where it is in it: argv[3], variables[HF_HOME]."""
+    if isinstance(value, str):
+        yield where, value
+    elif isinstance(value, dict):
+        for key, item in value.items():
+            yield from _texts(item, f"{where}[{key}]")
+    elif isinstance(value, list | tuple):
+        for index, item in enumerate(value):
+            yield from _texts(item, f"{where}[{index}]")
 
 
 def docker_run(unit: ServedLane, rdma: bool, unlimited_memlock: bool) -> list[str]:
@@ -305,7 +334,7 @@ def unit_variables(unit: ServedLane, rdma: bool, unlimited_memlock: bool) -> dic
     timeouts = unit.timeouts
     if unit.rank is not None:  # under the rendezvous watch
         # A headless rank has no /health to wait for: the watch keeps the box's turn to load
-        # while the rank loads, at most as long as a lane's health wait.
+        # until the rank is ready to serve, at most as long as a lane's health wait.
         turn = ["--turn", mark, str(timeouts.health_s)] if unit.headless else []
         peers = [
             f"{address}={box}" for address, box in zip(unit.peers, unit.peer_boxes, strict=True)
@@ -435,8 +464,12 @@ def serving(unit: ServedLane):
 
         lanes.serving(name="Lane coder", unit=box_plan.lanes[0].served)
     """
-    if unit.after is not None and not SLUG.fullmatch(unit.after):
-        raise OperationError(f"lane names are 1-32 of a-z 0-9 - (got after {unit.after!r})")
+    # Checked before any box is contacted (spark/lane.py: a lane's name; spark/engines/: its
+    # extra_args and environment); what a plan still holds stops this box alone.
+    wrong = unsayable(unit)
+    if wrong:
+        yield from util.refused(f"{host.name}: lane {unit.name}: {'; '.join(wrong)}")
+        return
     state = answer(LaneServing)
     problem = None if unit.headless else _port_owner_problem(state, unit)
     if problem:

@@ -52,7 +52,7 @@ def memory_guard(
     It runs with no lanes too (it then only watches), so it is in place before the first one
     loads. A changed script, configuration or unit restarts it; it holds no state.
     """
-    # Both checked before any box is contacted (spark/inventory.py: memory_guard_min_available_gib,
+    # Both checked before any box is contacted (spark/inventory/: memory_guard_min_available_gib,
     # a lane's name): here they stop this box alone.
     wrong = [
         f"lane names are 1-32 of a-z 0-9 - (got {name!r})"

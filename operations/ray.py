@@ -227,7 +227,7 @@ def node(
                  port=6379, token=token)
     """
     # Every word of ExecStart= stands unquoted: systemd would expand a "%" or "$" in it. The
-    # inventory's checks admit only plain ones (spark/inventory.py: addresses, ray_image, the
+    # inventory's checks admit only plain ones (spark/inventory/: addresses, ray_image, the
     # models' paths); here another stops this box alone.
     given = [image, node_ip, head_ip, *environment, *(path for pair in models for path in pair)]
     if unplain := [word for word in given if not PLAIN.fullmatch(word)]:

@@ -29,8 +29,8 @@ if TYPE_CHECKING:
 # allow-list), as a lane's server does: there loopback_port defaults to port + 1000.
 LOOPBACK_OFFSET = 1000
 
-# The router's keys (group_data/all.py gives their defaults): HostSettings declares them with
-# these types, so each is written once.
+# The router's keys (group_data/all.py gives their defaults), declared once in RouterKeys, which
+# a box's keys (spark/inventory/settings.py HostSettings) inherit.
 FleetRouter = Annotated[
     bool,
     option(
@@ -244,7 +244,7 @@ def port_problems(host: HostConfig, endpoint: Router) -> list[str]:
 
 def memory_problems(host: HostConfig, cluster: Lane | None, router_gib: float) -> list[str]:
     """The box with the router's share, where the router's share is what tips it over (without
-    it the box was checked already: spark/inventory.py)."""
+    it the box was checked already: spark/inventory/)."""
     alone = box_budget(host, cluster)
     if alone.problems() or alone.guard_problems(host.memory_guard_min_available_gib):
         return []

@@ -1,7 +1,7 @@
 """Each inventory key's declaration in one place: its allowed values (the field's description,
 which also ends pydantic's own messages), its scope and why it exists, with its source.
 
-HostSettings (spark/inventory.py) declares every key with `option`; group_data/all.py holds the
+HostSettings (spark/inventory/) declares every key with `option`; group_data/all.py holds the
 default values; docs/variables.md is generated from both (`python -m tools.options_reference`).
 """
 

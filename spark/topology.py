@@ -17,7 +17,7 @@ PORT_TWINS = {
 
 # Jumbo frames on the fabric (seed 001); NVIDIA's guide leaves 1500, which measured 18.9-21 GB/s
 # of NCCL against 23.74 GB/s at 9000 (dgx-spark-playbooks#25). Below it, an owner says why
-# (spark/inventory.py).
+# (spark/inventory/fabric.py).
 FABRIC_MTU = 9000
 
 # Derived addresses: one /24 per twin per cable, counted up from 192.168.100.0, and host .10

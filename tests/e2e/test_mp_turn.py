@@ -1,11 +1,13 @@
 """An mp cluster lane's headless rank in its box's turn to load, on the simulated lab: the
 worker (spark-2) serves a lane of its own (fast) beside its rank of the cluster lane big
-(tests/e2e/cluster_mp_turn_inventory.py), and the two never load at once; a worker whose rank
-never starts fails the head's start within the rendezvous watch's deadline, naming the rank and
-its box, instead of holding it forever.
+(tests/e2e/cluster_mp_turn_inventory.py), and the worker's lane never loads while the rank's start
+takes memory: its weights, then its KV cache and CUDA graphs; a worker whose rank never starts
+fails the head's start within the rendezvous watch's deadline, naming the rank and its box,
+instead of holding it forever.
 
-Each test reads the worker's own journal: the stand-in logs vLLM's "Starting to load model" and
-"Model loading took" lines (tests/simlab/serving/vllm_standin.py), headless ranks as lanes.
+Each test reads the worker's own journal: the stand-in logs vLLM's lines of a rank's start in
+vLLM's order, "Starting to load model", "Model loading took", "Available KV cache memory",
+"Graph capturing finished in" (tests/simlab/serving/vllm_standin.py), headless ranks as lanes.
 """
 
 from __future__ import annotations
@@ -21,10 +23,7 @@ pytestmark = pytest.mark.lab
 
 INVENTORY = "tests/e2e/cluster_mp_turn_inventory.py"
 BIG, FAST = lanes.unit_name("big"), lanes.unit_name("fast")
-MODELS = {
-    BIG: "Qwen/Qwen3-235B-A22B-GPTQ-Int4",
-    FAST: "inference-optimization/Qwen3.6-35B-A3B-NVFP4",
-}
+BIG_MODEL = "Qwen/Qwen3-235B-A22B-GPTQ-Int4"
 VLLM_PORT = 11103  # the cluster lane's vLLM on the head's loopback (port 10103 + 1000)
 HEAD_IP, WORKER_IP = "192.168.100.10", "192.168.100.11"  # inventories/sim.py's first twins
 # The watch's deadline to join: half the start timeout of 4 minutes (the inventory's).
@@ -59,16 +58,12 @@ def when(host: simlab.Host, unit: str, since: str, text: str) -> float:
     return found[0]
 
 
-def load_seconds(host: simlab.Host, seconds: int | None) -> None:
-    """Each model's load time on the box (the stand-in reads it beside its config.json), or
-    none."""
-    snapshots = " ".join(
-        f"/var/lib/spark/models/hub/models--{model.replace('/', '--')}/snapshots/*/"
-        for model in MODELS.values()
-    )
-    write = (
-        f"echo {seconds} > $d/simlab-load-seconds" if seconds else "rm -f $d/simlab-load-seconds"
-    )
+def capture_seconds(host: simlab.Host, seconds: int | None) -> None:
+    """The cluster lane's CUDA graphs' capture time on the box (the stand-in reads it beside its
+    model's config.json), or none."""
+    snapshots = f"/var/lib/spark/models/hub/models--{BIG_MODEL.replace('/', '--')}/snapshots/*/"
+    file = "$d/simlab-capture-seconds"
+    write = f"echo {seconds} > {file}" if seconds else f"rm -f {file}"
     run_on(host, f"sudo sh -c 'for d in {snapshots}; do {write}; done'")
 
 
@@ -82,20 +77,21 @@ def cluster(lab: simlab.Lab) -> simlab.Lab:
     return lab
 
 
-def test_a_workers_own_lane_waits_while_its_rank_of_the_cluster_lane_loads(
+def test_a_workers_own_lane_waits_until_its_rank_of_the_cluster_lane_is_ready_to_serve(
     cluster: simlab.Lab,
 ) -> None:
     head, worker = cluster.hosts
-    load_seconds(worker, 40)  # long enough for fast to be started while the rank loads
+    # Long enough for fast to be started once the rank's weights are in, while it captures.
+    capture_seconds(worker, 30)
     try:
         run_on(worker, f"sudo systemctl stop {FAST}")
         since = now(worker)
         for host in (head, worker):
             run_on(host, f"sudo systemctl restart --no-block {BIG}")
         until(
-            lambda: "Starting to load model" in journal(worker, BIG, since),
+            lambda: "Model loading took" in journal(worker, BIG, since),
             JOIN_S + 60,
-            "the worker's rank loading",
+            "the worker's rank's weights in",
         )
         run_on(worker, f"sudo systemctl start --no-block {FAST}")
         until(
@@ -104,19 +100,21 @@ def test_a_workers_own_lane_waits_while_its_rank_of_the_cluster_lane_loads(
             "the cluster lane and the worker's lane serving",
         )
     finally:
-        load_seconds(worker, None)
+        capture_seconds(worker, None)
     rank, own = journal(worker, BIG, since), journal(worker, FAST, since)
     assert "lane fast waits for lane big to finish loading" in own, own[-2000:]
-    assert "this box's rank has loaded its share of the model" in rank, rank[-2000:]
+    ready = "this box's rank is ready to serve (weights, KV cache and CUDA graphs in)"
+    assert ready in rank, rank[-2000:]
     rank_loaded = when(worker, BIG, since, "Model loading took")
+    rank_ready = when(worker, BIG, since, "Graph capturing finished in")
     own_loading = when(worker, FAST, since, "Starting to load model")
-    rank_loading = when(worker, BIG, since, "Starting to load model")
     print(
-        f"\nworker: rank loading {rank_loading:.1f} -> loaded {rank_loaded:.1f};"
-        f" own lane loading from {own_loading:.1f} ({own_loading - rank_loaded:+.1f} s)"
+        f"\nworker: rank's weights in {rank_loaded:.1f}, graphs captured {rank_ready:.1f};"
+        f" own lane loading from {own_loading:.1f} ({own_loading - rank_ready:+.1f} s)"
     )
-    # Never at once: the worker's own lane began loading only after its rank had loaded.
-    assert rank_loading < rank_loaded <= own_loading
+    # Never at once: the worker's own lane, started once the rank's weights were in, began
+    # loading only after the rank's KV cache and CUDA graphs were in too.
+    assert rank_loaded < rank_ready <= own_loading
 
 
 def test_a_worker_whose_rank_never_starts_fails_the_heads_start_by_name(

@@ -1,5 +1,5 @@
 """python -m tests.simlab up|down|status|reimage HOST|reboot HOST|unplug HOST PORT|ssh HOST [CMD]|
-host-tools"""
+host-tools|caches"""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import subprocess
 import sys
 
 from spark import box_paths
-from tests.simlab import lab
+from tests.simlab import caches, lab
 from tests.simlab.paths import REPO, STATE, log
 from tests.simlab.rootfs import ensure_host_tools
 
@@ -111,6 +111,9 @@ def main(argv: list[str] | None = None) -> int:
     commands.add_parser(
         "host-tools", help="install the Debian packages the lab and the tests need (make test)"
     )
+    commands.add_parser(
+        "caches", help="build what the lab and the tests take from the caches (make test), first"
+    )
     commands.add_parser("demo", help="boot a lab (unless one is up), deploy to it, show the result")
     commands.add_parser("status", help="the hosts and how to reach them")
     reimage = commands.add_parser("reimage", help="return a host to the bare image (new host keys)")
@@ -145,6 +148,8 @@ def main(argv: list[str] | None = None) -> int:
         lab.down()
     elif args.command == "host-tools":
         ensure_host_tools()
+    elif args.command == "caches":
+        caches.build_all()
     elif args.command == "demo":
         return demo()
     elif args.command == "status":

@@ -56,7 +56,7 @@ CABLINGS: dict[str, tuple[tuple[int, ...] | None, int, int]] = {
     "switch": (None, 2, 8),
 }
 # The ports a switch cabling takes, in the planner's order (the first port's first twin carries
-# the sockets): what group_data's fabric_switch_ports accepts (spark/inventory.py).
+# the sockets): what group_data's fabric_switch_ports accepts (spark/inventory/fabric.py).
 SWITCH_PORTS = ((1,), (0,), (1, 0))
 SWITCH_NS = f"{PREFIX}-switch"
 # The lab's Hugging Face hub stand-in (hub.py), on this machine's side of the management bridge:

@@ -29,10 +29,11 @@ from pathlib import Path
 
 from spark.llamacpp_release import DEFAULT_COMMIT
 from tests.simlab.paths import CACHE, log
-from tests.simlab.rootfs import building, cache_key, cached
+from tests.simlab.rootfs import building, cache_key, cached, ensure_host_tools
 
 # llama-cpp-python's source distribution on PyPI; its SHA-256, as pip downloaded it here.
-SDIST_REQUIREMENT = "llama-cpp-python==0.3.36"
+SDIST_PROJECT = "llama-cpp-python"
+SDIST_REQUIREMENT = f"{SDIST_PROJECT}==0.3.36"
 SDIST_NAME = "llama_cpp_python-0.3.36"
 SDIST_SHA256 = "832db0699007f1be95a7e41ef12e88926b02ba836461e36a36372db2760c1a2e"
 LLAMA_TREE = Path("vendor/llama.cpp")  # in the unpacked sdist
@@ -62,7 +63,6 @@ BUILD_JOBS = "2"
 # nor the model on them.
 LOCK = ".llama-build.lock"
 SERVER_LOCK = ".llama-server.lock"
-BUILD_TOOLS = {"cmake": "cmake", "g++": "g++", "make": "make"}
 # The gguf package's own needs (gguf-py/pyproject.toml: numpy >= 2.2.6, pyyaml >= 5.1; tqdm and
 # requests are imported only by its scripts), pinned.
 GGUF_NEEDS = ("numpy==2.4.6", "pyyaml==6.0.3")
@@ -88,12 +88,16 @@ def sdist_tree() -> Path:
 
 def _download_sdist(into: Path) -> Path:
     # --require-hashes: pip refuses any other file; the check below is the project's own.
+    # --no-binary names the project alone: pip reads the sdist's metadata with its build backend
+    # (scikit-build-core), whose own build needs then come as wheels; with `:all:` pip built
+    # every one of them from source on a machine with no pip cache (setuptools, hatchling,
+    # flit_core...: still going after 7 minutes, where the download itself takes 11 s).
     pinned = into / "requirement.txt"
     pinned.write_text(f"{SDIST_REQUIREMENT} --hash=sha256:{SDIST_SHA256}\n")
     subprocess.run(
         [sys.executable, "-m", "pip", "--disable-pip-version-check", "--quiet", "download",
-         "--no-deps", "--no-binary", ":all:", "--require-hashes", "-r", str(pinned),
-         "--dest", str(into)],
+         "--no-deps", "--no-binary", SDIST_PROJECT, "--require-hashes",
+         "-r", str(pinned), "--dest", str(into)],
         check=True, stdin=subprocess.DEVNULL,
     )  # fmt: skip
     archive = into / f"{SDIST_NAME}.tar.gz"
@@ -114,7 +118,7 @@ def llama_server() -> Path:
     source = sdist_tree() / LLAMA_TREE
     with building(target, SERVER_LOCK) as needed:
         if needed:
-            _ensure_build_tools()
+            ensure_host_tools()  # cmake and g++ among them
             # Kept when a build is cut off: the next one goes on from the objects it left.
             staging = CACHE / "llama-server.staging"
             # Lowest priority: the machine's other work (other labs, tests) goes first.
@@ -133,16 +137,6 @@ def llama_server() -> Path:
             target.with_suffix(".partial").rename(target)
             shutil.rmtree(staging)
     return binary
-
-
-def _ensure_build_tools() -> None:
-    missing = sorted({pkg for tool, pkg in BUILD_TOOLS.items() if shutil.which(tool) is None})
-    if missing:
-        log(f"installing build tools: {' '.join(missing)}")
-        env = {"DEBIAN_FRONTEND": "noninteractive", "PATH": os.environ["PATH"]}
-        subprocess.run(["apt-get", "update", "-qq"], check=True, stdin=subprocess.DEVNULL)
-        subprocess.run(["apt-get", "install", "-y", "-qq", "--no-install-recommends", *missing],
-                       check=True, stdin=subprocess.DEVNULL, env=env)  # fmt: skip
 
 
 def gguf_python() -> Path:

@@ -35,11 +35,14 @@ from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 
 from spark.router import REQUIREMENTS_FILE
+from tests.simlab.rootfs import building
 from tests.simlab.threaded_server import ThreadedServer
 
 WHEELHOUSE = Path(os.environ.get("SPARK_ROUTER_CACHE", "/var/cache/spark-router")) / "wheels"
 # The lab hosts' python3 (Debian 12's), whose wheels and markers the wheelhouse is made for.
 LAB_PYTHON = "3.11.2"
+# Its own lock in the lab's cache: the base images' builds do not wait on the download.
+DOWNLOAD_LOCK = ".router-wheels.lock"
 PROJECT = re.compile(r"/simple/(?P<project>[^/]+)/")
 
 
@@ -55,18 +58,23 @@ def project_of(wheel: str) -> str:
 
 def wheelhouse(directory: Path = WHEELHOUSE) -> Path:
     """The pinned set's wheels for the lab hosts' Python, downloaded once (a stamp names the
-    requirements' SHA-256, so a new pinned set downloads again)."""
+    requirements' SHA-256, so a new pinned set downloads again); labs started side by side
+    (`make test`'s two workers) take turns on the cache's lock instead of both downloading
+    into the same directory."""
     requirements = REQUIREMENTS_FILE.read_bytes()
     stamp = directory / f".downloaded-{hashlib.sha256(requirements).hexdigest()[:12]}"
-    if not stamp.exists():
-        directory.mkdir(parents=True, exist_ok=True)
-        subprocess.run(
-            [sys.executable, "-m", "pip", "download", "--disable-pip-version-check", "-q",
-             "--only-binary=:all:", "--python-version", LAB_PYTHON, "--dest", str(directory),
-             "-r", str(REQUIREMENTS_FILE)],
-            check=True, timeout=1800,
-        )  # fmt: skip
-        stamp.touch()
+    if stamp.exists():
+        return directory
+    with building(stamp, DOWNLOAD_LOCK) as needed:
+        if needed:
+            directory.mkdir(parents=True, exist_ok=True)
+            subprocess.run(
+                [sys.executable, "-m", "pip", "download", "--disable-pip-version-check", "-q",
+                 "--only-binary=:all:", "--python-version", LAB_PYTHON, "--dest",
+                 str(directory), "-r", str(REQUIREMENTS_FILE)],
+                check=True, timeout=1800,
+            )  # fmt: skip
+            stamp.touch()
     return directory
 
 

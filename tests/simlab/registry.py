@@ -114,16 +114,20 @@ def _pid() -> int | None:
     return None
 
 
+def binary() -> Path:
+    """The distribution's registry program (its package unpacked into the cache once)."""
+    return unpacked_package("docker-registry") / "usr/bin/docker-registry"
+
+
 def start(address: str) -> None:
     """Run the registry (unless it runs) and wait until it answers; then push the images it
     lacks."""
     ensure_authority(address)
     if _pid() is None:
         (DIR / "config.yml").write_text(json.dumps(config(address), indent=2))  # JSON is YAML
-        binary = unpacked_package("docker-registry") / "usr/bin/docker-registry"
         with open(DIR / "registry.log", "ab") as logfile:
             process = subprocess.Popen(
-                [str(binary), "serve", str(DIR / "config.yml")], stdin=subprocess.DEVNULL,
+                [str(binary()), "serve", str(DIR / "config.yml")], stdin=subprocess.DEVNULL,
                 stdout=logfile, stderr=subprocess.STDOUT, start_new_session=True,
             )  # fmt: skip
         (DIR / "pid").write_text(f"{process.pid}\n")
@@ -229,12 +233,18 @@ def _pushed_repositories(address: str) -> list[str]:
     return json.loads(body)["repositories"] if status == 200 else []
 
 
+def layer_blobs(image: str) -> list[dict]:
+    """The stand-in `image`'s layers as the registry keeps them (rootfs.layer_blob), bottom
+    first: built into the cache on first use."""
+    return [layer_blob(layer) for layer in image_layers(image)]
+
+
 def push(address: str, image: str, extra: list[dict] | None = None) -> str:
     """The stand-in `image` into the registry under its own name (its layers, config and
     manifest); the manifest's digest the registry answers. With `extra` (filler_layer's), those
     layers go on top and the manifest is pushed by its digest alone: the tag keeps its image."""
     _registry, repository, tag = split(image)
-    blobs = [layer_blob(layer) for layer in image_layers(image)] + (extra or [])
+    blobs = layer_blobs(image) + (extra or [])
     for layer in blobs:
         with open(layer["file"], "rb") as body:
             push_blob(address, repository, layer["digest"], body, layer["size"])

@@ -50,6 +50,12 @@ HOST_TOOLS = {
     "ssh-keygen": "openssh-client",
     "nft": "nftables",
     "unshare": "util-linux",  # the unit tests' nft check runs in a namespace of its own
+    "openssl": "openssl",  # the lab's registry's certificates (registry.py ensure_authority)
+    "curl": "curl",  # tests/e2e/test_cluster.py asks a lane from this machine
+    # llama-server's build (llama_build.py: CMakeLists.txt's generator and compiler)
+    "cmake": "cmake",
+    "g++": "g++",
+    "make": "make",
 }
 # Modules this machine's python3 needs (tests/unit/test_nmcli.py runs the box's netplan reader
 # with it, as a Spark's python3 with netplan's python3-yaml does).

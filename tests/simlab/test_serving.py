@@ -96,6 +96,39 @@ def test_health_is_refused_while_loading_then_ok(start: Callable[..., Server]) -
     assert f"Starting vLLM API server on http://127.0.0.1:{server.port}" in log
 
 
+def in_order(log: str, *texts: str) -> list[int]:
+    """Where each text first comes in the log, -1 where it does not."""
+    return [log.find(text) for text in texts]
+
+
+# vLLM's lines from the weights to serving, in vLLM's order (vllm/v1/engine/core.py
+# _initialize_kv_caches, vLLM 0.19.0: gpu_model_runner.py load_model, gpu_worker.py
+# determine_available_memory, gpu_model_runner.py capture_model, then the engine's own).
+START_LINES = (
+    "Model loading took 0.0 GiB memory and ",
+    "Available KV cache memory: 0.0 GiB",
+    "Graph capturing finished in 2 secs, took 0.00 GiB",
+    "init engine (profile, create kv cache, warmup model) took 2.00 seconds",
+    "Starting vLLM API server on",
+)
+
+
+def test_the_start_logs_vllms_lines_in_vllms_order_and_serves_after_the_graphs(
+    start: Callable[..., Server],
+) -> None:
+    server = start(SIMLAB_VLLM_CAPTURE_SECONDS="2")
+    # The API server listens once the graphs are captured: its line comes last.
+    found = in_order(server.log.read_text(), *START_LINES)
+    assert -1 not in found and found == sorted(found), found
+
+
+def test_the_start_captures_no_graphs_under_enforce_eager(start: Callable[..., Server]) -> None:
+    server = start("--enforce-eager", SIMLAB_VLLM_CAPTURE_SECONDS="30")
+    log = server.log.read_text()
+    assert "Available KV cache memory: 0.0 GiB" in log and "Graph capturing" not in log
+    assert "init engine (profile, create kv cache, warmup model) took 0.00 seconds" in log
+
+
 def test_models_list_the_served_names_and_context(start: Callable[..., Server]) -> None:
     server = start("--served-model-name", "lane-a", "lane-b", "--max-model-len", "32k")
     status, body, _ = request(f"{server.url}/v1/models")
@@ -354,7 +387,10 @@ def test_mp_head_serves_once_every_rank_joined(start: Callable[..., Server]) -> 
     assert peer == v4 or (isinstance(peer, ipaddress.IPv6Address) and peer.ipv4_mapped == v4)
     if any(local.version == 6 for local, _ in listening):
         assert peer.version == 6
-    rank.wait_for_log("Model loading took")
+    # A headless rank logs its workers' lines as the head's do, in the same order.
+    rank.wait_for_log("Graph capturing finished in")
+    found = in_order(rank.log.read_text(), *START_LINES[:2], "Graph capturing finished in 0 secs")
+    assert -1 not in found and found == sorted(found), found
     assert (
         "Launching vLLM (v0.19.0) headless multiproc executor, with head node address"
         f" 127.0.0.1:{master} for torch.distributed process group." in rank.log.read_text()
@@ -569,6 +605,10 @@ def test_a_model_gives_its_load_time_and_answer_beside_its_config(tmp_path: Path
     (tmp_path / "local").mkdir()
     (tmp_path / "local" / "simlab-load-seconds").write_text("3")
     assert vllm_standin.load_time(str(tmp_path / "local"), env) == 3.0
+    assert vllm_standin.capture_time("org/name", env) == 0.0
+    (snapshot / "simlab-capture-seconds").write_text("30\n")
+    assert vllm_standin.capture_time("org/name", env) == 30.0
+    assert vllm_standin.capture_time("org/name", env | {"SIMLAB_VLLM_CAPTURE_SECONDS": "2"}) == 2.0
     assert vllm_standin.answer_mode("org/name", env) == ""
     (snapshot / "simlab-answer").write_text("gibberish\n")
     assert vllm_standin.answer_mode("org/name", env) == "gibberish"

@@ -1,4 +1,4 @@
-"""spark/inventory.py: validated host data, the cluster environment, the pre-connect check."""
+"""spark/inventory/: validated host data, the cluster environment, the pre-connect check."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Properties of spark/inventory.py over generated inventories (hypothesis)."""
+"""Properties of spark/inventory/ over generated inventories (hypothesis)."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """spark/llamacpp.py and a llama.cpp lane (issue 16): its settings read as llama.cpp's own
 parser reads them (the option list of the commit the data file holds, read from that commit's
-common/arg.cpp), the field's defaults, the refusals, the memory estimate, and how spark/inventory.py
+common/arg.cpp), the field's defaults, the refusals, the memory estimate, and how spark/inventory/
 reports them before any host is contacted."""
 
 from __future__ import annotations

@@ -23,7 +23,7 @@ def test_each_refusal_alone(changes: dict, said: str) -> None:
 
 
 def test_a_floor_of_zero_and_a_bad_lane_name_stop_this_box_alone() -> None:
-    # memory_guard_min_available_gib is above 0 and a lane's name a slug (spark/inventory.py,
+    # memory_guard_min_available_gib is above 0 and a lane's name a slug (spark/inventory/,
     # spark/lane.py); both problems said at once, nothing asked of the box first.
     commands = run_op(
         memguard.memory_guard,

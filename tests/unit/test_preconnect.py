@@ -1,5 +1,5 @@
 """The check before pyinfra connects (stages/preconnect.py), pyinfra's own keys checked
-(spark/inventory.py unknown_pyinfra_keys), and the real pyinfra CLI against boxes that do
+(spark/inventory/load.py unknown_pyinfra_keys), and the real pyinfra CLI against boxes that do
 not answer: the owner sees the typo, not "Could not connect"."""
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """spark/lane.py, spark/sm121.py, spark/catalog.py: the lane model, its vllm serve arguments,
-the SM121 rules, the catalog, a lane's memory estimate; and how spark/inventory.py reports them
+the SM121 rules, the catalog, a lane's memory estimate; and how spark/inventory/ reports them
 before any host is contacted (a box's memory budget: test_memory.py)."""
 
 from __future__ import annotations

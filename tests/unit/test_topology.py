@@ -1,4 +1,4 @@
-"""Fabric shapes (spark/topology.py, through spark/inventory.py): the addresses each
+"""Fabric shapes (spark/topology.py, through spark/inventory/): the addresses each
 box gets from its place in the inventory, the ones given checked, the NCCL settings.
 
 Captures: public-ibstat-dell-gb10.txt, real: `ibstat` on a Dell Pro Max GB10 with port 0 cabled,

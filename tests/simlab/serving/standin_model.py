@@ -23,8 +23,9 @@ from typing import Any
 # tests (a lane cannot carry it: the deploy refuses variables its engine does not read).
 ANSWER_FILE = "simlab-answer"
 ANSWER_VARIABLE = "SIMLAB_STANDIN_ANSWER"
-# The file beside a model that gives its load time in seconds.
+# The files beside a model that give its load time and its CUDA graphs' capture in seconds.
 LOAD_SECONDS_FILE = "simlab-load-seconds"
+CAPTURE_SECONDS_FILE = "simlab-capture-seconds"
 MODES = ("", "gibberish", "empty-reasoning")
 GIBBERISH = "Theorem quantum banana ledger " + "the " * 12
 ADDITION = re.compile(r"\bWhat is (-?\d+) \+ (-?\d+)\?(?:.*?\bthe word (\w+))?", re.S)

@@ -238,6 +238,7 @@ class ServeConfig:
     master_addr: str = MASTER_ADDR
     master_port: int = MASTER_PORT
     distributed_timeout: float = DISTRIBUTED_TIMEOUT
+    enforce_eager: bool = False  # no CUDA graphs captured
 
 
 def more_than_gpus(world_size: int) -> StartupError:
@@ -340,6 +341,7 @@ def serve_config(model: str | None, values: dict[str, Any], env: dict[str, str])
         master_addr=values.get("--master-addr") or MASTER_ADDR,
         master_port=_typed(values, "--master-port", int, MASTER_PORT),
         distributed_timeout=float(timeout),
+        enforce_eager="--enforce-eager" in values,
     )
 
 
@@ -842,8 +844,9 @@ def model_not_cached(model: str, env: Mapping[str, str]) -> str | None:
 
 
 # Where a lab test gives a model its load time: LOAD_SECONDS_FILE beside its config.json, as if
-# its weights took that long to read (the deploy refuses variables vLLM does not read, so a lane
-# cannot carry the stand-in's own SIMLAB_VLLM_LOAD_SECONDS).
+# its weights took that long to read, and CAPTURE_SECONDS_FILE, its CUDA graphs' capture (the
+# deploy refuses variables vLLM does not read, so a lane cannot carry the stand-in's own
+# SIMLAB_VLLM_LOAD_SECONDS and SIMLAB_VLLM_CAPTURE_SECONDS).
 
 
 # Where a lab test makes the model answer badly (standin_model.py): beside its config.json, like
@@ -868,18 +871,40 @@ def load_time(model: str, env: Mapping[str, str]) -> float:
     return float(beside_model(model, env, shared.LOAD_SECONDS_FILE) or 0)
 
 
+def capture_time(model: str, env: Mapping[str, str]) -> float:
+    """Seconds the stand-in takes to "capture" the model's CUDA graphs: SIMLAB_VLLM_CAPTURE_SECONDS,
+    else the number in CAPTURE_SECONDS_FILE beside the model's config.json, else 0."""
+    if env.get("SIMLAB_VLLM_CAPTURE_SECONDS"):
+        return float(env["SIMLAB_VLLM_CAPTURE_SECONDS"])
+    return float(beside_model(model, env, shared.CAPTURE_SECONDS_FILE) or 0)
+
+
 def answer_mode(model: str, env: Mapping[str, str]) -> str:
     """How the model answers: SIMLAB_STANDIN_ANSWER (the stand-in's own tests), else ANSWER_FILE
     beside its config.json, else "" (right)."""
     return env.get(shared.ANSWER_VARIABLE) or beside_model(model, env, shared.ANSWER_FILE) or ""
 
 
-def load(config: ServeConfig) -> None:
-    """Pretend to load the model: wait its load time, logging vLLM's lines."""
+def load(config: ServeConfig) -> float:
+    """Pretend to start a rank's share of the model, logging vLLM's lines in vLLM's order
+    (vllm/v1/engine/core.py _initialize_kv_caches, vLLM 0.19.0 to 0.33.0): its weights loaded
+    (gpu_model_runner.py load_model), the KV cache sized (gpu_worker.py
+    determine_available_memory) and allocated (initialize_from_config: no line), then the CUDA
+    graphs captured unless --enforce-eager (gpu_worker.py compile_or_warm_up_model,
+    gpu_model_runner.py capture_model). Each waits its time; none takes memory here. Returns
+    the seconds from the weights loaded to the graphs captured."""
     load_seconds = load_time(config.model, os.environ)
     log("INFO", f"Starting to load model {config.model}...")
     time.sleep(load_seconds)
-    log("INFO", f"Model loading took 0.0000 GiB memory and {load_seconds:.6f} seconds")
+    # vLLM's format_gib: round(bytes / GiB, 2) as str.
+    log("INFO", f"Model loading took 0.0 GiB memory and {load_seconds:.6f} seconds")
+    log("INFO", "Available KV cache memory: 0.0 GiB")
+    if config.enforce_eager:
+        return 0.0
+    capture_seconds = capture_time(config.model, os.environ)
+    time.sleep(capture_seconds)
+    log("INFO", f"Graph capturing finished in {capture_seconds:.0f} secs, took 0.00 GiB")
+    return capture_seconds
 
 
 def join_head(config: ServeConfig) -> socket.socket:
@@ -988,7 +1013,14 @@ def serve(config: ServeConfig, version: str, non_default: dict[str, Any]) -> int
             server.rendezvous = Rendezvous(config.master_port, config.nnodes)
             server.rendezvous.wait_for_ranks(config.distributed_timeout)
         server.answer_mode = answer_mode(config.model, os.environ)
-        load(config)
+        warm_up = load(config)
+        # The engine's own line once its ranks are ready (vllm/v1/engine/core.py
+        # _initialize_kv_caches: "... took %.2f seconds" in vLLM 0.19.0, "%.2f s" from 0.20.1).
+        unit = "seconds" if version.startswith("0.19.") else "s"
+        log(
+            "INFO",
+            f"init engine (profile, create kv cache, warmup model) took {warm_up:.2f} {unit}",
+        )
         log(
             "INFO",
             f"gpu_memory_utilization={config.gpu_memory_utilization}, "
