@@ -13,7 +13,8 @@ stages, each executing its part of the box's plan:
 3. its own lanes and their front: the memory guard, each lane after the one before, nginx;
 4. the cluster, with several boxes: the firewall, Ray or vLLM's own ranks, the NCCL test, the
    cluster lane. It needs every box: it comes after each box has done what it can alone;
-5. on the router's box (and the failover's), the fleet's router, holding every lane's key.
+5. on the router's box (and the failover's), the fleet's router, holding every lane's key;
+   on every other box, a router left from an earlier deploy removed.
 """
 
 # ruff: noqa: E402 - the check below must run before this collection's own modules are imported
@@ -52,7 +53,7 @@ host_layer(box, _if=once)
 fabric(box, _if=once)
 lanes_and_front(box, _if=once)
 cluster(box, _if=once)
-fleet_router(box.name, fleet.fleet, _if=once)
+fleet_router(box, fleet.fleet, _if=once)
 
 # Clients reach a box at the address the inventory connects to.
 run_summary.report_endpoints(state, settings.load(inventory).host(host.name), address=box.address)

@@ -73,22 +73,26 @@ ROUTER = "_fleet"
 @dataclass(frozen=True)
 class RouterPort:
     """The router's port on this box's front: the fleet key asked on every path, the router on
-    127.0.0.1:``backend_port``, its own allow-list (the clients' and the scrapers' networks)."""
+    127.0.0.1:``backend_port``, its own allow-list (the clients' and the scrapers' networks),
+    waited for ``timeout_s`` between two reads or writes (the plan's RouterFront.timeout_s)."""
 
     port: int
     backend_port: int
     allow_networks: tuple[str, ...]
+    timeout_s: int
 
 
 @dataclass(frozen=True)
 class FrontLane:
     """A lane as the front serves it: its port, vLLM's own port on loopback, whether it has a
-    key (a lane without one is forwarded to anyone the allow-list admits)."""
+    key (a lane without one is forwarded to anyone the allow-list admits), how long nginx waits
+    for it between two reads or writes (the plan's FrontLane.timeout_s)."""
 
     name: str
     port: int
     backend_port: int
     key: bool
+    timeout_s: int
 
 
 class FrontState(FactBase):
@@ -194,7 +198,7 @@ def lanes_front(
 
         front.lanes_front(
             name="Lanes behind their keys",
-            lanes=[front.FrontLane("coder", 10101, 11101, key=True)],
+            lanes=[front.FrontLane("coder", 10101, 11101, key=True, timeout_s=3600)],
             allow_networks=[],
         )
     """

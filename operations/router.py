@@ -21,6 +21,7 @@ from operations.preflight import boxes_in_run
 from operations.ray import root_only_upload
 from spark.box_paths import FLEET_KEY, SECRETS_DIR, key_path
 from spark.router import (
+    CACHE_DIRS,
     CONFIG,
     ENVIRONMENT,
     FLEET_KEY_VARIABLE,
@@ -251,6 +252,91 @@ def serving(
     )
     if running and not changed and found_state["enabled"] == "enabled":
         host.noop(f"{UNIT} serves on 127.0.0.1:{loopback_port}")
+
+
+class RouterLeft(FactBase):
+    """What a router left on a box: its unit's states, and which of the files and directories
+    that serving writes are there (``left``, in ``LEFT``'s order).
+
+    .. code:: python
+
+        {"active": "active", "enabled": "enabled",
+         "left": ["/etc/systemd/system/spark-router.service", "/var/lib/spark/router"]}
+    """
+
+    def command(self) -> str:
+        paths = " ".join(LEFT)
+        return (
+            f"systemctl show {UNIT} -p ActiveState -p UnitFileState 2>/dev/null;"
+            f' for path in {paths}; do [ -e "$path" ] || [ -L "$path" ] && echo "left $path";'
+            " done; true"
+        )
+
+    @staticmethod
+    def default() -> dict:
+        return {"active": None, "enabled": None, "left": []}
+
+    def process(self, output: list[str]) -> dict:
+        found = self.default()
+        for line in output:
+            kind, _, rest = line.partition(" ")
+            if kind == "left":
+                found["left"].append(rest)
+            elif kind.startswith("ActiveState="):
+                found["active"] = kind.partition("=")[2] or None
+            elif kind.startswith("UnitFileState="):
+                found["enabled"] = kind.partition("=")[2] or None
+        return found
+
+
+# What serving leaves on a box besides the fleet key: its unit, its keys, its configuration's
+# directory, the cache systemd keeps for its DynamicUser (a link and the directory it names),
+# and the virtualenv (last: the one a box may keep).
+LEFT = (UNIT_PATH, ENVIRONMENT, CONFIG.rsplit("/", 1)[0], *CACHE_DIRS, ROUTER_DIR)
+
+
+@operation()
+def removed(keep_virtualenv: bool):
+    """
+    No router on a box that is not (or no longer) a router box: its unit stopped, disabled and
+    removed, its keys (the copies of every lane's key), its configuration and its cache removed.
+
+    + keep_virtualenv: keep the installed virtualenv (the pinned LiteLLM), so a router put back
+      on this box starts without a new install from the package index
+
+    The fleet key stays in /etc/spark/secrets, as a removed lane's key does: a router put back
+    on this box keeps its clients' key. nginx's router site and key map, and the firewall's
+    opening, go with the front and the firewall, which the plan renders without them.
+
+    **Example:**
+
+    .. code:: python
+
+        router.removed(name="No router on this box", keep_virtualenv=True)
+    """
+    found = answer(RouterLeft)
+    commands = []
+    if UNIT_PATH in found["left"] and found["enabled"] not in (None, "disabled"):
+        commands.append(f"systemctl disable --now {UNIT}")
+    elif found["active"] not in (None, "inactive"):
+        commands.append(f"systemctl stop {UNIT}")
+    gone = [path for path in found["left"] if path != ROUTER_DIR or not keep_virtualenv]
+    if gone:
+        commands.append(f"rm -rf {' '.join(gone)}")
+    if UNIT_PATH in gone:
+        commands.append("systemctl daemon-reload")
+    if found["active"] == "failed":
+        commands.append(f"systemctl reset-failed {UNIT} || true")  # gone once stopped
+    yield from commands
+    if not commands:
+        host.noop(
+            f"no router here{' (its virtualenv kept)' if ROUTER_DIR in found['left'] else ''}"
+        )
+
+
+def removed_questions() -> list[Question]:
+    """What ``removed`` reads of this box (operations/asked.py)."""
+    return [question(RouterLeft)]
 
 
 def key_questions() -> list[Question]:

@@ -202,6 +202,7 @@ class FrontLane(Record):
     port: int
     backend_port: int
     key: bool  # a lane without a key is forwarded to anyone the allow-list admits
+    timeout_s: int  # nginx's wait for the lane between two reads and two writes (answer_wait_s)
 
 
 class RouterFront(Record):
@@ -212,6 +213,7 @@ class RouterFront(Record):
     backend_port: int
     allow_networks: tuple[str, ...]  # empty: any
     key_from: str | None  # the fleet key made on this box (None), or copied from this router box
+    timeout_s: int  # nginx's wait for the router: its longest route's timeout, no shorter
 
 
 class Front(Record):
@@ -381,6 +383,7 @@ class Backend(Record):
     on_demand: bool  # started by a request, stopped when idle
     # The router's environment variable holding the lane's key (spark/router.py); None: no key.
     key_variable: str | None
+    timeout_s: int  # the router's wait for the lane between two reads (answer_wait_s)
 
     @property
     def url(self) -> str:
@@ -751,17 +754,37 @@ def own_lanes(
     return tuple(result)
 
 
-def front(me: HostConfig, router: fleet.Router) -> Front:
+# How long a request may wait for a resident lane between two reads of its answer: a long
+# prompt's prefill before the first token, a long generation. nginx's default, 60 s, is too short
+# (ngx_http_proxy_module: proxy_read_timeout); LiteLLM's own, 6000 s, is longer than the front
+# in front of the lane waits (litellm/constants.py DEFAULT_REQUEST_TIMEOUT_SECONDS).
+ANSWER_WAIT_S = 3600
+
+
+def answer_wait_s(lane: Lane, start_timeout_s: int) -> int:
+    """How long the front and the router wait for ``lane`` between two reads of an answer. An
+    on-demand lane's first request waits for the lane's load too, which its unit bounds by
+    ``start_timeout_s`` (TimeoutStartSec=): the connection waits in the socket's queue until the
+    lane serves (docs/on-demand.md), and no byte of the answer comes before."""
+    return ANSWER_WAIT_S + (start_timeout_s if lane.on_demand_idle_s is not None else 0)
+
+
+def front(me: HostConfig, router: fleet.Router, router_timeout_s: int) -> Front:
     """Clients reach every lane of the box, the cluster lane's too, through nginx, which asks
     the lane's key on every path; the servers listen on loopback only. On a router box the
-    router's port too, admitting the clients' networks and the scrapers' (its /metrics/)."""
+    router's port too, admitting the clients' networks and the scrapers' (its /metrics/),
+    waiting ``router_timeout_s`` for the router (the fleet's longest route timeout)."""
     allow = me.front_allow_networks
     if allow and me.metrics_allow_networks:
         allow = tuple(dict.fromkeys((*allow, *me.metrics_allow_networks)))
     return Front(
         lanes=tuple(
             FrontLane(
-                name=lane.name, port=lane.port, backend_port=lane.backend_port, key=lane.api_key
+                name=lane.name,
+                port=lane.port,
+                backend_port=lane.backend_port,
+                key=lane.api_key,
+                timeout_s=answer_wait_s(lane, me.lane_start_timeout_min * 60),
             )
             for lane in me.lanes
         ),
@@ -773,6 +796,7 @@ def front(me: HostConfig, router: fleet.Router) -> Front:
                 backend_port=router.loopback_port,
                 allow_networks=allow,
                 key_from=None if me.name == router.boxes[0] else router.boxes[0],
+                timeout_s=router_timeout_s,
             )
             if me.name in router.boxes
             else None
@@ -994,6 +1018,7 @@ def fleet_endpoint(spark: SparkConfig) -> FleetEndpoint:
                         if lane.api_key
                         else None
                     ),
+                    timeout_s=answer_wait_s(lane, box.lane_start_timeout_min * 60),
                 )
                 for box, lane in lanes
             ),
@@ -1001,7 +1026,13 @@ def fleet_endpoint(spark: SparkConfig) -> FleetEndpoint:
         for name, lanes in fleet.served(spark.hosts).items()
     )
     deployments = [
-        litellm.Deployment(route.served_name, backend.url, backend.key_variable, backend.on_demand)
+        litellm.Deployment(
+            route.served_name,
+            backend.url,
+            backend.key_variable,
+            backend.on_demand,
+            backend.timeout_s,
+        )
         for route in routes
         for backend in route.backends
     ]
@@ -1022,7 +1053,10 @@ def fleet_endpoint(spark: SparkConfig) -> FleetEndpoint:
     )
 
 
-def box_plan(me: HostConfig, spark: SparkConfig, router: fleet.Router) -> BoxPlan:
+def box_plan(
+    me: HostConfig, spark: SparkConfig, router: fleet.Router, router_timeout_s: int
+) -> BoxPlan:
+    """``router_timeout_s``: the fleet's longest route timeout, the router's front waits as long."""
     shares = memory(me, spark, router.memory_gib_on(me.name))
     lanes = own_lanes(me, spark, shares.conflicts)
     units = spark.units(me.name)
@@ -1053,7 +1087,7 @@ def box_plan(me: HostConfig, spark: SparkConfig, router: fleet.Router) -> BoxPla
         weights_share=weights_share(me, spark),
         models_in_use=models_in_use(me, spark),
         prune_unused=me.prune_unused,
-        front=front(me, router),
+        front=front(me, router, router_timeout_s),
         cluster=cluster(
             me,
             spark,
@@ -1068,15 +1102,22 @@ def plan(spark: SparkConfig) -> Plan:
     """Every box's plan, an independent box's as if the inventory held it alone; the fleet's
     endpoint over them all."""
     router = fleet.router(spark.hosts)
+    endpoint = fleet_endpoint(spark)
+    # Over every box's lanes, an independent box's router too.
+    longest = max(
+        (backend.timeout_s for route in endpoint.routes for backend in route.backends),
+        default=ANSWER_WAIT_S,
+    )
     return Plan(
         boxes=tuple(
             box_plan(
                 me,
                 spark.alone(me.name) if spark.independent else spark,
                 router,
+                longest,
             )
             for me in spark.hosts
         ),
-        fleet=fleet_endpoint(spark),
+        fleet=endpoint,
         warnings=spark.warnings,
     )

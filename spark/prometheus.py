@@ -28,6 +28,12 @@ FLEET_KEYS = "fleet"
 # /metrics/; that asks the fleet key, require_auth_for_metrics_endpoint defaulting to True:
 # litellm/__init__.py).
 ROUTER_METRICS_PATH = "/metrics/"
+# LiteLLM labels its request series with the hash of the key the client sent, and where the key
+# is none it knows, the hash of what was sent (litellm/types/integrations/prometheus.py
+# UserAPIKeyLabelNames.API_KEY_HASH; litellm/integrations/prometheus.py _get_hashed_api_key):
+# a key's fingerprint has no place in a time series database. Dropped at the scrape, before
+# Prometheus stores the sample (Prometheus' configuration: metric_relabel_configs, labeldrop).
+ROUTER_DROPPED_LABELS = "hashed_api_key"
 ROUTER_SCRAPE_INTERVAL_S = 30  # group_data/all.py's metrics_interval_s, where its box has none
 NCCL_MAX_AGE_S = 7 * 24 * 3600  # a verdict older than a week: run the test again (issue 28)
 # Alerts wait this many collections before firing, so one late or slow collection is no page.
@@ -56,7 +62,8 @@ def fleet_key_file(keys_dir: str, box: str) -> str:
 
 def router_jobs(plan: Plan, keys_dir: str) -> list[dict]:
     """A job per router box: its /metrics/ through the box's front on router_port (https with
-    the front's TLS), the fleet key as the bearer token from a file, every metrics interval."""
+    the front's TLS), the fleet key as the bearer token from a file, every metrics interval;
+    the key hash LiteLLM labels its series with dropped (ROUTER_DROPPED_LABELS)."""
     jobs = []
     for router in plan.fleet.boxes:
         box = plan.box(router.name)
@@ -77,6 +84,7 @@ def router_jobs(plan: Plan, keys_dir: str) -> list[dict]:
                         "labels": {"box": box.name},
                     }
                 ],
+                "metric_relabel_configs": [{"action": "labeldrop", "regex": ROUTER_DROPPED_LABELS}],
             }
         )
     return jobs

@@ -86,6 +86,7 @@ class Deployment(NamedTuple):
     api_base: str  # the lane's OpenAI base URL, through its box's front
     key_variable: str | None  # None: the lane asks no key
     on_demand: bool
+    timeout_s: int  # the wait for the lane between two reads of an answer
 
 
 def litellm_config(deployments: Iterable[Deployment], health_interval_s: int) -> dict:
@@ -101,10 +102,20 @@ def litellm_config(deployments: Iterable[Deployment], health_interval_s: int) ->
     background loop (litellm/proxy/proxy_server.py, _run_background_health_check: "filter out
     models that have disabled background health checks") and, with
     health_check_skip_disabled_background_models, by GET /health too (litellm/proxy/_types.py).
+
+    Each deployment's `timeout` is the plan's wait for its lane: a request's, streamed or not
+    (litellm/router.py _get_timeout: a stream without stream_timeout takes the deployment's
+    timeout), given to httpx as a float, which makes it the wait for each read, not for the
+    whole answer (litellm/llms/custom_httpx/http_handler.py AsyncHTTPHandler.post; httpx's
+    Timeout). Without it LiteLLM waits 6000 s (litellm/constants.py).
     """
     model_list = []
     for deployment in deployments:
-        params = {"model": f"hosted_vllm/{deployment.served_name}", "api_base": deployment.api_base}
+        params = {
+            "model": f"hosted_vllm/{deployment.served_name}",
+            "api_base": deployment.api_base,
+            "timeout": deployment.timeout_s,
+        }
         if deployment.key_variable:
             params["api_key"] = f"os.environ/{deployment.key_variable}"
         entry: dict = {"model_name": deployment.served_name, "litellm_params": params}

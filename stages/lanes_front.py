@@ -71,12 +71,14 @@ def metrics_lanes(watch: Metrics) -> list[dict]:
 def lanes_and_front(box: BoxPlan) -> None:
     any_fetch = any(lane.weights.fetch for lane in box.lanes)
     fronted = [
-        front.FrontLane(lane.name, lane.port, lane.backend_port, key=lane.key)
+        front.FrontLane(lane.name, lane.port, lane.backend_port, lane.key, lane.timeout_s)
         for lane in box.front.lanes
     ]
     fleet = box.front.router
     router_port = (
-        front.RouterPort(fleet.port, fleet.backend_port, fleet.allow_networks) if fleet else None
+        front.RouterPort(fleet.port, fleet.backend_port, fleet.allow_networks, fleet.timeout_s)
+        if fleet
+        else None
     )
     # Everything this stage reads of the box, asked in one command (operations/asked.py).
     asked.ahead(

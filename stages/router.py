@@ -1,17 +1,27 @@
 """The fleet's router on its box (and the failover's): LiteLLM's proxy, pinned, in a virtualenv
 under systemd, holding every lane's key. After the cluster stage: pyinfra runs each operation on
 every box before the next, so by now every lane's key, the cluster lane's too, is made on its
-box (the front makes them), and this box reads them there."""
+box (the front makes them), and this box reads them there. On every other box, no router: one
+left from an earlier deploy (fleet_router turned off, router_box moved) is removed."""
 
 from pyinfra.api import deploy
 
 from operations import asked, router
-from spark.plan import FleetEndpoint
+from spark.plan import BoxPlan, FleetEndpoint
 
 
 @deploy("Router")
-def fleet_router(box: str, fleet: FleetEndpoint) -> None:
-    if box not in (router_box.name for router_box in fleet.boxes):
+def fleet_router(box: BoxPlan, fleet: FleetEndpoint) -> None:
+    if box.name not in (router_box.name for router_box in fleet.boxes):
+        asked.ahead(router.removed_questions())
+        # The virtualenv (the pinned LiteLLM, a four-minute install from the package index) is
+        # a cache as the images and models are: kept for the router's return, removed where the
+        # box prunes what it does not use (prune_unused).
+        router.removed(
+            name="Router: none on this box"
+            + ("" if box.prune_unused else " (its virtualenv kept)"),
+            keep_virtualenv=not box.prune_unused,
+        )
         return
     asked.ahead(router.questions())
     router.serving(

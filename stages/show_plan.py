@@ -142,7 +142,8 @@ def memory_lines(memory: Memory, floor_gib: float) -> list[str]:
 
 def route_line(route: Route) -> str:
     backends = ", ".join(
-        f"{backend.box}:{backend.port} ({backend.lane}{', on demand' if backend.on_demand else ''})"
+        f"{backend.box}:{backend.port} ({backend.lane}{', on demand' if backend.on_demand else ''},"
+        f" timeout {backend.timeout_s} s)"
         for backend in route.backends
     )
     replicas = f"; {len(route.backends)} replicas" if len(route.backends) > 1 else ""
@@ -218,7 +219,17 @@ def box_text(box: BoxPlan) -> str:
         "front",
         [
             "nginx: "
-            + (", ".join(f"{lane.name} {lane.port}" for lane in front.lanes) or "no lane")
+            + (
+                ", ".join(
+                    f"{lane.name} {lane.port} (timeout {lane.timeout_s} s)" for lane in front.lanes
+                )
+                or "no lane"
+            )
+            + (
+                f"; the router {front.router.port} (timeout {front.router.timeout_s} s)"
+                if front.router
+                else ""
+            )
             + f"; TLS {'on' if front.tls else 'off'}"
             + (f"; from {', '.join(front.allow_networks)} only" if front.allow_networks else "")
         ],

@@ -92,7 +92,7 @@ class LaneKeys(BaseModel):
     )
     prune_unused: bool = option(
         "True or False (remove the cached models and serving images no lane of the"
-        " box uses any more)",
+        " box uses any more, and the router's virtualenv where the box runs no router)",
         why="Never by default: a model is hours of download and an image may serve what the"
         " owner runs by hand (docker's `image prune -a` asks before it removes an image no"
         " container uses: docker's reference); off, a box without room names them instead.",

@@ -1,7 +1,9 @@
 """The fleet's router on the shared deployed lab (issue 38): LiteLLM's proxy, installed by the
 deploy from the lab's package index on the head (spark-1), behind its front on router_port. The
 lab's own inventory leaves the router off (inventories/sim.py says why): this module deploys
-tests/e2e/router_inventory.py over it, and the boxes are made bare again after it.
+tests/e2e/router_inventory.py over it, and after it the lab's own inventory again, which takes
+the router away (a drift test: the router removed by the deploy), instead of a reimage and the
+next module's deploy from bare.
 
 The lab's inventory serves group_data's two lanes on both boxes: each served name has a replica
 on each box. Which lane answered a request is LiteLLM's `x-litellm-model-api-base` response
@@ -12,6 +14,7 @@ from __future__ import annotations
 
 import http.client
 import json
+import socket
 import stat
 import time
 from collections.abc import Iterator
@@ -21,7 +24,10 @@ import pytest
 
 from spark import box_paths
 from spark.plan import FleetEndpoint
+from spark.router import CONFIG as ROUTER_CONFIG
 from spark.router import ENVIRONMENT as ROUTER_ENVIRONMENT
+from spark.router import UNIT as ROUTER_UNIT
+from spark.router import VENV as ROUTER_VENV
 from stages.settings import plan, read_inventory
 from tests.conftest import Deployed, pyinfra, reimage_all, run_on
 from tests.e2e.runs import output_of
@@ -45,10 +51,47 @@ TIMEOUT_S = 60
 
 @pytest.fixture(scope="module")
 def routed(deployed_lab: Deployed) -> Iterator[Deployed]:
-    """The deployed lab with the router turned on: one deploy adds it to the head."""
+    """The deployed lab with the router turned on: one deploy adds it to the head. After the
+    module, the lab's own inventory deployed again (fleet_router False) leaves no router on
+    either box: its unit, its keys, its configuration, its port and key map on the front gone,
+    the virtualenv kept (prune_unused False). Where that fails, the boxes are made bare, so the
+    next module starts from bare (tests/conftest.py deployed_lab)."""
     result = pyinfra(INVENTORY, "deploy.py")
     yield Deployed(deployed_lab.lab, output_of(result))
-    reimage_all(deployed_lab.lab)  # no router left behind for the modules after
+    try:
+        fleet = endpoint()
+        restored = pyinfra("inventories/sim.py", "deploy.py", check=False)
+        assert restored.returncode == 0, output_of(restored)[-3000:]
+        for host in deployed_lab.lab.hosts:
+            assert router_left(host) == {
+                "unit": "ActiveState=inactive LoadState=not-found",
+                "files": "",
+                "virtualenv": "yes" if host.name == fleet.boxes[0].name else "no",
+            }, host.name
+        with pytest.raises(OSError):  # nginx listens on the router's port no more
+            socket.create_connection(
+                (deployed_lab.lab.host(fleet.boxes[0].name).mgmt_ip, fleet.port), TIMEOUT_S
+            ).close()
+    except BaseException:
+        reimage_all(deployed_lab.lab)  # no router left behind for the modules after
+        raise
+
+
+def router_left(host: simlab.Host) -> dict[str, str]:
+    """The router's unit as systemd knows it, which of its files are on the box (its keys,
+    its configuration, nginx's key map of the fleet key), and whether its virtualenv is."""
+    unit = run_on(host, f"systemctl show {ROUTER_UNIT} -p LoadState -p ActiveState")
+    files = run_on(
+        host,
+        f"for path in {ROUTER_ENVIRONMENT} {ROUTER_CONFIG} /etc/nginx/spark-keys/_fleet.conf;"
+        ' do sudo test -e "$path" && echo "$path"; done; true',
+    )
+    venv = run_on(host, f"sudo test -x {ROUTER_VENV}/bin/python && echo yes || echo no")
+    return {
+        "unit": " ".join(sorted(unit.split())),
+        "files": files.strip(),
+        "virtualenv": venv.strip(),
+    }
 
 
 def endpoint() -> FleetEndpoint:

@@ -202,7 +202,7 @@ def test_a_lanes_files_are_its_environment_the_scripts_and_its_unit() -> None:
 
 def test_the_front_keys_only_the_lanes_with_a_key() -> None:
     fronted = [
-        front.FrontLane("coder", 10101, 11101, key=True),
-        front.FrontLane("open", 1, 2, key=False),
+        front.FrontLane("coder", 10101, 11101, key=True, timeout_s=3600),
+        front.FrontLane("open", 1, 2, key=False, timeout_s=3600),
     ]
     assert front.keyed_lanes(fronted) == ("coder",)

@@ -275,9 +275,10 @@ def test_identical_lanes_of_one_served_name_are_replicas_in_one_route() -> None:
     assert route.served_name == "coder"
     assert route.backends == (
         Backend(box="a", address="a", port=10101, lane="coder", key=True, tls=False,
-                on_demand=False, key_variable="SPARK_LANE_KEY_1"),
+                on_demand=False, key_variable="SPARK_LANE_KEY_1", timeout_s=3600),
+        # On demand: its load (lane_start_timeout_min 20, group_data) before its answer.
         Backend(box="b", address="b", port=10105, lane="coder-b", key=True, tls=False,
-                on_demand=True, key_variable="SPARK_LANE_KEY_2"),
+                on_demand=True, key_variable="SPARK_LANE_KEY_2", timeout_s=20 * 60 + 3600),
     )  # fmt: skip
 
 
@@ -385,10 +386,11 @@ def test_make_plan_shows_the_router_and_every_route_with_its_replicas() -> None:
         "              unit spark-router.service: /var/lib/spark/router/venv/bin/litellm"
         " --config /etc/spark/router/litellm.yaml --host 127.0.0.1 --port 11100"
         " --num_workers 1\n"
-        "  routes      qwen3-coder-next -> a:10101 (coder), b:10101 (coder), c:10101 (coder);"
-        " 3 replicas\n"
-        "              qwen3.6-35b-a3b -> a:10102 (fast), b:10102 (fast), c:10102 (fast);"
-        " 3 replicas\n"
+        # Resident lanes: each waited for ANSWER_WAIT_S (spark/plan.py) between two reads.
+        "  routes      qwen3-coder-next -> a:10101 (coder, timeout 3600 s), b:10101 (coder,"
+        " timeout 3600 s), c:10101 (coder, timeout 3600 s); 3 replicas\n"
+        "              qwen3.6-35b-a3b -> a:10102 (fast, timeout 3600 s), b:10102 (fast,"
+        " timeout 3600 s), c:10102 (fast, timeout 3600 s); 3 replicas\n"
     ) in shown
 
 

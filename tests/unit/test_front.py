@@ -27,8 +27,8 @@ from tests.unit.test_config import TWO_SPARKS, merged
 
 SITE = "/etc/nginx/conf.d/spark-lanes.conf"
 LANES = [
-    front.FrontLane("coder", 10101, 11101, key=True),
-    front.FrontLane("fast", 10102, 11102, key=True),
+    front.FrontLane("coder", 10101, 11101, key=True, timeout_s=3600),
+    front.FrontLane("fast", 10102, 11102, key=True, timeout_s=3600),
 ]
 RELOAD = "nginx -t -q && systemctl reload-or-restart nginx.service"
 
@@ -148,14 +148,15 @@ def test_tls_puts_the_files_root_only_and_listens_with_ssl(tmp_path: Path) -> No
 
 
 def test_the_site_asks_the_key_first_and_forwards_v1_and_health_only() -> None:
-    text = site([front.FrontLane("coder", 10101, 11101, key=True)])
+    text = site([front.FrontLane("coder", 10101, 11101, key=True, timeout_s=3600)])
     server = text[text.index("server {") :]
     # The key map is included beside the server, from the root-only directory.
     assert "include /etc/nginx/spark-keys/coder.conf;\nserver {" in text
     # The key check comes before the first location, so it holds for every path.
     assert server.index("if ($spark_key_coder = 0) {") < server.index("    location ")
     assert "    listen 10101;\n" in server
-    assert "proxy_buffering off;" in server and "proxy_read_timeout 1h;" in server
+    assert "proxy_buffering off;" in server
+    assert "proxy_read_timeout 3600s;\n    proxy_send_timeout 3600s;\n" in server
     locations = [line.strip() for line in server.splitlines() if line.startswith("    location")]
     assert locations == ["location /v1/ {", "location = /health {", "location / {"]
     assert server.count("proxy_pass http://127.0.0.1:11101;") == 2
@@ -163,7 +164,7 @@ def test_the_site_asks_the_key_first_and_forwards_v1_and_health_only() -> None:
 
 
 def test_a_lane_without_a_key_is_forwarded_without_asking() -> None:
-    text = site([front.FrontLane("open", 10105, 11105, key=False)])
+    text = site([front.FrontLane("open", 10105, 11105, key=False, timeout_s=3600)])
     assert "include" not in text and "$spark_key" not in text
     assert "proxy_pass http://127.0.0.1:11105;" in text
 

@@ -366,6 +366,8 @@ def test_a_router_job_per_router_box_https_where_its_front_has_tls(tmp_path: Pat
             "metrics_path": "/metrics/",
             "authorization": {"type": "Bearer", "credentials_file": "/k/fleet/spark-2.key"},
             "static_configs": [{"targets": ["spark-2:10100"], "labels": {"box": "spark-2"}}],
+            # LiteLLM's hashed_api_key label: the hash of a client's key, kept out of Prometheus.
+            "metric_relabel_configs": [{"action": "labeldrop", "regex": "hashed_api_key"}],
         },
         {
             "job_name": "spark-router/spark-1",
@@ -374,6 +376,8 @@ def test_a_router_job_per_router_box_https_where_its_front_has_tls(tmp_path: Pat
             "metrics_path": "/metrics/",
             "authorization": {"type": "Bearer", "credentials_file": "/k/fleet/spark-1.key"},
             "static_configs": [{"targets": ["spark-1:10100"], "labels": {"box": "spark-1"}}],
+            # LiteLLM's hashed_api_key label: the hash of a client's key, kept out of Prometheus.
+            "metric_relabel_configs": [{"action": "labeldrop", "regex": "hashed_api_key"}],
         },
     ]
 

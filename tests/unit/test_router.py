@@ -10,6 +10,12 @@ _run_background_health_check), pip's options (pip install --help: --index-url, -
 Captures: lab-router-state-deployed.txt is RouterState's command run under sudo on the
 simulated lab's spark-1 (Debian 12) after a deploy of this branch (the router's box);
 lab-router-state-bare.txt the same on spark-2 of that lab (no router there).
+lab-router-left-*.txt are RouterLeft's command run under sudo on the simulated lab's hosts
+(Debian 12): "bare" on a bare spark-2; "running" on spark-1 after a unit of that name (with
+DynamicUser=, CacheDirectory=spark-router, ExecStart=/bin/sleep infinity), the keys file, the
+configuration's directory and the virtualenv's directory were made by hand and the unit enabled
+and started; "virtualenv" on that spark-1 after the commands that `removed` yields below, the
+virtualenv kept, had run there.
 """
 
 from __future__ import annotations
@@ -94,9 +100,9 @@ def test_the_router_listens_on_loopback_with_one_worker() -> None:
 def test_litellm_config_names_each_key_and_leaves_on_demand_lanes_out_of_health_checks() -> None:
     config = litellm.litellm_config(
         [
-            litellm.Deployment("coder", "http://a:10101/v1", "SPARK_LANE_KEY_1", on_demand=False),
-            litellm.Deployment("coder", "https://b:10105/v1", "SPARK_LANE_KEY_2", on_demand=True),
-            litellm.Deployment("open", "http://a:10106/v1", None, on_demand=False),
+            litellm.Deployment("coder", "http://a:10101/v1", "SPARK_LANE_KEY_1", False, 3600),
+            litellm.Deployment("coder", "https://b:10105/v1", "SPARK_LANE_KEY_2", True, 4800),
+            litellm.Deployment("open", "http://a:10106/v1", None, False, 3600),
         ],
         health_interval_s=10,
     )
@@ -104,13 +110,14 @@ def test_litellm_config_names_each_key_and_leaves_on_demand_lanes_out_of_health_
         "model_list": [
             {"model_name": "coder",
              "litellm_params": {"model": "hosted_vllm/coder", "api_base": "http://a:10101/v1",
-                                "api_key": "os.environ/SPARK_LANE_KEY_1"}},
+                                "timeout": 3600, "api_key": "os.environ/SPARK_LANE_KEY_1"}},
             {"model_name": "coder",
              "litellm_params": {"model": "hosted_vllm/coder", "api_base": "https://b:10105/v1",
-                                "api_key": "os.environ/SPARK_LANE_KEY_2"},
+                                "timeout": 4800, "api_key": "os.environ/SPARK_LANE_KEY_2"},
              "model_info": {"disable_background_health_check": True}},
             {"model_name": "open",
-             "litellm_params": {"model": "hosted_vllm/open", "api_base": "http://a:10106/v1"}},
+             "litellm_params": {"model": "hosted_vllm/open", "api_base": "http://a:10106/v1",
+                                "timeout": 3600}},
         ],
         "general_settings": {
             "master_key": "os.environ/SPARK_FLEET_KEY",
@@ -158,9 +165,31 @@ def test_the_plan_holds_the_routers_commands_its_config_and_each_lanes_key_varia
     # The router's port on the fronts of its boxes only; the failover takes the first's key.
     assert whole.box("a").front.router.model_dump() == {
         "port": 10100, "backend_port": 11100, "allow_networks": (), "key_from": None,
+        "timeout_s": 4800,  # b's on-demand lane's route: below
     }  # fmt: skip
     assert whole.box("b").front.router.key_from == "a"
     assert fleet_plan().box("b").front.router is None
+
+
+def test_an_on_demand_lanes_route_and_front_wait_for_its_load_then_its_answer() -> None:
+    """b's lane coder-b is on demand: its first request waits for its load, bounded by b's
+    lane_start_timeout_min (group_data: 20, so 1,200 s), then for its answer as any lane's
+    (ANSWER_WAIT_S, 3,600 s); a's resident lane only for its answer. The router's front waits
+    as long as its longest route; each lane's front as long as the router waits for the lane."""
+    whole = fleet_plan()
+    assert [backend.timeout_s for backend in whole.fleet.routes[0].backends] == [3600, 4800]
+    assert [entry["litellm_params"]["timeout"] for entry in whole.fleet.config["model_list"]] == [
+        3600,
+        4800,
+    ]
+    assert whole.box("a").front.router.timeout_s == 4800
+    assert [lane.timeout_s for lane in whole.box("a").front.lanes] == [3600]
+    assert [lane.timeout_s for lane in whole.box("b").front.lanes] == [4800]
+    # A longer start timeout on b: its lane's route and front, and the router's front, wait longer.
+    longer = fleet_plan(lane_start_timeout_min=240)  # 14,400 s
+    assert [backend.timeout_s for backend in longer.fleet.routes[0].backends] == [3600, 18000]
+    assert longer.box("a").front.router.timeout_s == 18000
+    assert [lane.timeout_s for lane in longer.box("b").front.lanes] == [18000]
 
 
 def test_the_routers_port_admits_the_clients_and_the_scrapers_networks() -> None:
@@ -187,7 +216,7 @@ def test_the_cluster_firewall_keeps_the_routers_port_open_on_its_box() -> None:
 
 def test_the_routers_server_asks_the_fleet_key_on_every_path() -> None:
     source = (Path(__file__).parents[2] / "templates" / "nginx-spark-lanes.conf.j2").read_text()
-    port = front.RouterPort(10100, 11100, ("192.168.1.0/24",))
+    port = front.RouterPort(10100, 11100, ("192.168.1.0/24",), timeout_s=3600)
     text = jinja2.Template(source, keep_trailing_newline=True).render(
         lanes=[], router=port, allow_networks=[], tls=False, keys_dir="/etc/nginx/spark-keys",
         key_variables={"_fleet": front.key_variable("_fleet")},
@@ -200,8 +229,10 @@ def test_the_routers_server_asks_the_fleet_key_on_every_path() -> None:
     assert locations == ["location /v1/ {", "location /health/ {", "location /metrics/ {",
                          "location / {"]  # fmt: skip
     assert server.count("proxy_pass http://127.0.0.1:11100;") == 3
+    assert "proxy_read_timeout 3600s;\n    proxy_send_timeout 3600s;\n" in server
     # Its key map is the fleet key's, made where the box has none, as a lane's.
-    assert front.keyed_lanes([front.FrontLane("coder", 10101, 11101, key=True)], port) == (
+    coder = front.FrontLane("coder", 10101, 11101, key=True, timeout_s=3600)
+    assert front.keyed_lanes([coder], port) == (
         "coder",
         "_fleet",
     )
@@ -395,3 +426,66 @@ def test_a_key_found_nowhere_stops_the_routers_box(keys: dict) -> None:
         " b:/etc/spark/secrets/coder-b.key (a box not deployed yet, left out of this run or"
         " stopped in it); deploy every box of the fleet"
     )
+
+
+CACHE = (
+    "/var/cache/spark-router",
+    "/var/cache/private/spark-router",
+)  # systemd.exec: CacheDirectory=
+
+
+def test_the_left_fact_reads_a_router_and_a_bare_box() -> None:
+    assert process(router.RouterLeft, captured("lab-router-left-running.txt")) == {
+        "active": "active",
+        "enabled": "enabled",
+        "left": [UNIT_PATH, ENVIRONMENT, "/etc/spark/router", *CACHE, "/var/lib/spark/router"],
+    }
+    assert process(router.RouterLeft, captured("lab-router-left-bare.txt")) == {
+        "active": "inactive", "enabled": None, "left": [],
+    }  # fmt: skip
+    assert process(router.RouterLeft, captured("lab-router-left-virtualenv.txt")) == {
+        "active": "inactive", "enabled": None, "left": ["/var/lib/spark/router"],
+    }  # fmt: skip
+
+
+def left(capture: str) -> FakeHost:
+    return FakeHost({router.RouterLeft: captured(f"lab-router-left-{capture}.txt")})
+
+
+def test_a_router_left_on_a_box_is_stopped_and_removed_its_virtualenv_kept() -> None:
+    assert run_op(router.removed, host=left("running"), keep_virtualenv=True) == [
+        "systemctl disable --now spark-router.service",
+        f"rm -rf {UNIT_PATH} {ENVIRONMENT} /etc/spark/router {' '.join(CACHE)}",
+        "systemctl daemon-reload",
+    ]
+
+
+def test_a_box_that_prunes_loses_the_virtualenv_too() -> None:
+    assert run_op(router.removed, host=left("running"), keep_virtualenv=False) == [
+        "systemctl disable --now spark-router.service",
+        f"rm -rf {UNIT_PATH} {ENVIRONMENT} /etc/spark/router {' '.join(CACHE)}"
+        " /var/lib/spark/router",
+        "systemctl daemon-reload",
+    ]
+    virtualenv = left("virtualenv")
+    assert run_op(router.removed, host=virtualenv, keep_virtualenv=False) == [
+        "rm -rf /var/lib/spark/router"
+    ]
+
+
+def test_a_box_without_a_router_changes_nothing() -> None:
+    bare = left("bare")
+    assert run_op(router.removed, host=bare, keep_virtualenv=True) == []
+    assert bare.noops == ["no router here"]
+    kept = left("virtualenv")
+    assert run_op(router.removed, host=kept, keep_virtualenv=True) == []
+    assert kept.noops == ["no router here (its virtualenv kept)"]
+
+
+def test_a_failed_router_whose_unit_is_gone_is_stopped_and_forgotten() -> None:
+    """Its unit file removed by hand while it had failed: systemd still holds it (failed)."""
+    failed = FakeHost({router.RouterLeft: "ActiveState=failed\nUnitFileState="})
+    assert run_op(router.removed, host=failed, keep_virtualenv=True) == [
+        "systemctl stop spark-router.service",
+        "systemctl reset-failed spark-router.service || true",
+    ]
