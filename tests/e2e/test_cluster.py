@@ -437,9 +437,18 @@ def test_a_stopped_worker_leaves_and_rejoins_when_started(cluster: simlab.Lab) -
 def test_a_worker_started_before_its_head_keeps_trying_until_it_joins(cluster: simlab.Lab) -> None:
     head, worker = cluster.hosts
     run_on(head, f"sudo systemctl stop {ray.UNIT}")
+    since = run_on(worker, "date '+%Y-%m-%d %H:%M:%S'").strip()
     run_on(worker, f"sudo systemctl restart {ray.UNIT}")
-    time.sleep(20)
-    # Still trying (ray start waits for the head, then systemd starts it again), not given up.
+    # Ray's own word that it asked the head and found none: a warning 5 s into each try (Ray
+    # 2.60's rpc_client.h, seen from `ray start --address` with nothing listening there).
+    tried = f"Failed to connect to GCS at address {HEAD_IP}:6379 within 5 seconds"
+
+    def ray_log() -> str:
+        return run_on(worker, f"sudo journalctl -u {ray.UNIT} --since '{since}' --no-pager")
+
+    until(lambda: tried in ray_log(), 120, "the worker's Ray trying its stopped head")
+    # Still trying (its ray start tries for minutes: node.py _init_gcs_client's 20 tries, each
+    # waiting for the head; then systemd starts it again), not given up.
     state = run_on(worker, f"systemctl is-active {ray.UNIT}", check=False).strip()
     assert state in ("active", "activating"), state
     # Stopping the head's Ray stopped the cluster lane too (Requires=); starting the lane

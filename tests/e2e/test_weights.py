@@ -1,6 +1,7 @@
 """The weights as background fetches on the lab's pair, from the lab's hub stand-in (lab.py runs
-it; tests/simlab/hub.py), slowed here so that a fetch takes measurable time and can be cut:
-a deploy whose lanes' models are missing returns showing each fetch's progress, the lanes start
+it; tests/simlab/hub.py), each lane's weights held part way there until the test releases them
+(a stalled link), so that the test, not the machine's load, decides when a fetch lands: a
+deploy whose lanes' models are missing returns showing each fetch's progress, the lanes start
 once their models land, a second deploy changes nothing, and a fetch cut by a reboot goes on
 from where it was."""
 
@@ -9,8 +10,8 @@ from __future__ import annotations
 import json
 import re
 import statistics
-import time
 import urllib.request
+from collections.abc import Callable, Iterator
 
 import pytest
 
@@ -32,8 +33,9 @@ WEIGHTS = f"{LANES['coder']}/model.safetensors"
 SLUG = LANES["coder"].replace("/", "--")
 # What a deploy says of a running fetch (operations/weights.py progress).
 PROGRESS = re.compile(r"(\S+): [\d.]+ of [\d.]+ GB \(\d+%\), \d+ MB/s: fetching")
-# Slow enough that both boxes' four weights files (1 GiB) take a minute: the deploy returns first.
-SLOW = 16 * 2**20
+# Where the hub holds a lane's weights (256 MiB): past a fetch's first reads, short of landing; a
+# multiple of spark_fetch.py's reads (CHUNK, SPLIT_CHUNK), so a box writes exactly this much.
+HOLD_AT = 2**26
 MODELS = "/var/lib/spark/models"
 ROUNDS = 3  # the copy rate's measurement: medians of three
 HTTP = urllib.request.build_opener(urllib.request.ProxyHandler({}))  # the lab's bridge, direct
@@ -78,23 +80,39 @@ def wait_active(deployed: Deployed, lanes: list[str], seconds: float) -> None:
     until(all_serving, seconds, f"lanes {lanes} serving", every=2)
 
 
+def weights_of(*lanes: str) -> dict[str, int]:
+    """The hub's holds of these lanes' weights (`<id>/<file>`: HOLD_AT)."""
+    return {f"{LANES[lane]}/model.safetensors": HOLD_AT for lane in lanes}
+
+
 @pytest.fixture
-def slow_hub() -> object:
-    hub("rate", str(SLOW).encode())
-    yield
-    hub("rate", str(simlab.HUB_RATE).encode())
+def hold() -> Iterator[Callable[[dict[str, int]], None]]:
+    """Sets the hub's holds (tests/simlab/hub.py); every one released after the test, whatever
+    became of it, so that no later fetch waits on them."""
+
+    def holds(files: dict[str, int]) -> None:
+        hub("holds", json.dumps(files).encode())
+
+    yield holds
+    holds({})
+
+
+def holding() -> set[str]:
+    """The files whose transfers the hub holds now."""
+    return set(hub("stats")["holding"])
 
 
 def test_a_deploy_returns_while_the_models_fetch_and_the_lanes_start_once_landed(
-    deployed_lab: Deployed, slow_hub: object
+    deployed_lab: Deployed, hold: Callable[[dict[str, int]], None]
 ) -> None:
     models_removed(deployed_lab, *LANES)
-    before = hub("stats")["downloads"].get(WEIGHTS, 0)
-    started = time.monotonic()
-    result = pyinfra(INVENTORY, "deploy.py")
-    took = time.monotonic() - started
-    output = output_of(result)
-    print(f"\ndeploy while fetching: {took:.1f} s; hub: {hub('stats')}")
+    held = weights_of(*LANES)
+    hold(held)
+    stats = hub("stats")
+    before, sent_before = stats["downloads"].get(WEIGHTS, 0), stats["sent"]
+    output = output_of(pyinfra(INVENTORY, "deploy.py"))
+    stats = hub("stats")
+    print(f"\nhub after the deploy: {stats}")
     print(
         "\n".join(
             line
@@ -102,16 +120,22 @@ def test_a_deploy_returns_while_the_models_fetch_and_the_lanes_start_once_landed
             if "fetch" in line or "Lane" in line or "lands" in line or "] " in line
         )
     )
-    assert took < 60, output
+    # It returned while no weights could land (held): not one weights file sent whole, no lane
+    # started.
+    for file in held:
+        assert stats["sent"].get(file, 0) - sent_before.get(file, 0) < hf_standin.WEIGHTS_BYTES
+    assert not any(active(host, lane) for host in deployed_lab.lab.hosts for lane in LANES)
     # Each box and model: its fetch started, with what it has of the hub's total.
     for model in LANES.values():
         assert re.search(rf"{re.escape(model)}: .*fetch started \(spark-fetch-", output), output
-    assert not all(active(host, "coder") for host in deployed_lab.lab.hosts)
-    # A deploy while the fetches run: their progress, nothing changed.
+    # A deploy while both fetches run (at their holds, each status written before it asked for
+    # a byte): their progress, nothing changed.
+    until(lambda: holding() == set(held), 120, "both lanes' weights at their hold")
     again = pyinfra(INVENTORY, "deploy.py")
     progress = PROGRESS.findall(output_of(again))
-    assert set(progress) <= set(LANES.values()) and progress, output_of(again)
+    assert set(progress) == set(LANES.values()), output_of(again)
     assert changes(again) == 0, output_of(again)
+    hold({})
     wait_active(deployed_lab, list(LANES), 240)
     # From the hub once, to spark-1; spark-2 copied it from spark-1 over the fabric.
     assert hub("stats")["downloads"][WEIGHTS] - before == 1
@@ -166,28 +190,27 @@ def test_the_fleet_copy_rate_against_the_fabrics_raw_rate(deployed_lab: Deployed
 
 
 def test_a_fetch_cut_by_a_reboot_goes_on_from_where_it_was(
-    deployed_lab: Deployed, slow_hub: object
+    deployed_lab: Deployed, hold: Callable[[dict[str, int]], None]
 ) -> None:
     host = deployed_lab.lab.hosts[0]
     models_removed(deployed_lab, "coder")
+    hold(weights_of("coder"))
     sent_before = hub("stats")["sent"].get(WEIGHTS, 0)
     pyinfra(INVENTORY, "deploy.py")
     blob = hf_standin.repo_file(LANES["coder"], "model.safetensors").blob
     partial = f"{MODELS}/hub/models--{LANES['coder'].replace('/', '--')}/blobs/{blob}.incomplete"
-    until(
-        lambda: int(run_on(host, f"stat -c %s {partial} 2>/dev/null || echo 0").strip() or 0)
-        >= 2**26, 120, "the fetch at 64 MiB",
-    )  # fmt: skip
+
+    def kept() -> int:
+        return int(run_on(host, f"stat -c %s {partial} 2>/dev/null || echo 0").strip() or 0)
+
+    # Held at HOLD_AT, the box has written exactly that much once it has read it all.
+    until(lambda: kept() == HOLD_AT, 120, "the fetch's partial file at the hold")
     simlab.reboot(host.name)
-    # The partial file outlived the reboot; or the fetch, going on at boot, already finished
-    # it (the hub's resumed offset below shows it went on from there, not from 0).
-    whole = partial.removesuffix(".incomplete")
-    kept = run_on(host, f"stat -c %s {partial} 2>/dev/null || stat -c %s {whole} || echo 0")
-    assert int(kept.strip() or 0) >= 2**26
-    hub("rate", str(simlab.HUB_RATE).encode())
+    assert kept() == HOLD_AT  # it outlived the reboot
+    hold({})
     wait_active(deployed_lab, ["coder"], 240)  # both boxes: spark-2's copy waited for spark-1
     stats = hub("stats")
-    assert any(offset >= 2**26 for offset in stats["resumed"][WEIGHTS]), stats
+    assert HOLD_AT in stats["resumed"][WEIGHTS], stats  # went on from there, not from 0
     # From the hub once (spark-2 copies from spark-1), plus what the cut left in flight.
     assert stats["sent"][WEIGHTS] - sent_before < 1.25 * hf_standin.WEIGHTS_BYTES, stats
     assert changes(pyinfra(INVENTORY, "deploy.py")) == 0

@@ -20,8 +20,12 @@ at ee0a4510, 1.29.0.dev0):
   EntryNotFound; utils/_http.py hf_raise_for_status reads it).
 
 The lab runs one per lab while it is up (lab.py up/down: `python -m tests.simlab.hub --bind
-ADDRESS --port PORT`); a test reads its counters at `GET /_simlab/stats` and sets its rate with
-`PUT /_simlab/rate` (bytes a second, the body), routes the real hub does not have.
+ADDRESS --port PORT`); a test reads its counters at `GET /_simlab/stats`, sets its rate with
+`PUT /_simlab/rate` (bytes a second, the body) and holds files with `PUT /_simlab/holds` (a JSON
+object, `{"<id>/<file>": offset}`; `{}` releases them all), routes the real hub does not have.
+A held file's transfer stops at the offset until released, so a test, not the machine's load,
+decides when a fetch lands: a stalled link, as a real one can be, but never silent for long,
+trickling a byte every TRICKLE_SECONDS (spark_fetch.py's reads give up after 60 s without one).
 
 Every repository id `org/name` exists, holding the files of the serving image's `hf` stand-in
 (serving/hf_standin.py: config.json and weights, or a *-GGUF repository's GGUF files), the same
@@ -37,6 +41,8 @@ import re
 import threading
 import time
 from collections import Counter
+from collections.abc import Iterator
+from contextlib import closing
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler
 from types import TracebackType
@@ -49,6 +55,7 @@ CHUNK = 64 * 2**10
 API = re.compile(r"/api/models/(?P<repo>[^/]+/[^/]+)/revision/(?P<rev>[^/?]+)")
 RESOLVE = re.compile(r"/(?P<repo>[^/]+/[^/]+)/resolve/(?P<rev>[^/]+)/(?P<file>.+)")
 RANGE = re.compile(r"bytes=(?P<start>\d+)-(?P<end>\d*)")
+TRICKLE_SECONDS = 1.0  # a held transfer's byte this often (spark_fetch.py reads: timeout=60)
 
 
 class Hub(ThreadedServer):
@@ -56,10 +63,22 @@ class Hub(ThreadedServer):
     ``rate`` bytes a second. What it served, for the tests: ``downloads`` (GETs of a file's
     bytes, by `<id>/<file>`), ``sent`` (bytes handed to the connection, the same keys),
     ``resumed`` (the offsets asked by a Range, the same keys), ``heads`` (HEADs, the same
-    keys), ``tokens`` (the bearer tokens requests carried)."""
+    keys), ``tokens`` (the bearer tokens requests carried), ``holding`` (the transfers
+    stopped at their file's hold now, the same keys). ``holds``: where each file held stops
+    (hold() sets them)."""
 
-    def __init__(self, address: str = "127.0.0.1", port: int = 0, rate: int = DEFAULT_RATE):
+    def __init__(
+        self,
+        address: str = "127.0.0.1",
+        port: int = 0,
+        rate: int = DEFAULT_RATE,
+        trickle: float = TRICKLE_SECONDS,
+    ):
         self.rate = rate
+        self.trickle = trickle
+        self.holds: dict[str, int] = {}
+        self.holding: Counter[str] = Counter()
+        self._held = threading.Condition()
         self.downloads: Counter[str] = Counter()
         self.heads: Counter[str] = Counter()
         self.sent: Counter[str] = Counter()
@@ -92,6 +111,54 @@ class Hub(ThreadedServer):
             self._next_send = start + size / self.rate
             ready = self._next_send
         time.sleep(max(0.0, ready - time.monotonic()))
+
+    def stats(self) -> dict[str, object]:
+        """What `GET /_simlab/stats` answers."""
+        with self._held:
+            holds, holding = dict(self.holds), dict(self.holding)
+        return {"downloads": self.downloads, "sent": self.sent, "resumed": self.resumed,
+                "heads": self.heads, "rate": self.rate, "holds": holds,
+                "holding": holding}  # fmt: skip
+
+    def hold(self, holds: dict[str, int]) -> None:
+        """Each `<id>/<file>` named stops at its offset, the others go on: in place of any
+        hold before (``{}`` releases every transfer held)."""
+        with self._held:
+            self.holds = dict(holds)
+            self._held.notify_all()
+
+    def pieces(self, key: str, start: int, end: int) -> Iterator[tuple[int, int]]:
+        """The (start, end) byte ranges a transfer of ``key`` sends in turn: CHUNK at most, none
+        past the file's hold; there, one byte every ``trickle`` seconds until released."""
+        offset, held = start, False
+        try:
+            while offset < end:
+                with self._held:
+                    at = self.holds.get(key)
+                    if at is not None and offset >= at:
+                        if not held:
+                            self.holding[key] += 1
+                            held = True
+                        self._held.wait(self.trickle)
+                        at = self.holds.get(key)
+                    if held and (at is None or offset < at):
+                        self._leave(key)
+                        held = False
+                if held:
+                    stop = offset + 1
+                else:
+                    stop = min(offset + CHUNK, end, at if at is not None else end)
+                yield offset, stop
+                offset = stop
+        finally:
+            if held:
+                with self._held:
+                    self._leave(key)
+
+    def _leave(self, key: str) -> None:
+        self.holding[key] -= 1
+        if not self.holding[key]:
+            del self.holding[key]
 
 
 def listing(repo_id: str) -> dict[str, object]:
@@ -130,9 +197,7 @@ def _handler(hub: Hub) -> type[BaseHTTPRequestHandler]:
                 hub.tokens[token.removeprefix("Bearer ")] += 1
             path = self.path.split("?")[0]
             if path == "/_simlab/stats":
-                stats = {"downloads": hub.downloads, "sent": hub.sent, "resumed": hub.resumed,
-                         "heads": hub.heads, "rate": hub.rate}  # fmt: skip
-                self._reply(HTTPStatus.OK, json.dumps(stats).encode(), send)
+                self._reply(HTTPStatus.OK, json.dumps(hub.stats()).encode(), send)
             elif api := API.fullmatch(path):
                 self._json(api["repo"], api["rev"], send)
             elif resolve := RESOLVE.fullmatch(path):
@@ -141,10 +206,14 @@ def _handler(hub: Hub) -> type[BaseHTTPRequestHandler]:
                 self._error(HTTPStatus.NOT_FOUND, "RepoNotFound", f"{path}: no such route")
 
         def do_PUT(self) -> None:
-            if self.path != "/_simlab/rate":
+            body = self.rfile.read(int(self.headers.get("Content-Length", "0")))
+            if self.path == "/_simlab/rate":
+                hub.rate = int(body)
+            elif self.path == "/_simlab/holds":
+                hub.hold(json.loads(body))
+            else:
                 self._error(HTTPStatus.NOT_FOUND, "RepoNotFound", f"{self.path}: no such route")
                 return
-            hub.rate = int(self.rfile.read(int(self.headers.get("Content-Length", "0"))))
             self._reply(HTTPStatus.OK, b"{}", True)
 
         def _reply(self, status: HTTPStatus, body: bytes, send: bool) -> None:
@@ -202,14 +271,15 @@ def _handler(hub: Hub) -> type[BaseHTTPRequestHandler]:
             hub.downloads[key] += 1
             if asked:
                 hub.resumed.setdefault(key, []).append(start)
-            for offset in range(start, end, CHUNK):
-                piece = file.read(offset, min(offset + CHUNK, end))
-                hub.pace(len(piece))
-                hub.sent[key] += len(piece)  # before: the client may count it before we return
-                try:
-                    self.wfile.write(piece)
-                except (BrokenPipeError, ConnectionResetError):
-                    return  # the client was cut off
+            with closing(hub.pieces(key, start, end)) as pieces:  # a hold left when cut off
+                for offset, stop in pieces:
+                    piece = file.read(offset, stop)
+                    hub.pace(len(piece))
+                    hub.sent[key] += len(piece)  # before: the client may count it at once
+                    try:
+                        self.wfile.write(piece)
+                    except (BrokenPipeError, ConnectionResetError):
+                        return  # the client was cut off
 
         def _error(self, status: HTTPStatus, code: str, message: str) -> None:
             body = json.dumps({"error": message}).encode()

@@ -8,6 +8,7 @@ import hashlib
 import json
 import subprocess
 import sys
+import threading
 import time
 import urllib.request
 from pathlib import Path
@@ -17,6 +18,7 @@ import pytest
 from tests.simlab.hub import Hub
 from tests.simlab.loopback import HTTP, free_port, request
 from tests.simlab.serving import hf_standin
+from tests.simlab.waits import until
 
 REPO = "org/name"
 COMMIT = hashlib.sha1(REPO.encode()).hexdigest()
@@ -96,6 +98,56 @@ def test_the_rate_bounds_every_download_together() -> None:
     assert took >= 1.9
 
 
+def fetching(url: str, last: int) -> tuple[threading.Thread, list[bytes]]:
+    """A GET of bytes 0 to ``last`` on a thread of its own, waiting a minute for each read (as
+    spark_fetch.py does); its body, once whole, in the list."""
+    body: list[bytes] = []
+    ask = urllib.request.Request(url, headers={"Range": f"bytes=0-{last}"})
+
+    def get() -> None:
+        with HTTP.open(ask, timeout=60) as answer:
+            body.append(answer.read())
+
+    thread = threading.Thread(target=get)
+    thread.start()
+    return thread, body
+
+
+def test_a_held_file_stops_at_its_offset_until_released() -> None:
+    """Held at 1 MiB (a byte a minute while held: none within the test), a range of 4 MiB stops
+    there while the repository's config.json, not held, comes; released, the rest comes."""
+    weights = f"{REPO}/model.safetensors"
+    with Hub(trickle=60) as hub:
+        hub.hold({weights: 2**20})
+        thread, body = fetching(f"{hub.url}/{REPO}/resolve/main/model.safetensors", 4 * 2**20 - 1)
+        until(lambda: hub.holding == {weights: 1}, 30, "the transfer at its hold", every=0.05)
+        assert hub.sent[weights] == 2**20
+        assert request(f"{hub.url}/{REPO}/resolve/main/config.json")[:2] == (200, CONFIG.decode())
+        assert hub.stats()["holds"] == {weights: 2**20}
+        hub.hold({})
+        thread.join(timeout=30)
+        assert body == [bytes(4 * 2**20)]
+        assert hub.sent[weights] == 4 * 2**20
+        assert hub.holding == {}
+
+
+def test_a_held_transfer_trickles_a_byte_at_a_time_and_a_client_cut_off_leaves_it() -> None:
+    """A byte every 0.05 s past the hold: the client's reads never wait long; a client gone
+    leaves the hold (nothing counted as held), the hold itself staying for the next."""
+    weights = f"{REPO}/model.safetensors"
+    with Hub(trickle=0.05) as hub:
+        hub.hold({weights: 2**20})
+        ask = urllib.request.Request(
+            f"{hub.url}/{REPO}/resolve/main/model.safetensors", headers={"Range": "bytes=0-"}
+        )
+        with HTTP.open(ask, timeout=60) as answer:
+            assert len(answer.read(2**20 + 3)) == 2**20 + 3  # the hold, then three bytes trickled
+            assert hub.holding == {weights: 1}
+        until(lambda: not hub.holding, 30, "the cut transfer no longer held", every=0.05)
+        assert hub.holds == {weights: 2**20}
+        assert 2**20 + 3 <= hub.sent[weights] < 4 * 2**20
+
+
 def test_the_files_are_the_hf_standins() -> None:
     """The hub serves what the serving image's `hf` stand-in writes: same names, same blobs."""
     gguf = hf_standin.gguf_files("org/Model-GGUF")[0]
@@ -120,6 +172,10 @@ def test_the_labs_hub_process_tells_its_counters_and_takes_a_rate() -> None:
         put = urllib.request.Request(f"{url}/_simlab/rate", data=b"1234", method="PUT")
         with HTTP.open(put, timeout=5) as answer:
             assert answer.status == 200
+        holds = json.dumps({f"{REPO}/model.safetensors": 4096}).encode()
+        put = urllib.request.Request(f"{url}/_simlab/holds", data=holds, method="PUT")
+        with HTTP.open(put, timeout=5) as answer:
+            assert answer.status == 200
         status, body, _ = request(f"{url}/_simlab/stats")
         assert status == 200
         assert json.loads(body) == {
@@ -128,6 +184,8 @@ def test_the_labs_hub_process_tells_its_counters_and_takes_a_rate() -> None:
             "resumed": {},
             "heads": {},
             "rate": 1234,
+            "holds": {f"{REPO}/model.safetensors": 4096},
+            "holding": {},
         }
     finally:
         process.terminate()

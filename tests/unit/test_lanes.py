@@ -382,8 +382,16 @@ def test_queued_start_reads_systemctl_list_jobs() -> None:
 
 def test_a_lane_whose_fetch_is_over_is_started_after_a_wait_for_it() -> None:
     commands, _ = stopped_lane_fetching("active")
-    start = RESTART.replace("restart ", "start ")
-    assert commands == [f"{lanes.fetch_wait('spark-lane-coder.service', FETCH)}; {start}"]
+    # The lane's start queued while the fetch runs, up to FETCH_WAIT_S (10) seconds for it to
+    # land, then the start as any stopped lane's (test_fetch_unit.py runs this shell).
+    running = f'[ "$(systemctl show -p ActiveState --value {FETCH})" = activating ]'
+    wait = (
+        f"if {running}; then systemctl start --no-block spark-lane-coder.service; n=0;"
+        f" while {running} && [ $n -lt 10 ]; do sleep 1; n=$((n + 1)); done;"
+        f" if {running}; then echo 'spark-lane-coder.service: starts once {FETCH} lands';"
+        " exit 0; fi; fi"
+    )
+    assert commands == [f"{wait}; {RESTART.replace('restart ', 'start ')}"]
 
 
 def test_a_port_held_by_another_service_is_refused_by_name() -> None:
@@ -1305,14 +1313,14 @@ def post_lines(unit: str) -> list[str]:
 def test_the_canary_runs_after_the_health_wait_and_before_the_next_lanes_turn() -> None:
     health, canary, turn = post_lines(rendered()[paths()[0]])
     assert "/health" in health and turn.startswith("ExecStartPost=/bin/rm -f")
-    assert canary.startswith(f"ExecStartPost={lanes.CANARY_COMMAND} coder 11101 ")
+    assert canary.startswith("ExecStartPost=/usr/local/sbin/spark-lane-canary coder 11101 ")
     assert "key" not in canary  # the script reads the key file itself
 
 
 def test_the_canary_is_written_root_0755_and_reads_the_lanes_key_file() -> None:
     host = lane_host("lab-lanehost-bare.txt", dict.fromkeys(paths()), turn_script=False)
     run_op(lanes.serving, host=host, unit=lane_unit())
-    assert f'SECRETS_DIR = "{box_paths.SECRETS_DIR}"' in host.uploads[lanes.CANARY_COMMAND]
+    assert 'SECRETS_DIR = "/etc/spark/secrets"' in host.uploads[lanes.CANARY_COMMAND]
 
 
 @pytest.mark.parametrize(
