@@ -29,6 +29,7 @@ from typing import Any
 
 import pytest
 
+from operations import ray
 from spark import box_paths
 from tests.conftest import Deployed, pyinfra, run_on
 from tests.e2e.on_demand_lanes import CODER, FAST, IDLE_S, SPARE
@@ -219,6 +220,9 @@ def test_after_a_reboot_the_socket_listens_and_its_lane_waits_for_a_request(
         return shown[socket]["ActiveState"] == "active" and shown[coder]["ActiveState"] == "active"
 
     until(booted, PATIENCE_S, "the socket listening and the resident lane serving after boot")
+    # Ray's two nodes joined again, as the head sees them (test_reboot.py's bound after a boot):
+    # the compliance run below gives a worker rejoining a minute.
+    run_on(box, f"sudo {ray.NODES_COMMAND} 2 120")
     assert (active(box, FAST), active(box, SPARE)) == ("inactive", "inactive")
     first_token(box, FAST)
     stopped(box, FAST)
