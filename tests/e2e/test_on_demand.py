@@ -1,28 +1,39 @@
 """Lanes on demand on the simulated lab (tests/e2e/on_demand_inventory.py): two lanes of each box
 that do not fit together, on demand with 20 s of idle time, beside the resident coder lane.
 
-One deploy from bare, then on the first box: a request through the front with the lane's key
-starts its lane and is answered once it serves; the lane stops after its idle time; a request
-to the other lane stops the first before the second starts (both units' states read on the box
-while it loads, and their timestamps); a second deploy changes nothing and starts no lane, and
-compliance passes without waking one. The
-bench row (the time from the on-demand request to its first token against the lane's own start)
-is printed here, as the lab's bench is too heavy for the shared machine. A power cut and boot of
-the box: its sockets listen again, its on-demand lanes wait for a request, which starts one.
+One deploy over the deployed lab (the shared `deployed_lab`: its fast lane resident, made on
+demand here, the spare one added), then on the first box: the deploy started each on-demand lane
+(its check) and stopped it; a request through the front with the lane's key starts its lane and
+is answered once it serves; the lane stops after its idle time; a request to the other lane
+stops the first before the second starts (both units' states read on the box while it loads,
+and their timestamps); a second deploy changes nothing and starts no lane, and compliance passes
+without waking one. The bench row (the time from the on-demand request to its first token
+against the lane's own start) is printed here, as the lab's bench is too heavy for the shared
+machine. A power cut and boot of the box: its sockets listen again, its on-demand lanes wait for
+a request, which starts one. Last, inventories/sim.py deployed again puts every box back as it
+was before the module (its fast lane resident, no socket, the spare lane gone but its key, which
+a lane keeps: operations/lanes.py lanes_removed), for the deployed lab's next module.
+
+Tests in this module run in order, each on what the one before left.
 """
 
 from __future__ import annotations
 
 import json
+import shlex
 import threading
 import time
 import urllib.request
+from dataclasses import dataclass
 from typing import Any
 
 import pytest
 
-from tests.conftest import pyinfra, reimage_all, run_on
+from operations import ray
+from spark import box_paths
+from tests.conftest import Deployed, pyinfra, run_on
 from tests.e2e.on_demand_lanes import CODER, FAST, IDLE_S, SPARE
+from tests.e2e.runs import INVENTORY as DEFAULT_INVENTORY
 from tests.e2e.runs import power_cut, power_on
 from tests.e2e.test_compliance import PARALLEL, compliance, not_passing
 from tests.e2e.test_host_layer import changes
@@ -38,13 +49,43 @@ SOCKET = "spark-ondemand-{}.socket"
 PATIENCE_S = 300
 
 
+# What the deploy puts on a box for its lanes, read as root: their units' and the front's files
+# (their contents' hashes), which units are enabled, who listens on the lanes' ports (the fronts'
+# 101xx, the servers' 111xx, an on-demand server's 121xx), the files under /etc/spark.
+LANES_LAYER = r"""
+cd /etc/systemd/system && sha256sum spark-* 2>/dev/null
+systemctl list-unit-files --no-legend --plain 'spark-*' | awk '{print "unit " $1 " " $2}'
+ss -Hltnp | awk '$4 ~ /:1[012]1[0-9][0-9]$/ {split($6, u, "\""); print "listening " $4 " " u[2]}' |
+  sort -u
+sha256sum /etc/nginx/conf.d/*.conf
+find /etc/spark | sort
+"""
+
+
+def lanes_layer(host: simlab.Host) -> list[str]:
+    return run_on(host, f"sudo sh -c {shlex.quote(LANES_LAYER)}").splitlines()
+
+
+@dataclass
+class OnDemand:
+    hosts: list[simlab.Host]  # the first is where the module's requests go
+    deploy_started: float  # CLOCK_MONOTONIC as the deploy started: one clock for the lab's boxes
+    before: dict[str, list[str]]  # each box's lanes layer as the deployed lab had it
+
+
 @pytest.fixture(scope="module")
-def box(lab: simlab.Lab) -> simlab.Host:
-    reimage_all(lab)
+def on_demand(deployed_lab: Deployed) -> OnDemand:
+    hosts = deployed_lab.lab.hosts
+    before = {host.name: lanes_layer(host) for host in hosts}
     started = time.monotonic()
     pyinfra(INVENTORY, "deploy.py")
-    print(f"on demand: deploy from bare {time.monotonic() - started:.0f} s")
-    return lab.hosts[0]
+    print(f"on demand: deploy over the deployed lab {time.monotonic() - started:.0f} s")
+    return OnDemand(hosts, started, before)
+
+
+@pytest.fixture(scope="module")
+def box(on_demand: OnDemand) -> simlab.Host:
+    return on_demand.hosts[0]
 
 
 def states(host: simlab.Host, *units: str) -> dict[str, dict[str, str]]:
@@ -96,7 +137,7 @@ def stopped(host: simlab.Host, lane: dict[str, Any]) -> None:
 
 
 def test_the_deploy_leaves_the_on_demand_lanes_stopped_their_sockets_listening(
-    box: simlab.Host,
+    on_demand: OnDemand, box: simlab.Host
 ) -> None:
     shown = states(box, unit(FAST), unit(SPARE), SOCKET.format("fast"), SOCKET.format("spare"))
     for lane in (FAST, SPARE):
@@ -105,8 +146,13 @@ def test_the_deploy_leaves_the_on_demand_lanes_stopped_their_sockets_listening(
         assert (lane_state["ActiveState"], lane_state["UnitFileState"]) == ("inactive", "static")
         socket = shown[SOCKET.format(lane["name"])]
         assert (socket["ActiveState"], socket["UnitFileState"]) == ("active", "enabled")
-    # The deploy started each once (health and canary), and systemd stopped it right after.
-    assert int(shown[unit(FAST)]["InactiveEnterTimestampMonotonic"]) > 0
+    # The deploy started each (health and canary), and systemd stopped it right after: the
+    # fast lane too, which was resident before the deploy and stopped by it.
+    for lane in (FAST, SPARE):
+        lane_state = shown[unit(lane)]
+        last_start = int(lane_state["InactiveExitTimestampMonotonic"]) / 1e6
+        assert last_start > on_demand.deploy_started, (lane["name"], lane_state)
+        assert int(lane_state["InactiveEnterTimestampMonotonic"]) / 1e6 > last_start, lane_state
     listeners = run_on(box, "sudo ss -ltnpH")
     assert "127.0.0.1:11102 " in listeners and '"systemd"' in listeners, listeners
     assert "127.0.0.1:12102 " not in listeners, listeners  # no server while idle
@@ -174,6 +220,9 @@ def test_after_a_reboot_the_socket_listens_and_its_lane_waits_for_a_request(
         return shown[socket]["ActiveState"] == "active" and shown[coder]["ActiveState"] == "active"
 
     until(booted, PATIENCE_S, "the socket listening and the resident lane serving after boot")
+    # Ray's two nodes joined again, as the head sees them (test_reboot.py's bound after a boot):
+    # the compliance run below gives a worker rejoining a minute.
+    run_on(box, f"sudo {ray.NODES_COMMAND} 2 120")
     assert (active(box, FAST), active(box, SPARE)) == ("inactive", "inactive")
     first_token(box, FAST)
     stopped(box, FAST)
@@ -191,3 +240,14 @@ def test_a_second_deploy_changes_nothing_and_compliance_passes_waking_no_lane(
     idle = "PASS fast, spare idle on demand (not woken)"
     assert table["lanes /health"][box.name] == idle, table["lanes /health"]
     assert (active(box, FAST), active(box, SPARE)) == ("inactive", "inactive")
+
+
+def test_the_default_inventory_deployed_again_puts_every_box_back(on_demand: OnDemand) -> None:
+    pyinfra(DEFAULT_INVENTORY, "deploy.py")
+    for host in on_demand.hosts:
+        after = lanes_layer(host)
+        # All as before, but the spare lane's key, which stays (operations/lanes.py).
+        assert set(after) - set(on_demand.before[host.name]) == {box_paths.key_path(SPARE["name"])}
+        assert set(on_demand.before[host.name]) - set(after) == set(), host.name
+        lanes = f"systemctl is-active {unit(CODER)} {unit(FAST)}"
+        assert run_on(host, lanes).split() == ["active", "active"], host.name
