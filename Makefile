@@ -40,13 +40,14 @@ venv: $(STAMP)
 demo: $(STAMP)
 	$(PY) -m tests.simlab demo
 
-# Lint, unit tests, then end-to-end tests on the simulated lab (SIMLAB=0 skips those). Two
-# workers, a lab each (ids SIMLAB_ID and SIMLAB_ID+100): the lab tests wait on boots, ssh and
-# services more than they use the CPU (a serial run kept 2 cores 37% busy for 37 minutes), and
-# each worker takes whole units (tests/conftest.py work_unit) in the order collected.
+# Lint, unit tests, then end-to-end tests on the simulated lab (SIMLAB=0 skips those). Three
+# workers, a lab each (ids SIMLAB_ID, +100 and +200), on two cores: the lab tests wait on
+# boots, ssh and services more than they use the CPU (a serial run kept 2 cores 37% busy for
+# 37 minutes; two workers took 55 minutes), and each worker takes whole units
+# (tests/conftest.py work_unit) in the order collected.
 LAB_ID := $(or $(SIMLAB_ID),0)
-WORKERS := --dist loadgroup --no-loadscope-reorder --tx popen//env:SIMLAB_ID=$(LAB_ID) \
-	--tx popen//env:SIMLAB_ID=$(shell echo $$(($(LAB_ID) + 100)))
+WORKERS := --dist loadgroup --no-loadscope-reorder \
+	$(foreach offset,0 100 200,--tx popen//env:SIMLAB_ID=$(shell echo $$(($(LAB_ID) + $(offset)))))
 
 test: $(STAMP) $(OPENCODE_STAMP)
 	$(VENV)/bin/ruff check .

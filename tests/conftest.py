@@ -29,10 +29,10 @@ def lab_unavailable() -> str | None:
     return None
 
 
-# The modules on the shared deployed lab, in two halves that each worker deploys once: together
-# they took 2,734 s of one worker in CI (3fd9a17), a unit longer than CI's budget allows one
-# worker. Balanced by the seconds each module took (the summary of `make test` prints them:
-# "deployed modules"); the half a module is not listed in is the first.
+# The modules on the shared deployed lab, in two halves, each deployed once by the worker that
+# takes it: together they took 2,734 s of one worker in CI (3fd9a17), a unit longer than CI's
+# budget allows one worker. Balanced by the seconds each module took (the summary of `make test`
+# prints them: "deployed modules"); the half a module is not listed in is the first.
 DEPLOYED_SECOND_HALF = frozenset(
     f"tests/e2e/test_{name}.py"
     for name in (
@@ -74,7 +74,7 @@ def work_rank(item: pytest.Item) -> int:
 
 @pytest.hookimpl(tryfirst=True)  # before xdist's loadgroup reads the groups
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    # `make test` runs two pytest-xdist workers, a lab each, taking whole units (work_rank).
+    # `make test` runs three pytest-xdist workers, a lab each, taking whole units (work_rank).
     rank = {item.nodeid: work_rank(item) for item in items}
     items.sort(key=lambda item: rank[item.nodeid])
     for item in items:
@@ -91,7 +91,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 # to run only the unit tests: it deselects the lab tests instead of skipping them.
 _lab_skipped: list[str] = []
 # Seconds each work unit took, by worker (setup, call and teardown summed): what balancing the
-# two workers (work_rank) is judged by, printed at the end of `make test`.
+# the workers (work_rank) is judged by, printed at the end of `make test`.
 _unit_seconds: dict[tuple[str, str], float] = {}
 # And the modules of the deployed halves (DEPLOYED_SECOND_HALF is balanced by them).
 _deployed_module_seconds: dict[tuple[str, str], float] = {}
