@@ -51,7 +51,7 @@ import urllib.parse
 import urllib.request
 from concurrent.futures import Future, ThreadPoolExecutor
 from email.message import Message
-from http.client import HTTPResponse
+from http.client import HTTPException, HTTPResponse
 from typing import IO, Any
 
 # Each read written, then hashed, while it is still in the CPU's cache: in the receiving thread,
@@ -263,8 +263,15 @@ def fetch_file(url: str, token: str | None, path: str, spec: dict, progress: Pro
         with open(partial, "rb") as done:  # what the cut-off fetch left, into the hash
             while start and (chunk := done.read(min(CHUNK, start - done.tell()))):
                 digest.update(chunk)
-        stream(answer, out, digest, progress)
+        try:
+            stream(answer, out, digest, progress)
+        except (OSError, HTTPException) as error:  # a read timed out, a link reset
+            raise Failed(
+                f"{url}: cut off ({error!r}); what came is kept for the next start"
+            ) from error
     got = os.path.getsize(partial)
+    if got < spec["size"]:  # the sender closed early: http.client's readinto says nothing
+        raise Failed(f"{url}: cut off at {got} of {spec['size']} bytes; kept for the next start")
     if got != spec["size"] or digest.hexdigest() != spec["blob"]:
         os.unlink(partial)
         raise Failed(

@@ -334,6 +334,46 @@ def test_a_fleet_copy_cut_resumes_from_the_box(
     assert f'"GET /{ZEROS_SHA256} HTTP/1.1" 206 -' in capsys.readouterr().err
 
 
+def cut_after_a_mebibyte() -> type:
+    """A box whose link goes down a MiB into the weights: their whole length promised, 1 MiB
+    sent, the connection closed; its other blobs served as files/spark_serve.py serves them."""
+
+    class Cut(script("spark_serve").Blobs):
+        def do_GET(self) -> None:
+            if self.path != f"/{ZEROS_SHA256}":
+                return super().do_GET()
+            self.send_response(200)
+            self.send_header("Content-Length", str(WEIGHTS))
+            self.end_headers()
+            self.wfile.write(bytes(2**20))
+            self.close_connection = True
+
+    return Cut
+
+
+def test_a_transfer_cut_mid_file_fails_the_fetch_keeping_what_came(
+    hub: Hub, tmp_path: Path
+) -> None:
+    """A sender that closes mid-file (CPython's HTTPResponse.readinto then returns 0, raising
+    nothing: its comment says so) ends the fetch as a failure the status file says, and keeps
+    the part, which the unit's restart resumes from: not a short file hashed, found wrong and
+    deleted."""
+    first, second = tmp_path / "first", tmp_path / "second"
+    assert fetch(hub, first).returncode == 0
+    result = copied_from(
+        hub, second, serve_blobs(repo_dir(first) / "blobs", cut_after_a_mebibyte())
+    )
+    assert result.returncode == 1, result.stderr
+    assert f"cut off at {2**20} of {WEIGHTS} bytes; kept for the next start" in result.stderr
+    status = json.loads((second / "status.json").read_text())
+    assert status["state"].startswith("failed: ") and "cut off" in status["state"], status
+    partial = repo_dir(second) / "blobs" / f"{ZEROS_SHA256}.incomplete"
+    assert partial.stat().st_size == 2**20
+    resumed = copied_from(hub, second, serve_blobs(repo_dir(first) / "blobs"))
+    assert resumed.returncode == 0, resumed.stderr
+    assert (repo_dir(second) / "blobs" / ZEROS_SHA256).stat().st_size == WEIGHTS
+
+
 def test_the_files_are_fetched_at_once(hub: Hub, tmp_path: Path) -> None:
     """The stand-in's two files (config.json, model.safetensors) asked of the box together: its
     server answers neither until both asks are in (a barrier of two, broken after 10 s, which
