@@ -10,9 +10,12 @@ under /blobs/<hash>), with the hub's listing beside them (/api/models/<id>/revis
 shape the lab's hub stand-in answers, tests/simlab/hub.py listing: each file's size, an LFS
 file's SHA-256, any other's Git blob id). Each round, alternating: (a) raw, curl of every blob
 to /dev/null, FILES_AT_ONCE at once as the copy takes them; (b) the copy, spark_fetch.py --source
-into an empty cache, every file checked against the listing's hash. Medians of the rounds, MB/s
-(10^6 bytes), the ratio, and the CPU seconds each side's processes used (the server's not
-counted: the same for both).
+into an empty cache, every file checked against the listing's hash; (c) sha256sum of every
+blob, as many at once, from the served directory. Medians of the rounds, MB/s (10^6 bytes), the
+ratio, and the CPU seconds each side's processes used (the server's not counted: the same for
+both). Then issue 40's CPU target, a ratio in one run: the copy's CPU seconds per GB against
+sha256sum's plus curl's on the same files (what the copy must do at least: receive every byte
+and hash it), within 1.3x; CPU seconds from each process's own rusage (wait4), not wall clock.
 
 As root with `ip`, the server runs in one network namespace and the clients in another, joined
 by a veth pair at the fabric's MTU: two boxes on one link, as near as one machine gets.
@@ -177,15 +180,28 @@ def run_timed(command: list[str]) -> tuple[float, float]:
     return wall, usage.ru_utime + usage.ru_stime
 
 
+def blob_names(listing: dict) -> list[str]:
+    return [s["lfs"]["sha256"] if "lfs" in s else s["blobId"] for s in listing["siblings"]]
+
+
 def raw(prefix: list[str], url: str, listing: dict, at_once: int, total: int) -> dict:
     """Every blob to /dev/null by curl, `at_once` at a time."""
-    blobs = [s["lfs"]["sha256"] if "lfs" in s else s["blobId"] for s in listing["siblings"]]
     started = time.monotonic()
     with ThreadPoolExecutor(at_once) as pool:
-        curls = [[*prefix, "curl", "-fsS", "-o", "/dev/null", f"{url}/blobs/{b}"] for b in blobs]
+        curls = [[*prefix, "curl", "-fsS", "-o", "/dev/null", f"{url}/blobs/{blob}"]
+                 for blob in blob_names(listing)]  # fmt: skip
         runs = list(pool.map(run_timed, curls))
     wall = time.monotonic() - started
     return {"seconds": wall, "rate": total / wall, "cpu": sum(cpu for _, cpu in runs)}
+
+
+def hashed(served: Path, listing: dict, at_once: int) -> dict:
+    """sha256sum of every blob the copy receives, `at_once` at a time: the hashing the copy must
+    do, by the tool a person would check the files with. Its CPU seconds."""
+    with ThreadPoolExecutor(at_once) as pool:
+        sums = [["sha256sum", str(served / "blobs" / blob)] for blob in blob_names(listing)]
+        runs = list(pool.map(run_timed, sums))
+    return {"cpu": sum(cpu for _, cpu in runs)}
 
 
 def copy(prefix: list[str], url: str, fetcher: Path, cache: Path, total: int) -> dict:
@@ -233,6 +249,19 @@ def median(runs: list[dict], key: str) -> float:
     return statistics.median(run[key] for run in runs)
 
 
+def cpu_per_gb(raws: list[dict], copies: list[dict], sums: list[dict], total: int) -> dict:
+    """Each side's median CPU seconds per GB (10^9 bytes) and the copy's against sha256sum's plus
+    curl's."""
+    per_gb = {
+        name: median(runs, "cpu") / (total / 1e9)
+        for name, runs in (("copy", copies), ("curl", raws), ("sha256sum", sums))
+    }
+    return {
+        "cpu_s_per_gb": {name: round(value, 3) for name, value in per_gb.items()},
+        "cpu_ratio": round(per_gb["copy"] / (per_gb["sha256sum"] + per_gb["curl"]), 3),
+    }
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m bench.copy_rate",
@@ -267,10 +296,11 @@ def main(argv: list[str] | None = None) -> int:
             link(args.loopback) as (how, server_prefix, client_prefix, address),
             server(server_prefix, address, served) as url,
         ):
-            raws, copies = [], []
+            raws, copies, sums = [], [], []
             for _ in range(args.rounds):
                 raws.append(raw(client_prefix, url, listing, at_once, total))
                 copies.append(copy(client_prefix, url, args.fetcher, cache, total))
+                sums.append(hashed(served, listing, at_once))
             profiled = (profile(client_prefix, url, args.fetcher, cache, args.profile)
                         if args.profile else None)  # fmt: skip
     machine["load_average_at_end"] = os.getloadavg()
@@ -282,8 +312,10 @@ def main(argv: list[str] | None = None) -> int:
         "copy_median_mb_s": round(median(copies, "rate") / 1e6),
         "raw_cpu_median_s": round(median(raws, "cpu"), 2),
         "copy_cpu_median_s": round(median(copies, "cpu"), 2),
+        "sha256sum": sums, "sha256sum_cpu_median_s": round(median(sums, "cpu"), 2),
     }  # fmt: skip
     results["ratio"] = round(results["copy_median_mb_s"] / results["raw_median_mb_s"], 3)
+    results |= cpu_per_gb(raws, copies, sums, total)
     Path(args.json).write_text(json.dumps(results, indent=2) + "\n")
     print(f"machine: {machine['cpus']} CPUs ({machine['cpu']}), load average"
           f" {machine['load_average_at_start'][0]:.2f} at the start,"
@@ -295,6 +327,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{name:26} median {median(runs, 'rate') / 1e6:6.0f} MB/s  rounds [{rates}]"
               f"  CPU {median(runs, 'cpu'):.2f} s")  # fmt: skip
     print(f"copy / raw: {results['ratio']:.0%} (issue 29's target: 50% or more)")
+    per_gb = results["cpu_s_per_gb"]
+    print(f"CPU s per GB: copy {per_gb['copy']:.2f} against sha256sum {per_gb['sha256sum']:.2f}"
+          f" + curl {per_gb['curl']:.2f}: {results['cpu_ratio']:.2f}x"
+          " (issue 40's target: within 1.3x)")  # fmt: skip
     if profiled:
         print(f"\nprofile of one copy ({args.profile}), top by own time:\n{profiled}")
     print(f"{args.json} written")

@@ -44,9 +44,25 @@ def test_a_run_copies_the_model_and_reports_both_sides(tmp_path: Path) -> None:
     assert results["files_at_once"] == max(4, len(os.sched_getaffinity(0)) // 2)
     small = sum(len(data) for data in copy_rate.SMALL.values())
     assert results["bytes"] == 2 * 2**20 + small
-    assert len(results["raw"]) == len(results["copy"]) == 1
+    assert len(results["raw"]) == len(results["copy"]) == len(results["sha256sum"]) == 1
     for run in (*results["raw"], *results["copy"]):
         assert run["rate"] == results["bytes"] / run["seconds"]
     ratio = results["copy_median_mb_s"] / results["raw_median_mb_s"]
     assert results["ratio"] == round(ratio, 3)
+    per_gb = {
+        name: results[key][0]["cpu"] / (results["bytes"] / 1e9)
+        for name, key in (("copy", "copy"), ("curl", "raw"), ("sha256sum", "sha256sum"))
+    }
+    assert results["cpu_ratio"] == round(per_gb["copy"] / (per_gb["sha256sum"] + per_gb["curl"]), 3)
     assert [p.name for p in tmp_path.iterdir()] == ["results.json"]  # the model and cache gone
+
+
+def test_the_cpu_ratio_is_the_copys_seconds_per_gb_against_sha256sums_plus_curls() -> None:
+    # 2 GB; medians: curl 2.0 s (1.0 s/GB), the copy 6.0 s (3.0), sha256sum 2.0 s (1.0)
+    raws = [{"cpu": 1.0}, {"cpu": 3.0}, {"cpu": 2.0}]
+    copies = [{"cpu": 6.0}, {"cpu": 5.0}, {"cpu": 9.0}]
+    sums = [{"cpu": 2.0}, {"cpu": 2.0}, {"cpu": 4.0}]
+    assert copy_rate.cpu_per_gb(raws, copies, sums, 2 * 10**9) == {
+        "cpu_s_per_gb": {"copy": 3.0, "curl": 1.0, "sha256sum": 1.0},
+        "cpu_ratio": 1.5,
+    }

@@ -152,3 +152,28 @@ def test_state_callbacks_are_called_with_the_arguments_asked_takes(tmp_path: Pat
     ]
     assert run.state.failed_hosts == {run.host}
     assert run.state.current_stage is StateStage.Execute
+
+
+def test_the_profiles_phases_are_pyinfras_functions_run_calls() -> None:
+    # bench/profile_run.py reads each phase's CPU from these functions' cumulative time.
+    from pyinfra.api import connect, operations
+    from pyinfra_cli import cli, inventory, util
+
+    from bench import profile_run
+
+    functions = {
+        "pyinfra_cli/inventory.py": inventory.make_inventory,
+        "pyinfra/api/connect.py": connect.connect_all,
+        "pyinfra_cli/util.py": util.load_deploy_file,
+        "pyinfra/api/operations.py": operations.run_ops,
+    }
+    assert list(profile_run.PHASES.values()) == [
+        (path, function.__name__) for path, function in functions.items()
+    ]
+    for path, function in functions.items():
+        assert function.__code__.co_filename.endswith(path)
+    # The command line calls them, in this order (deploy.py's loading by way of a helper).
+    main = inspect.getsource(cli._main)
+    calls = ["make_inventory(", "connect_all(", "_handle_commands(", "run_ops("]
+    assert sorted(calls, key=main.find) == calls and -1 not in map(main.find, calls)
+    assert "load_deploy_file(state, filename)" in inspect.getsource(cli._prepare_deploy_operations)
