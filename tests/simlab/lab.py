@@ -587,14 +587,21 @@ BOOT_STATE = "systemctl is-system-running --wait; systemctl list-jobs --no-pager
 BOOTED = ("running", "degraded")
 
 
-def wait_ready(host: Host, deadline: float) -> None:
-    """Until sshd answers for the admin and systemd has finished starting up, asked again until
-    the deadline: on a loaded machine one answer may not come. A boot that finished without
-    letting the admin in by then says so, with what systemd says inside."""
+# What it says while the boot still has jobs to do (`systemctl is-system-running`, no --wait).
+STARTING = "starting"
+
+
+def wait_ready(host: Host, deadline: float, finished: bool = True) -> None:
+    """Until sshd answers for the admin and systemd has finished starting up (or, not
+    `finished`, is still starting: a boot held up by a unit that may take hours), asked again
+    until the deadline: on a loaded machine one answer may not come. A boot that finished
+    without letting the admin in by then says so, with what systemd says inside."""
+    command = BOOT_STATE if finished else "systemctl is-system-running"
+    accepted = BOOTED if finished else (*BOOTED, STARTING)
 
     def booted() -> bool:
-        answer = ssh(host, BOOT_STATE, check=False, timeout=60)
-        return answer.split("\n", 1)[0] in BOOTED
+        answer = ssh(host, command, check=False, timeout=60)
+        return answer.split("\n", 1)[0] in accepted
 
     try:
         boot_wait(host, booted, "did not come up", deadline)
@@ -771,10 +778,11 @@ def reimage(name: str) -> Host:
     return host
 
 
-def reboot(name: str) -> Host:
+def reboot(name: str, finished: bool = True) -> Host:
     """The host's own `systemctl reboot`, and the lab bringing it back as its power would:
     systemd-nspawn exits once the host's systemd has shut down (a reboot ends a --boot
-    container), and the lab boots the same disk again, its NICs reset as a power cycle does."""
+    container), and the lab boots the same disk again, its NICs reset as a power cycle does.
+    Not `finished`: back once the admin gets in, its boot perhaps still starting (wait_ready)."""
     lab = Lab.load()
     host = lab.host(name)
     ssh(host, "sudo systemctl reboot", check=False)  # the connection may drop before it answers
@@ -784,7 +792,7 @@ def reboot(name: str) -> Host:
     power_cycle_nics(host)
     boot(host, spark_base())
     lab.save()
-    wait_ready(host, time.monotonic() + BOOT_TIMEOUT)
+    wait_ready(host, time.monotonic() + BOOT_TIMEOUT, finished)
     return host
 
 

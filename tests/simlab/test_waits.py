@@ -120,3 +120,25 @@ def test_a_boot_that_never_lets_the_admin_in_says_so_at_the_deadline(
     monkeypatch.setattr(lab, "console", lambda _: "")
     with pytest.raises(RuntimeError, match=r"^spark-1: booted, but the admin's ssh fails:"):
         lab.wait_ready(HOST, lab.time.monotonic())
+
+
+def test_a_boot_still_starting_is_up_only_when_its_end_is_not_waited_for(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A boot held up by a unit that may take hours (a fetch after a reboot): `systemctl
+    is-system-running` says "starting" (systemctl(1)); asked without --wait, that is up when
+    the boot's end is not waited for, and not up when it is."""
+    asked: list[str] = []
+
+    def ssh(_host: object, command: str, **_: object) -> str:
+        asked.append(command)
+        return "starting\n"
+
+    monkeypatch.setattr(lab, "ssh", ssh)
+    monkeypatch.setattr(lab, "inside", lambda *_: "starting\n")
+    monkeypatch.setattr(lab, "console", lambda _: "")
+    monkeypatch.setattr(lab.time, "sleep", lambda _: None)
+    lab.wait_ready(HOST, lab.time.monotonic() + 60, finished=False)
+    assert asked == ["systemctl is-system-running"]
+    with pytest.raises(RuntimeError, match=r"^spark-1: did not come up"):
+        lab.wait_ready(HOST, lab.time.monotonic())
