@@ -43,8 +43,8 @@ demo: $(STAMP)
 # Lint, unit tests, then end-to-end tests on the simulated lab (SIMLAB=0 skips those). Three
 # workers, a lab each (ids SIMLAB_ID, +100 and +200), on two cores: the lab tests wait on
 # boots, ssh and services more than they use the CPU (a serial run kept 2 cores 37% busy for
-# 37 minutes; two workers took 55 minutes), and each worker takes whole units
-# (tests/conftest.py work_unit) in the order collected.
+# 37 minutes; two workers took 55 minutes of pytest, three 54: each test ran longer), and each
+# worker takes whole units (tests/conftest.py work_unit) in the order collected.
 LAB_ID := $(or $(SIMLAB_ID),0)
 WORKERS := --dist loadgroup --no-loadscope-reorder \
 	$(foreach offset,0 100 200,--tx popen//env:SIMLAB_ID=$(shell echo $$(($(LAB_ID) + $(offset)))))

@@ -1,5 +1,5 @@
 """Every build the lab and the tests take from the caches outside the clone, made in one go:
-`make test`'s set-up (`python -m tests.simlab caches`), before its two workers start, so that a
+`make test`'s set-up (`python -m tests.simlab caches`), before its workers start, so that a
 fresh machine builds each thing once, in this order, and the suite's own minutes are its tests'.
 
 Each build is also made on first use where it is needed (and locked there: labs started side by

@@ -59,7 +59,7 @@ def project_of(wheel: str) -> str:
 def wheelhouse(directory: Path = WHEELHOUSE) -> Path:
     """The pinned set's wheels for the lab hosts' Python, downloaded once (a stamp names the
     requirements' SHA-256, so a new pinned set downloads again); labs started side by side
-    (`make test`'s two workers) take turns on the cache's lock instead of both downloading
+    (`make test`'s workers) take turns on the cache's lock instead of both downloading
     into the same directory."""
     requirements = REQUIREMENTS_FILE.read_bytes()
     stamp = directory / f".downloaded-{hashlib.sha256(requirements).hexdigest()[:12]}"

@@ -65,7 +65,7 @@ ADMIN_USER = "spark"
 
 def ensure_host_tools() -> None:
     """Install the Debian packages the lab (and its stand-in builds) need on this machine;
-    labs started side by side (`make test`'s two workers) take turns, as apt would refuse the
+    labs started side by side (`make test`'s workers) take turns, as apt would refuse the
     second one its lock (its own lock file: the build lock may be held by the caller)."""
     if not _missing_host_packages():
         return
