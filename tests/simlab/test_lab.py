@@ -224,8 +224,8 @@ def test_down_leaves_nothing_behind(lab: simlab.Lab) -> None:
     assert f"{simlab.PREFIX}-" not in netns
     links = subprocess.run(["ip", "-o", "link"], capture_output=True, text=True).stdout
     assert f" {simlab.PREFIX}m" not in links and f" {simlab.MGMT_BRIDGE}:" not in links
-    with open("/proc/mounts") as mounts:
-        assert str(simlab.STATE) not in mounts.read()
+    with open("/proc/mounts") as mounts:  # .simlab100/ and .simlab200/ are other workers' labs
+        assert f"{simlab.STATE}/" not in mounts.read()
     ours = f"systemd-nspawn -D {simlab.STATE / 'hosts'}/"  # other labs may run beside this one
     nspawn = subprocess.run(["pgrep", "-f", ours], capture_output=True, text=True)
     assert nspawn.stdout.strip() == ""
