@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import importlib.machinery
 import importlib.util
+import io
 import json
 import shlex
 import socket
@@ -48,7 +49,8 @@ class Pace:
     usage: ClassVar[bool] = True  # sends usage where stream_options include_usage asks it
     ignore_eos: ClassVar[bool] = True  # takes ignore_eos (else: 400 naming it)
     eos_after: ClassVar[int] = 100  # tokens before the end of text, without ignore_eos
-    max_context: ClassVar[int] = 100_000  # prompt tokens (words) beyond which: 400
+    max_context: ClassVar[int] = 100_000  # prompt tokens beyond which: 400
+    tokens_per_word: ClassVar[int] = 1  # its tokenizer's: a character-level one gives several
     echo_key: ClassVar[bool] = False  # a 401 that quotes the Authorization header back
     requests: ClassVar[list[dict[str, Any]]] = []
     unauthorized: ClassVar[int] = 0
@@ -92,7 +94,7 @@ class Handler(BaseHTTPRequestHandler):
         if "ignore_eos" in body and not Pace.ignore_eos:
             self.send(400, {"error": {"message": "ignore_eos: Extra inputs are not permitted"}})
             return
-        prompt = words(body)
+        prompt = words(body) * Pace.tokens_per_word
         if prompt > Pace.max_context:
             message = f"This model's maximum context length is {Pace.max_context} tokens"
             self.send(400, {"error": {"message": message}})
@@ -155,7 +157,7 @@ def run(bench: Path, lane: str, port: int, *args: str, **pace: Any) -> subproces
     """The probe run by the real interpreter, with no site-packages (the standard library only,
     as on a box), against the server answering at this pace."""
     defaults = {"rate": RATE, "usage": True, "ignore_eos": True, "max_context": 100_000}
-    defaults |= {"eos_after": 100}
+    defaults |= {"eos_after": 100, "tokens_per_word": 1}
     for name, value in (defaults | {"echo_key": False} | pace).items():
         setattr(Pace, name, value)
     Pace.requests, Pace.unauthorized = [], 0
@@ -197,7 +199,10 @@ def test_the_probe_measures_the_pace_it_is_served_at(paced: tuple) -> None:
     assert measured["counted"] == "usage" and measured["ignore_eos"] is True
     prefill = measured["prefill"]
     fastest = prefill["prompt_tokens"] / (FIRST + prefill["prompt_tokens"] / PREFILL)
-    assert prefill["prompt_tokens"] >= 7000  # the long prompt, whole
+    # The sample list of 200 words is 216 prompt tokens here (a word each: the nonce's 2, "Here
+    # is a list of words:" 6, the list, "Reply with the last word of the list." 8), so the long
+    # list is 8000 * 200 // 216 = 7407 words, 7423 tokens with the same 16 around it: whole.
+    assert prefill["prompt_tokens"] == 7423
     assert prefill["tok_s"] <= fastest + 0.05, (prefill, fastest)
 
 
@@ -239,8 +244,9 @@ def test_every_request_is_keyed_deterministic_and_its_own(paced: tuple) -> None:
         assert request["model"] == "paced"
     prompts = [r["messages"][0]["content"] for r in requests]
     assert len(set(prompts)) == len(prompts)  # no request reuses another's cached prefix
-    (long_prompt,) = [r for r in requests if r["max_tokens"] == 1]
-    assert words(long_prompt) >= 7000
+    sample, long_prompt = [r for r in requests if r["max_tokens"] == 1]
+    assert (sample["stream"], words(sample)) == (False, 216)  # its usage sizes the long prompt
+    assert (long_prompt["stream"], words(long_prompt)) == (True, 7423)
     assert KEY not in result.stdout + result.stderr
 
 
@@ -263,13 +269,54 @@ def test_a_server_without_usage_or_ignore_eos_is_counted_by_chunks_and_says_so(
     assert [row["completion_tokens"] for row in measured["rows"]] == [[100], [100] * 2, [100] * 4]
     assert "7 request(s) ended before 256 tokens" in result.stdout
     prefill = measured["prefill"]
-    assert 500 <= prefill["prompt_tokens"] <= 2000  # halved to fit
+    assert prefill["prompt_tokens"] == 1867  # 7407 words halved twice, 1851, to fit: 1867
     assert "(time to the whole one-token reply)" in result.stdout
     assert "ignore_eos" not in Pace.requests[-1]
     # Above its figure: compared, no causes.
     assert measured["figures"][0]["percent"] > 100
     assert "2 (concurrent)" in result.stdout and "at or above it" in result.stdout
     assert measured["causes"] == [] and "below 50%" not in result.stdout
+
+
+def test_the_long_prompt_is_sized_in_the_servers_tokens(bench: Path, server: int) -> None:
+    # A character-level vocabulary (the lab's GGUF: a token a character) gives ~7 tokens for
+    # each of the probe's words: the sample's 216 words are 1512 tokens, so the long list is
+    # 8000 * 200 // 1512 = 1058 words, (1058 + 16) * 7 = 7518 tokens; not 7000 words' 49,000.
+    result = run(bench, "coder", server, rate=400.0, tokens_per_word=7)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert last_json(result.stdout)["prefill"]["prompt_tokens"] == 7518
+    sample, long_prompt = [r for r in Pace.requests if r["max_tokens"] == 1]
+    assert (words(sample), words(long_prompt)) == (216, 1074)
+
+
+class Replying:
+    """A lane whose plain request answers ``reply`` (a JSON body), or raises it."""
+
+    name, port = "coder", 10101
+
+    def __init__(self, reply: dict | Exception) -> None:
+        self.reply = reply
+
+    def request(self, path: str, body: dict | None = None) -> io.BytesIO:
+        if isinstance(self.reply, Exception):
+            raise self.reply
+        return io.BytesIO(json.dumps(self.reply).encode())
+
+
+@pytest.mark.parametrize(
+    "reply",
+    [{"choices": []}, {"usage": {"prompt_tokens": 0}}, ConnectionRefusedError(111, "refused")],
+    ids=["no usage", "no prompt tokens", "no answer"],
+)
+def test_without_the_samples_prompt_tokens_the_long_prompt_is_7000_words(
+    probe: Any, reply: dict | Exception
+) -> None:
+    assert probe.prefill_words(Replying(reply), "paced") == 7000
+
+
+def test_a_tokenizer_of_many_tokens_a_word_is_sent_no_fewer_than_500_words(probe: Any) -> None:
+    # 8000 * 200 // 4000 = 400 words: under the floor a refused prompt is halved down to.
+    assert probe.prefill_words(Replying({"usage": {"prompt_tokens": 4000}}), "paced") == 500
 
 
 def test_a_server_ending_at_once_is_not_timed_nor_compared(bench: Path, server: int) -> None:
@@ -365,7 +412,7 @@ class Timed:
 def test_prefill_is_the_prompts_tokens_over_its_time_to_first_token(probe: Any) -> None:
     lane = Timed(streamed(3.0, 3.8, 3.8, 1) | {"usage": {"prompt_tokens": 8000}})
     extra = {"stream_options": {"include_usage": True}}
-    assert probe.prefill(lane, "paced", extra) == {
+    assert probe.prefill(lane, "paced", extra, 7000) == {
         "prompt_tokens": 8000,
         "ttft_s": 0.8,
         "tok_s": 10000.0,  # 8000 tokens in 0.8 s
