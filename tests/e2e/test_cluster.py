@@ -162,7 +162,7 @@ def fetched(lab: simlab.Lab) -> Fetched:
     assert refused.returncode != 0
     assert f"spark-2: {MODEL} is not on this box" in output, output
     assert f"hf download {MODEL}" in output
-    # The token is mounted only where the inventory has one (test_secrets.py plants it).
+    # The token is mounted only where the inventory has one (test_host_layer.py plants it).
     assert ("HF_TOKEN_PATH=/run/secrets/hf-token" in output) == (STATE / "hf-token").exists()
     assert lane_state(lab.hosts[0]) in ("inactive", "unknown")  # not started anywhere
     # The user's other way: fetch_weights. The head's unit from the hub, the worker's from the

@@ -32,8 +32,7 @@ from stages.settings import plan, read_inventory
 from tests.conftest import Deployed, pyinfra, reimage_all, run_on
 from tests.e2e.runs import output_of
 from tests.e2e.test_clients import OPENCODE, make, run
-from tests.e2e.test_host_layer import changes
-from tests.e2e.test_secrets import LANES, SEARCH, as_root
+from tests.e2e.test_host_layer import LANES, SEARCH, as_root, changes
 from tests.simlab import lab as simlab
 from tests.simlab.paths import REPO
 from tests.simlab.waits import patiently, until
@@ -252,7 +251,7 @@ def test_the_fleet_key_and_the_lane_keys_are_in_their_files_and_nowhere_else(
 ) -> None:
     """The router's box holds the fleet key and, in the router's environment file (root 0600,
     read by systemd), every lane's key of the fleet; no argv, unit file, journal, container,
-    world-readable file or pyinfra output holds any of them (tests/e2e/test_secrets.py's search)."""
+    world-readable file or pyinfra output holds any of them (test_host_layer.py's search)."""
     fleet = endpoint()
     router = routed.lab.host(fleet.boxes[0].name)
     fleet_key = fleet_key_of(router)
