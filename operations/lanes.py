@@ -441,7 +441,7 @@ def fetch_wait(name: str, fetch: str) -> str:
 
 
 @operation()
-def serving(unit: ServedLane):
+def serving(unit: ServedLane, held: bool = False):
     """
     Serve one lane as the systemd unit spark-lane-<lane>, enabled and serving.
 
@@ -454,6 +454,9 @@ def serving(unit: ServedLane):
       nodes have joined before its container starts; one on executor mp has a unit on every
       box (``unit.rank``) under the watch of its rendezvous (spark-lane-ranks), the head's
       serving and the others' headless (no port, no key, active once running)
+
+    + held: write the lane's files and stop the lane where they changed, starting nothing: an
+      mp cluster lane's head before its ranks start (stages/cluster.py), then served as usual
 
     A changed unit, environment or new key restarts this lane only; otherwise a lane that is
     not running is started. Starting returns once /health answers.
@@ -521,6 +524,12 @@ def serving(unit: ServedLane):
         start = f"{fetch_wait(name, unit.fetch_unit)}; {start}"
     running = current.get("ActiveState") == "active"
     changed = bool(unit_changes or env_changes or new_key)
+    if held:
+        if unit_changes:
+            yield "systemctl daemon-reload"
+        if changed and running:
+            yield f"systemctl stop {name}"
+        return
     if unit.on_demand is not None:  # not enabled, started by its socket (operations/on_demand.py)
         yield from demand.activated(
             unit.name,

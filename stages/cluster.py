@@ -134,7 +134,13 @@ def cluster(box: BoxPlan) -> None:
     if served is None:
         return  # a worker on Ray: its Ray node holds the rank
     # The headless ranks first, the head's last (as eugr/spark-vllm-docker's launcher does):
-    # two calls, so that pyinfra runs the ranks' operation on every box before the head's.
+    # separate calls, so that pyinfra runs the ranks' operation on every box before the head's.
+    # A changed head is stopped before them: a new rank started while the old head serves joins
+    # the old head's rendezvous, loses it as that head goes, and never joins the new one
+    # (vllm-project/vllm#32136); the new head then waits for it until its watch gives up. Seen
+    # deploying a cluster lane's new memory fraction over the serving one, on the lab.
+    if served.rank is not None and not served.rank.headless:
+        serve(served, held=True)
     if served.rank is not None and served.rank.headless:
         serve(served)
     if served.rank is None or not served.rank.headless:

@@ -938,6 +938,27 @@ def test_an_mp_rank_in_place_yields_nothing() -> None:
         assert run_op(lanes.serving, host=host, unit=lane_unit(MP, **unit)) == []
 
 
+def test_a_changed_mp_head_held_is_rewritten_and_stopped_not_started() -> None:
+    # Its memory fraction changed while it serves: the head's first pass (stages/cluster.py),
+    # before the ranks restart, leaves no old head for a new rank to join.
+    host = lane_host("lab-lanehost-serving.txt", rendered(lane=MP, **MP_HEAD))
+    changed = lane_unit(MP | {"memory_fraction": 0.55}, **MP_HEAD)
+    commands = run_op(lanes.serving, host=host, unit=changed, held=True)
+    assert commands[0].startswith("FileUploadCommand(") and UNIT in commands[0]
+    assert commands[-2:] == ["systemctl daemon-reload", "systemctl stop spark-lane-coder.service"]
+    assert not [c for c in commands if "start" in str(c)], commands
+    assert "--gpu-memory-utilization 0.55" in exec_start(host.uploads[UNIT])
+
+
+def test_an_mp_head_held_in_place_or_new_is_not_started() -> None:
+    in_place = lane_host("lab-lanehost-serving.txt", rendered(lane=MP, **MP_HEAD))
+    assert run_op(lanes.serving, host=in_place, unit=lane_unit(MP, **MP_HEAD), held=True) == []
+    bare = lane_host("lab-lanehost-bare.txt", dict.fromkeys(paths()))
+    commands = run_op(lanes.serving, host=bare, unit=lane_unit(MP, **MP_HEAD), held=True)
+    assert commands[-1] == "systemctl daemon-reload"  # its files written, its key made
+    assert not [c for c in commands if "systemctl" in str(c) and "start" in str(c)], commands
+
+
 # --- the rendezvous watch, run by sh against a fake ss ------------------------------------------
 
 
