@@ -56,6 +56,7 @@ HOST_TOOLS = {
     "cmake": "cmake",
     "g++": "g++",
     "make": "make",
+    "strip": "binutils",  # the serving image's Ray executables (serving/__init__.py _slim_ray)
 }
 # Modules this machine's python3 needs (tests/unit/test_nmcli.py runs the box's netplan reader
 # with it, as a Spark's python3 with netplan's python3-yaml does).

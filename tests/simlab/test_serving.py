@@ -527,18 +527,55 @@ def test_max_model_len_reads_human_numbers(text: str, value: int) -> None:
 
 
 def test_assemble_serving_rootfs(tmp_path: Path) -> None:
-    """Ray's wheels (downloaded into the cache once), the commands, the option list and the
-    lab's GGUF model land."""
+    """Ray's wheels (downloaded into the cache once, stripped), the commands, the option list
+    and the lab's GGUF model land; what debootstrap left that no container reads goes."""
     rootfs = tmp_path / "rootfs"
     (rootfs / "usr/bin").mkdir(parents=True)
     (rootfs / "usr/bin/python3.11").touch()
+    # A few of what debootstrap --variant=minbase leaves (bookworm's packages' paths).
+    left = {
+        "var/lib/apt/lists/deb.debian.org_debian_dists_bookworm_main_binary-amd64_Packages": "",
+        "var/lib/apt/lists/lock": "",
+        "var/lib/apt/lists/partial/": None,
+        "usr/share/doc/coreutils/copyright": "GPL-3+",
+        "usr/share/doc/coreutils/changelog.Debian.gz": "",
+        "usr/share/man/man1/ls.1.gz": "",
+        "usr/share/info/coreutils.info.gz": "",
+        "usr/share/locale/de/LC_MESSAGES/coreutils.mo": "",
+        "usr/share/locale/locale.alias": "german de_DE.ISO-8859-1\n",
+    }
+    for path, text in left.items():
+        (rootfs / path).parent.mkdir(parents=True, exist_ok=True)
+        if text is not None:
+            (rootfs / path).write_text(text)
+    (rootfs / "usr/share/doc/libgmp10").symlink_to("coreutils")  # a doc link to another's
     model = tmp_path / "model.gguf"
     model.write_bytes(b"GGUF and the rest")
     serving.assemble_serving_rootfs(rootfs, model)
+    share = rootfs / "usr/share"
+    assert sorted(str(path.relative_to(rootfs)) for path in share.rglob("*")) == [
+        "usr/share/doc",
+        "usr/share/doc/coreutils",
+        "usr/share/doc/coreutils/copyright",
+        "usr/share/doc/libgmp10",  # the link, kept
+        "usr/share/info",
+        "usr/share/locale",
+        "usr/share/locale/locale.alias",
+        "usr/share/man",
+    ]
+    assert list((rootfs / "var/lib/apt/lists").iterdir()) == []
     assert (rootfs / "usr/local/share/hf-standin/lab-model.gguf").read_bytes() == model.read_bytes()
     site = rootfs / "opt/ray-site"
     assert (site / f"ray-{serving.RAY_VERSION}.dist-info").is_dir()
     assert not (site / "ray/jars").exists()
+    assert not (site / "ray/dashboard/client").exists()
+    assert (site / "ray/dashboard/__init__.py").exists()  # the dashboard's Python stays
+    for executable in ("_raylet.so", "core/src/ray/gcs/gcs_server", "core/src/ray/raylet/raylet"):
+        sections = subprocess.run(
+            ["readelf", "--section-headers", "--wide", str(site / "ray" / executable)],
+            capture_output=True, text=True, check=True,
+        ).stdout  # fmt: skip
+        assert ".dynsym" in sections and ".symtab" not in sections, executable
     pth = rootfs / "usr/lib/python3/dist-packages/ray-site.pth"
     assert pth.read_text() == "/opt/ray-site\n"
     vllm = rootfs / "usr/local/bin/vllm"

@@ -112,6 +112,27 @@ def nccl_of(tag: str) -> str:
     return IMAGES[tag].nccl or DEFAULT_NCCL
 
 
+# Ray's three executables as its wheel ships them, with their symbol tables (a third of their
+# 120 MB); `strip --strip-unneeded` leaves what loading and running them needs (the dynamic
+# symbols), as a distribution's packages do (Debian Policy 10.1, 10.2: binaries are stripped,
+# shared objects with --strip-unneeded).
+RAY_UNSTRIPPED = (
+    Path("ray/_raylet.so"),
+    Path("ray/core/src/ray/gcs/gcs_server"),
+    Path("ray/core/src/ray/raylet/raylet"),
+)
+# The dashboard's web UI (9 MB of static files): Ray core without ray[default] serves no
+# dashboard, and nothing in the lab opens one.
+RAY_DASHBOARD_UI = Path("ray/dashboard/client")
+# What debootstrap leaves that nothing in the image reads, as Debian's images for Docker leave
+# it out (debuerreotype: apt's lists; its slim variant: the rest): apt's package index (50 MB:
+# nothing installs packages in a serving container), the packages' manual pages and info
+# manuals, their documentation but for each one's copyright file, and the message translations
+# (the image runs in the C locale; glibc's locale.alias, a file beside them, stays).
+DEBIAN_UNREAD = (Path("var/lib/apt/lists"), Path("usr/share/man"), Path("usr/share/info"))
+DEBIAN_DOC = Path("usr/share/doc")
+DEBIAN_TRANSLATIONS = Path("usr/share/locale")
+
 WHEELS = CACHE / "wheels"
 RAY_COMMAND = '''#!/usr/bin/python3
 """`ray` in the serving image (Ray is installed in /opt/ray-site, found through a .pth)."""
@@ -141,6 +162,35 @@ def _install_ray(site: Path) -> None:
         subprocess.run(install, stdin=subprocess.DEVNULL, check=True)
 
 
+def _slim_ray(site: Path) -> None:
+    """Take out of Ray's install in `site` what the lab never runs, and strip its executables."""
+    # Console scripts naming this machine's interpreter, and Ray's Java runtime (33 MB) that
+    # nothing here starts.
+    shutil.rmtree(site / "bin")
+    shutil.rmtree(site / "ray/jars")
+    shutil.rmtree(site / RAY_DASHBOARD_UI)
+    subprocess.run(
+        ["strip", "--strip-unneeded", *(str(site / path) for path in RAY_UNSTRIPPED)],
+        stdin=subprocess.DEVNULL, check=True,
+    )  # fmt: skip
+
+
+def _slim_debian(rootfs: Path) -> None:
+    """Take out of debootstrap's tree what no serving container reads."""
+    unread = [entry for path in DEBIAN_UNREAD for entry in (rootfs / path).glob("*")]
+    # A package's doc directory may be a link to another's: its files are that one's.
+    docs = [package for package in (rootfs / DEBIAN_DOC).glob("*") if not package.is_symlink()]
+    unread += [doc for package in docs for doc in package.glob("*") if doc.name != "copyright"]
+    unread += [
+        language for language in (rootfs / DEBIAN_TRANSLATIONS).glob("*") if language.is_dir()
+    ]
+    for entry in unread:
+        if entry.is_dir() and not entry.is_symlink():
+            shutil.rmtree(entry)
+        else:
+            entry.unlink()
+
+
 def _executable(path: Path, text: str) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(text)
@@ -150,19 +200,18 @@ def _executable(path: Path, text: str) -> None:
 def assemble_serving_rootfs(rootfs: Path, gguf_model: Path) -> None:
     """Make a debootstrapped Debian 12 tree with python3 the serving image.
 
-    Adds Ray (core only: `ray start` runs without the dashboard extras), a `ray` command, the
+    Empties what debootstrap left that no container reads (_slim_debian), adds Ray (core only:
+    `ray start` runs without the dashboard extras; stripped, _slim_ray), a `ray` command, the
     `vllm` stand-in and the option list it checks command lines against, the `hf download`
     stand-in, the stand-ins' model (standin_model.py) and PyTorch's (torch_standin.py, the NCCL
     test's) on python3's path, and the lab's GGUF model (`gguf_model`) for the `hf` stand-in.
     """
     if not (rootfs / f"usr/bin/python{IMAGE_PYTHON}").exists():
         raise RuntimeError(f"{rootfs} has no python{IMAGE_PYTHON}, which Ray's wheels are for")
+    _slim_debian(rootfs)
     site = rootfs / RAY_SITE
     _install_ray(site)
-    # Console scripts naming this machine's interpreter, and Ray's Java runtime (33 MB) that
-    # nothing here starts.
-    shutil.rmtree(site / "bin")
-    shutil.rmtree(site / "ray/jars")
+    _slim_ray(site)
     pth = rootfs / RAY_PTH
     pth.parent.mkdir(parents=True, exist_ok=True)
     pth.write_text(f"/{RAY_SITE}\n")
