@@ -59,11 +59,8 @@ def model_on_box(weights: ModelOnBox, what: str) -> None:
 
 
 def serve(served: ServedLane, held: bool = False) -> None:
-    if held:
-        name = f"Lane {served.name}: its files, the head stopped where they changed"
-        lanes.serving(name=name, unit=served, held=True)
-        return
-    lanes.serving(name=f"Lane {served.name}: {served.title}", unit=served)
+    title = "its files, the head stopped where they changed" if held else served.title
+    lanes.serving(name=f"Lane {served.name}: {title}", unit=served, held=held)
 
 
 def metrics_lanes(watch: Metrics) -> list[dict]:
