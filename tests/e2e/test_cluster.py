@@ -17,6 +17,7 @@ import shlex
 import socket
 import subprocess
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
@@ -58,6 +59,17 @@ def changes(result: subprocess.CompletedProcess) -> int:
     assert total, f"no results table in pyinfra's output:\n{text}"
     assert total[3] == "-", f"pyinfra reported errors:\n{text}"
     return 0 if total[2] == "-" else int(total[2])
+
+
+# How often a wait asks Ray: as often as spark-ray-nodes itself (its sleep 5). Each `ray status`
+# costs a CPU second (1.1 s, measured on the lab), which a wait asking every second took from
+# the tests running beside it.
+RAY_POLL_S = 5
+
+
+def until_ray(says: Callable[[], bool], seconds: float, what: str) -> None:
+    """until() for a question put to Ray."""
+    until(says, seconds, what, every=RAY_POLL_S)
 
 
 def alive(head: simlab.Host) -> str:
@@ -357,7 +369,7 @@ def test_a_stopped_worker_takes_the_lane_down_with_a_reason_and_it_comes_back(
 
 def test_deploy_forms_a_two_node_cluster_over_the_fabric(cluster: simlab.Lab) -> None:
     head = cluster.hosts[0]
-    until(lambda: alive(head) == "2 of 2 Ray nodes are alive", 120, "both nodes joined")
+    until_ray(lambda: alive(head) == "2 of 2 Ray nodes are alive", 120, "both nodes joined")
 
     def status() -> str:
         return run_on(head, f"sudo docker exec {ray.CONTAINER} ray status")
@@ -365,7 +377,7 @@ def test_deploy_forms_a_two_node_cluster_over_the_fabric(cluster: simlab.Lab) ->
     # One GPU on each box, none held: right after the test before brought the lane back, Ray
     # may still count a GPU of the lane's old placement group as used ("1.0 used of 2.0
     # reserved", seen in a CI-like run) until it removes that group.
-    until(lambda: "0.0/2.0 GPU" in status(), 60, "the old placement group gone")
+    until_ray(lambda: "0.0/2.0 GPU" in status(), 60, "the old placement group gone")
     # Each node is known by its fabric address (the token comes from the container's env).
     addresses = run_on(
         head,
@@ -429,9 +441,9 @@ def test_the_token_is_root_only_and_shown_nowhere(cluster: simlab.Lab) -> None:
 def test_a_stopped_worker_leaves_and_rejoins_when_started(cluster: simlab.Lab) -> None:
     head, worker = cluster.hosts
     run_on(worker, f"sudo systemctl stop {ray.UNIT}")
-    until(lambda: alive(head).startswith("1 of 2"), 120, "the head sees the worker gone")
+    until_ray(lambda: alive(head).startswith("1 of 2"), 120, "the head sees the worker gone")
     run_on(worker, f"sudo systemctl start {ray.UNIT}")
-    until(lambda: alive(head) == "2 of 2 Ray nodes are alive", 120, "the worker rejoined")
+    until_ray(lambda: alive(head) == "2 of 2 Ray nodes are alive", 120, "the worker rejoined")
 
 
 def test_a_worker_started_before_its_head_keeps_trying_until_it_joins(cluster: simlab.Lab) -> None:
@@ -457,7 +469,7 @@ def test_a_worker_started_before_its_head_keeps_trying_until_it_joins(cluster: s
     # Seen joining 72 s and 160 s after the start (a worker between two `ray start` tries
     # waits out its GCS reconnect timeout, then systemd's restart delay): the bound is for a
     # worker that never joins.
-    until(lambda: alive(head) == "2 of 2 Ray nodes are alive", 300, "the worker joined")
+    until_ray(lambda: alive(head) == "2 of 2 Ray nodes are alive", 300, "the worker joined")
 
 
 def test_a_flushed_firewall_chain_fails_compliance_and_the_deploy_restores_it(
