@@ -1,7 +1,8 @@
 """Two boxes on two cables (fabric_topology "pair-dual"): the lab cables both ports, the
 inventory gives no fabric addresses, and the deploy derives, configures and checks all four
 twins of each box; the NCCL test runs over all four; compliance passes and a second run changes
-nothing.
+nothing. Deployed as tests/e2e/fabric_inventory.py (no lanes): a box's lanes do not depend on
+its cabling, and test_lanes serves them on the session's pair.
 
 It boots the session's two boxes again with both ports cabled and leaves them so (conftest.cabled).
 """
@@ -21,6 +22,7 @@ from tests.simlab import lab as simlab
 
 pytestmark = [pytest.mark.lab, pytest.mark.recabled]
 
+INVENTORY = "tests/e2e/fabric_inventory.py"
 TWINS = ("enp1s0f1np1", "enP2p1s0f1np1", "enp1s0f0np0", "enP2p1s0f0np0")
 # Derived: one /24 per twin per cable, port 1's cable first (spark/topology.py).
 SUBNETS = dict(
@@ -31,7 +33,7 @@ SUBNETS = dict(
 @pytest.fixture(scope="module")
 def dual(lab: simlab.Lab) -> tuple[simlab.Lab, str]:
     dual_lab = cabled(lab, "pair-dual")
-    result = pyinfra("inventories/sim.py", "deploy.py")
+    result = pyinfra(INVENTORY, "deploy.py")
     return dual_lab, result.stdout + result.stderr
 
 
@@ -76,7 +78,7 @@ def test_the_link_rate_check_ran_and_every_twin_read_a_sparks_rate(dual) -> None
 
 
 def test_compliance_passes_and_a_second_deploy_changes_nothing(dual) -> None:
-    code, table, output = compliance()
+    code, table, output = compliance(inventory=INVENTORY)
     assert code == 0 and not not_passing(table), output
     assert any("enp1s0f0np0" in check for check in table), table  # port 0's twins checked too
-    assert changes(pyinfra("inventories/sim.py", "deploy.py")) == 0
+    assert changes(pyinfra(INVENTORY, "deploy.py")) == 0
