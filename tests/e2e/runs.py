@@ -11,7 +11,7 @@ import time
 from collections import Counter
 
 from tests.conftest import PYINFRA, pyinfra
-from tests.e2e.test_compliance import PARALLEL, compliance, not_passing
+from tests.e2e.test_compliance import compliance, not_passing
 from tests.e2e.test_host_layer import changes
 from tests.simlab import lab as simlab
 from tests.simlab.paths import REPO, STATE
@@ -76,5 +76,5 @@ def converged() -> None:
     """The run after changes nothing and every compliance check passes."""
     again = pyinfra(INVENTORY, "deploy.py")
     assert changes(again) == 0, again.stdout
-    code, table, output = compliance(*PARALLEL)
+    code, table, output = compliance()
     assert code == 0 and not_passing(table) == {}, output

@@ -21,7 +21,7 @@ import pytest
 
 from tests.conftest import Deployed, pyinfra, run_on
 from tests.e2e.runs import INVENTORY, output_of
-from tests.e2e.test_compliance import PARALLEL, compliance, not_passing
+from tests.e2e.test_compliance import compliance, not_passing
 from tests.e2e.test_host_layer import changes
 from tests.simlab import lab as simlab
 
@@ -97,7 +97,7 @@ def test_a_gid_entry_at_index_4_on_one_box_is_used_and_said(deployed: simlab.Lab
     try:
         result = pyinfra(INVENTORY, "deploy.py")
         assert changes(result) == 0, output_of(result)  # nothing NCCL reads names an index
-        code, table, output = compliance(*PARALLEL)
+        code, table, output = compliance()
         assert code == 0 and not_passing(table) == {}, output
         for _twin, hca in simlab.FABRIC_TWINS:
             row = table[f"RoCE v2 IPv4 GID {hca}"]

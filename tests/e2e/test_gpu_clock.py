@@ -18,7 +18,7 @@ from files.spark_metrics import clock_journal_command, locked_clocks
 from spark.box_paths import GPU_CLOCK_UNIT
 from tests.conftest import Deployed, pyinfra, run_on
 from tests.e2e.runs import converged
-from tests.e2e.test_compliance import PARALLEL, compliance, not_passing
+from tests.e2e.test_compliance import compliance, not_passing
 from tests.e2e.test_host_layer import changes
 from tests.simlab import lab as simlab
 from tests.simlab.standins import GPU_CLOCK_RECORD
@@ -78,7 +78,7 @@ def test_each_box_locks_its_clock_and_again_after_a_reboot(deployed_lab: Deploye
 
 
 def compliance_of(inventory: str) -> tuple[int, dict, str]:
-    return compliance("--inventory", inventory, *PARALLEL)
+    return compliance(inventory=inventory)
 
 
 def test_turned_off_on_one_box_its_clocks_are_reset_and_the_unit_gone(

@@ -35,7 +35,7 @@ from tests.conftest import Deployed, pyinfra, run_on
 from tests.e2e.on_demand_lanes import CODER, FAST, IDLE_S, SPARE
 from tests.e2e.runs import INVENTORY as DEFAULT_INVENTORY
 from tests.e2e.runs import power_cut, power_on
-from tests.e2e.test_compliance import PARALLEL, compliance, not_passing
+from tests.e2e.test_compliance import compliance, not_passing
 from tests.e2e.test_host_layer import changes
 from tests.e2e.test_lanes import HTTP, key_of, unit
 from tests.simlab import lab as simlab
@@ -234,7 +234,7 @@ def test_a_second_deploy_changes_nothing_and_compliance_passes_waking_no_lane(
     again = pyinfra(INVENTORY, "deploy.py")
     assert changes(again) == 0, again.stdout
     assert (active(box, FAST), active(box, SPARE)) == ("inactive", "inactive")
-    code, table, output = compliance(*PARALLEL, inventory=INVENTORY)
+    code, table, output = compliance(inventory=INVENTORY)
     assert code == 0 and not_passing(table) == {}, output
     assert table["on-demand lanes: socket, proxy, conflicts"][box.name] == "PASS fast, spare"
     idle = "PASS fast, spare idle on demand (not woken)"

@@ -12,7 +12,7 @@ import pytest
 
 from tests.conftest import Deployed, pyinfra, run_on
 from tests.e2e.runs import INVENTORY, output_of
-from tests.e2e.test_compliance import PARALLEL, compliance, not_passing
+from tests.e2e.test_compliance import compliance, not_passing
 from tests.simlab import lab as simlab
 
 pytestmark = pytest.mark.lab
@@ -73,7 +73,7 @@ def test_teardown_of_a_box_leaving_the_cluster_then_the_pair_again(
     assert len(run_on(spark_2, kept).split()) == 2
     assert "fabric-enp1s0f1np1" in run_on(spark_2, "nmcli -g NAME connection show")
     # Compliance of the pair's inventory: spark-2's lanes and secrets are absent.
-    code, table, output = compliance(*PARALLEL)
+    code, table, output = compliance()
     assert code != 0
     found = not_passing(table)
     for check in ("lanes enabled, serving, in order", "lane secrets root 0600"):
