@@ -665,7 +665,7 @@ def test_the_lane_on_an_image_without_ray_runs_on_vllms_own_multinode_mode(
     # The rendezvous port is the fabric's only, like the cluster's other ports.
     assert connects(head.mgmt_ip, 29501) == "refused"
     assert connects(HEAD_IP, 29501, worker) == "open"
-    code, table, output = compliance("--inventory", MP_INVENTORY)
+    code, table, output = compliance(inventory=MP_INVENTORY)
     assert code == 0, output
     assert table["cluster lane active, all nodes in"] == {head.name: "PASS", worker.name: "PASS"}
     assert table["Ray unit enabled and running"][worker.name].startswith("SKIP"), output
@@ -721,7 +721,7 @@ def test_an_mp_rank_lost_or_a_head_restarted_brings_the_lane_back_on_every_box(
             "the worker's watch",
         )
         # Meanwhile no rank can join: compliance names the lane on both boxes.
-        code, table, output = compliance("--inventory", MP_INVENTORY, "-k", "cluster_lane")
+        code, table, output = compliance("-k", "cluster_lane", inventory=MP_INVENTORY)
         assert code != 0, output
         row = table["cluster lane active, all nodes in"]
         assert all(cell.startswith("FAIL") for cell in row.values()), output

@@ -77,10 +77,6 @@ def test_each_box_locks_its_clock_and_again_after_a_reboot(deployed_lab: Deploye
     converged()  # a deploy changes nothing; compliance passes
 
 
-def compliance_of(inventory: str) -> tuple[int, dict, str]:
-    return compliance(inventory=inventory)
-
-
 def test_turned_off_on_one_box_its_clocks_are_reset_and_the_unit_gone(
     deployed_lab: Deployed,
 ) -> None:
@@ -93,7 +89,7 @@ def test_turned_off_on_one_box_its_clocks_are_reset_and_the_unit_gone(
     assert locked(head) and recorded(head) == "300,2200"  # the other box keeps its lock
     again = pyinfra(OFF, "deploy.py")
     assert changes(again) == 0, again.stdout
-    code, table, output = compliance_of(OFF)
+    code, table, output = compliance(inventory=OFF)
     assert code == 0 and not_passing(table) == {}, output
     # Turned on again: the unit back, run at once.
     result = pyinfra(DEFAULT, "deploy.py")

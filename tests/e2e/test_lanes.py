@@ -345,7 +345,7 @@ def test_a_llama_cpp_lane_of_the_real_server_serves_beside_a_vllm_one(
     called = run_as_owner(tmp_path, str(OPENCODE), "run", "--agent", "probe", "-m", model, "hi")
     assert called.returncode == 0, called.stdout + called.stderr
     assert prompt_tokens(host, lane) > prompted_before  # llama-server read OpenCode's prompt
-    code, checks, said = compliance("--inventory", LLAMA_INVENTORY, "--limit", host.name)
+    code, checks, said = compliance("--limit", host.name, inventory=LLAMA_INVENTORY)
     assert code == 0 and not_passing(checks) == {}, said
     # The throughput probe (make lane-bench) on both lanes: the stand-ins' numbers, not a Spark's.
     started = time.monotonic()

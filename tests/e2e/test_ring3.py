@@ -116,7 +116,7 @@ def test_the_nccl_test_passes_on_every_box_over_all_four_twins(ring) -> None:
 
 
 def test_compliance_passes_and_a_second_deploy_changes_nothing(ring) -> None:
-    code, table, output = compliance("--inventory", INVENTORY)
+    code, table, output = compliance(inventory=INVENTORY)
     left = not_passing(table)
     # Ray's and its firewall's checks skip on a ring: the deploy leaves them out.
     assert code == 0 and all(cell.startswith("SKIP a ring") for cell in left.values()), output

@@ -141,7 +141,7 @@ def test_the_four_boxes_are_one_ray_cluster(switched: simlab.Lab) -> None:
 
 
 def test_compliance_passes_and_a_second_deploy_changes_nothing(switched: simlab.Lab) -> None:
-    code, table, output = compliance("--inventory", INVENTORY)
+    code, table, output = compliance(inventory=INVENTORY)
     assert code == 0 and not not_passing(table), output
     assert {box for row in table.values() for box in row} == {h.name for h in switched.hosts}
     assert set(table["NCCL test passed"].values()) == {"PASS"}, table  # all four ranks
@@ -192,7 +192,7 @@ def test_the_pairs_nccl_runs_over_port_0_alone(port0_pair) -> None:
 
 
 def test_the_pairs_compliance_passes_and_a_second_deploy_changes_nothing(port0_pair) -> None:
-    code, table, output = compliance("--inventory", PAIR_INVENTORY)
+    code, table, output = compliance(inventory=PAIR_INVENTORY)
     assert code == 0 and not not_passing(table), output
     assert {box for row in table.values() for box in row} == {h.name for h in port0_pair}
     assert any("enp1s0f0np0" in check for check in table), table  # port 0's twins checked
