@@ -21,6 +21,7 @@ import ipaddress
 import json
 import os
 import select
+import socket
 import stat
 import subprocess
 from pathlib import Path
@@ -142,6 +143,19 @@ def speed_text(netdev: str, mbps: int) -> str:
     return f"{mbps if carrier == '1' else -1}\n"
 
 
+def notify_ready() -> None:
+    """Tell systemd the tables and rates are written (Type=notify, sd_notify(3)'s protocol), so
+    that `systemctl restart` returns with them shown, as a kernel shows a change at once, and
+    NetworkManager, ordered after this service, starts with the devices in place."""
+    address = os.environ.get("NOTIFY_SOCKET")
+    if not address:
+        return
+    if address.startswith("@"):  # an abstract socket
+        address = "\0" + address[1:]
+    with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as sock:
+        sock.sendto(b"READY=1", address)
+
+
 def main() -> None:
     hardware = json.loads(HARDWARE.read_text()) if HARDWARE.exists() else {}
     hcas = hardware.get("hcas", {"rocep1s0f1": "enp1s0f1np1", "roceP2p1s0f1": "enP2p1s0f1np1"})
@@ -154,6 +168,7 @@ def main() -> None:
     bind_kernel(hardware.get("kernel"))
     last: dict[str, list] = {}
     changes = monitor()  # before the first read: a change made in between is heard
+    ready = False
     while True:
         for hca, netdev in hcas.items():
             rows = entries(netdev, None if hca in no_v2 else v2_index)
@@ -164,6 +179,9 @@ def main() -> None:
             text = speed_text(netdev, speeds[netdev])
             if path.read_text() != text:
                 path.write_text(text)
+        if not ready:
+            notify_ready()
+            ready = True
         heard = select.select([changes.stdout], [], [], RESYNC_S)[0]
         if heard and not os.read(changes.stdout.fileno(), 65536):  # the monitor ended
             changes.wait()
