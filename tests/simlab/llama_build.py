@@ -170,12 +170,14 @@ def lab_model() -> Path:
     target = CACHE / f"lab-model-{cache_key(*inputs)}.gguf"
     if cached(target):
         return target
-    python = gguf_python()
+    # Both before the lock: each takes it where it is not built yet, and a second flock of one
+    # thread's would wait on itself (the set-up builds the source beside this, caches.PHASES).
+    python, env = gguf_python(), gguf_env()
     with building(target, LOCK) as needed:
         if needed:
             partial = target.with_suffix(".partial")
             subprocess.run([str(python), str(writer), "write", str(partial)], check=True,
-                           env=gguf_env(), stdin=subprocess.DEVNULL)  # fmt: skip
+                           env=env, stdin=subprocess.DEVNULL)  # fmt: skip
             partial.rename(target)
     return target
 
