@@ -140,7 +140,7 @@ def measure(reps: int) -> dict:
         # Which goes first alternates too: a start may be quicker right after another.
         steps = (lambda: on_demand_request(host, key), lambda: started_directly(host))
         for step in steps if rep % 2 == 0 else reversed(steps):
-            loads.append(os.getloadavg()[0])
+            loads.append(round(os.getloadavg()[0], 2))
             for name, seconds in step().items():
                 samples[name].append(round(seconds, 3))
     stopped(host)
@@ -159,7 +159,7 @@ def main(argv: list[str] | None = None) -> int:
     if os.geteuid() != 0:
         parser.error("the lab needs root")
     machine = {"cpus": os.cpu_count(), "python": platform.python_version()}
-    load_start = os.getloadavg()[0]
+    load_start = round(os.getloadavg()[0], 2)
     started = time.monotonic()
     try:
         measured = measure(args.reps)
@@ -169,7 +169,7 @@ def main(argv: list[str] | None = None) -> int:
         "lane": FAST["name"], "inventory": INVENTORY, "reps": args.reps,
         "deploy_s": measured["deploy_s"], "samples_s": measured["samples_s"],
         **figures(measured["samples_s"]),
-        "load_average": {"start": load_start, "end": os.getloadavg()[0],
+        "load_average": {"start": load_start, "end": round(os.getloadavg()[0], 2),
                          "samples": measured["load_samples"]},
         "machine": machine, "bench_seconds": round(time.monotonic() - started),
     }  # fmt: skip
