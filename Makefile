@@ -9,7 +9,7 @@ STAMP := $(VENV)/.installed-$(shell sha256sum requirements.txt | cut -c1-12)
 INVENTORY ?= inventories/lab.py
 
 .PHONY: venv demo test unit plan compliance lane-bench lab-up lab-down bench copy-bench \
-	router-bench prometheus-config status clients variables
+	router-bench on-demand-bench prometheus-config status clients variables
 
 $(STAMP): requirements.txt
 	@command -v python3 >/dev/null && python3 -c 'import venv, ensurepip' 2>/dev/null \
@@ -106,11 +106,19 @@ lane-bench: $(STAMP)
 # Performance). Boots its own lab: SIMLAB_ID=<n> keeps it apart from another one; writes
 # bench-results.json.
 # BENCH_ARGS passes bench.run's options (make passes none of its own): BENCH_ARGS="--hosts 0".
-# Then copy-bench's and router-bench's.
+# Then on-demand-bench's, copy-bench's and router-bench's.
 bench: $(STAMP)
 	$(PY) -m bench.run $(BENCH_ARGS)
+	$(PY) -m bench.on_demand $(ON_DEMAND_BENCH_ARGS)
 	$(PY) -m bench.copy_rate $(COPY_BENCH_ARGS)
 	$(PY) -m bench.router $(ROUTER_BENCH_ARGS)
+
+# A lane on demand: a request's first token when it starts its lane against the lane's own start
+# (CONTRIBUTING.md: Performance, docs/on-demand.md); boots its own lab (SIMLAB_ID=<n>), deploys
+# tests/e2e/on_demand_inventory.py; writes on-demand-results.json.
+# ON_DEMAND_BENCH_ARGS passes bench.on_demand's options: ON_DEMAND_BENCH_ARGS="--reps 3".
+on-demand-bench: $(STAMP)
+	$(PY) -m bench.on_demand $(ON_DEMAND_BENCH_ARGS)
 
 # The fleet copy's rate against curl's over the same link (CONTRIBUTING.md: Performance; no lab:
 # two network namespaces as root, else loopback); writes copy-rate-results.json.

@@ -235,13 +235,13 @@ def served_names(url: str, key: str) -> set[str]:
         return set()
 
 
-def stream_chat(url: str, key: str, model: str) -> float:
+def stream_chat(url: str, key: str, model: str, timeout: float = REQUEST_TIMEOUT) -> float:
     """One short streaming chat; the seconds to its first content token. It must be answered
-    200 and end with [DONE] (RuntimeError otherwise)."""
+    200 and end with [DONE] (RuntimeError otherwise); `timeout` bounds each wait for a read."""
     body = json.dumps({"model": model, "stream": True, "max_tokens": 16,
                        "messages": [{"role": "user", "content": PROMPT}]})  # fmt: skip
     headers = {"Authorization": f"Bearer {key}", "Content-Type": "application/json"}
-    connection = http.client.HTTPConnection(*_split(url), timeout=REQUEST_TIMEOUT)
+    connection = http.client.HTTPConnection(*_split(url), timeout=timeout)
     started = time.perf_counter()
     first = None
     try:
