@@ -235,10 +235,10 @@ def serving(
     configured = util.put(StringIO(json.dumps(config, indent=2) + "\n"), CONFIG, found=found)
     if ca_bundle:
         configured += util.put(StringIO(bundle(ca_files or [])), ca_bundle, found=found)
-    elif found[CA_BUNDLE] is not None:
-        configured.append(f"rm -f {CA_BUNDLE}")
     if configured:
         configured.insert(0, f"install -d -m 755 {CONFIG.rsplit('/', 1)[0]}")
+    if not ca_bundle and found.get(CA_BUNDLE) is not None:  # no front speaks TLS any more
+        configured.append(f"rm -f {CA_BUNDLE}")
     yield from configured
     unit = util.template(
         "spark-router.service.j2",
