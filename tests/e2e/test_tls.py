@@ -129,7 +129,8 @@ def test_clients_talk_to_a_lane_over_tls_and_refuse_an_untrusted_certificate(
     assert routed.returncode == 0, routed.stderr
     head, _, answer = routed.stdout.partition("\r\n\r\n")
     assert head.startswith("HTTP/1.1 200"), routed.stdout
-    headers = dict(line.lower().split(": ", 1) for line in head.splitlines()[1:])
+    fields = (line.partition(":") for line in head.splitlines()[1:])
+    headers = {name.strip().lower(): value.strip() for name, _, value in fields}
     lanes = {f"https://{host.mgmt_ip}:{A['port']}/v1" for host in hosts}
     assert headers[API_BASE] in lanes, headers
     assert json.loads(answer)["choices"][0]["message"]["content"].endswith(SAID), answer
