@@ -35,6 +35,7 @@ from spark import router as litellm
 from spark.box_paths import FLEET_KEY
 from spark.inventory import ConfigError, load_from_dicts
 from spark.plan import plan
+from stages.show_plan import fleet_text
 from tests.unit.certificates import made
 from tests.unit.harness import (
     FakeHost,
@@ -555,6 +556,10 @@ def test_the_bundle_holds_each_tls_fronts_authority_once_in_inventory_order(
     front_a2 = made(tmp_path / "a2", "a", ("a",), issuer=authority)
     both = plan(two_fronts(tls(front_a2, authority), tls(front_b, authority))).fleet
     assert both.ca_files == (str(authority.path),)
+    assert (
+        f"TLS fronts verified with /etc/spark/router/fronts-ca.pem: {authority.path}\n"
+        in fleet_text(both)
+    )
     plain = plan(two_fronts({}, {})).fleet
     assert (plain.ca_files, plain.ca_bundle) == ((), None)
     assert "ssl_verify" not in plain.config["litellm_settings"]
