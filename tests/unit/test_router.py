@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -41,6 +42,7 @@ from tests.unit.harness import (
     FakeHost,
     captured,
     file_facts,
+    needs_tools,
     process,
     refusal,
     run_of,
@@ -48,6 +50,7 @@ from tests.unit.harness import (
 )
 from tests.unit.test_config import TWO_SPARKS, merged
 from tests.unit.test_fleet import independent, small
+from tests.unit.test_readme import commands, fences
 
 VENV = "/var/lib/spark/router/venv"
 REQUIREMENTS = "/var/lib/spark/router/requirements.txt"
@@ -630,4 +633,32 @@ def test_the_router_writes_its_bundle_and_removes_one_no_front_needs(
     assert commands == [
         f"rm -f {CA_BUNDLE}",
         f"systemctl restart spark-router.service && {SERVES}",
+    ]
+
+
+def router_doc_commands() -> list[str]:
+    """The sh commands of docs/router.md, as a reader copies them (continuations joined)."""
+    text = (Path(__file__).parents[2] / "docs" / "router.md").read_text()
+    return [command for tag, block in fences(text) if tag == "sh" for command in commands(block)]
+
+
+def test_the_docs_self_signed_certificate_is_one_the_router_trusts(tmp_path: Path) -> None:
+    """docs/router.md's openssl command, run as written: the certificate it makes passes the
+    router's checks as a box's front (spark-1.local, or 192.168.1.21), self-signed, with
+    front_tls_ca_file None; at an address it does not name, refused."""
+    needs_tools("openssl")
+    (made_here,) = [command for command in router_doc_commands() if command.startswith("openssl")]
+    done = subprocess.run(made_here, shell=True, cwd=tmp_path, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    files = {"front_tls_certificate_file": str(tmp_path / "spark-1.pem")}
+    files["front_tls_key_file"] = str(tmp_path / "spark-1.key")
+    for address in ("spark-1.local", "192.168.1.21"):
+        fleet = plan(two_fronts({"ssh_hostname": address} | files, {})).fleet
+        assert fleet.ca_files == (str(tmp_path / "spark-1.pem"),)
+    with pytest.raises(ConfigError) as caught:
+        two_fronts({"ssh_hostname": "spark-2.local"} | files, {})
+    assert caught.value.problems == [
+        "a: front_tls_certificate_file: its subjectAltName (IP:192.168.1.21, DNS:spark-1.local)"
+        " does not cover spark-2.local, where the router reaches the box (its ssh_hostname,"
+        " else its name); make the certificate with subjectAltName DNS:spark-2.local"
     ]
