@@ -120,6 +120,7 @@ prune_unused = False  # True: unused cached models and images removed
 front_allow_networks = []  # [] admits any client (each lane still asks its key)
 front_tls_certificate_file = None
 front_tls_key_file = None
+front_tls_ca_file = None  # None: each front's own certificate is trusted (self-signed)
 metrics = True
 metrics_port = 9100
 metrics_interval_s = 30

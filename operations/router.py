@@ -8,6 +8,7 @@ import json
 import re
 import shlex
 from io import StringIO
+from pathlib import Path
 
 from pyinfra import host, state
 from pyinfra.api import FactBase, StringCommand, operation
@@ -21,6 +22,7 @@ from operations.preflight import boxes_in_run
 from operations.ray import root_only_upload
 from spark.box_paths import FLEET_KEY, SECRETS_DIR, key_path
 from spark.router import (
+    CA_BUNDLE,
     CACHE_DIRS,
     CONFIG,
     ENVIRONMENT,
@@ -133,6 +135,13 @@ def fleet_key(source: str | None = None):
     yield from root_only_upload(StringIO(key), FLEET_KEY)
 
 
+def bundle(ca_files: list[str]) -> str:
+    """The router's CA bundle: the PEM files on this machine one after the other, each ending
+    in a newline (a PEM file need not end in one; the next BEGIN line must start a line)."""
+    texts = (Path(path).expanduser().read_text() for path in ca_files)
+    return "".join(text if text.endswith("\n") else f"{text}\n" for text in texts)
+
+
 def environment(keys: list[tuple[str, str, str]]) -> str | list[str]:
     """The router's EnvironmentFile: the fleet key (this box's) and each lane's key (``keys``:
     (variable, box, lane)), read from the boxes of the run; a box left out of it (``--limit``)
@@ -164,6 +173,8 @@ def serving(
     unit_command: list[str],
     loopback_port: int,
     keys: list[tuple[str, str, str]],
+    ca_files: list[str] | None = None,
+    ca_bundle: str | None = None,
 ):
     """
     LiteLLM's proxy serving on 127.0.0.1:``loopback_port``: python3-venv from the distribution,
@@ -177,6 +188,9 @@ def serving(
     + unit_command: the unit's ExecStart
     + loopback_port: where the router listens, on 127.0.0.1
     + keys: (variable, box, lane) of each keyed lane, read from its box (never logged)
+    + ca_files: the PEM files on this machine the router trusts the TLS fronts with
+    + ca_bundle: where they are written together, root 0644 (None: no front speaks TLS, and a
+      bundle left from an earlier deploy is removed)
 
     A lane box not in the run, or stopped in it, stops this box: the router needs every key.
 
@@ -202,7 +216,7 @@ def serving(
         return
     found_state = answer(RouterState)
     wanted = "".join(f"{line}\n" for line in requirements)
-    found = util.on_box(REQUIREMENTS, INSTALLED, ENVIRONMENT, CONFIG, UNIT_PATH)
+    found = util.on_box(REQUIREMENTS, INSTALLED, ENVIRONMENT, CONFIG, UNIT_PATH, CA_BUNDLE)
     installing: list = []
     if not found_state["venv_package"]:
         installing.append(debpkg.apt_install(PACKAGE))
@@ -219,8 +233,12 @@ def serving(
     )
     yield from secrets
     configured = util.put(StringIO(json.dumps(config, indent=2) + "\n"), CONFIG, found=found)
+    if ca_bundle:
+        configured += util.put(StringIO(bundle(ca_files or [])), ca_bundle, found=found)
     if configured:
         configured.insert(0, f"install -d -m 755 {CONFIG.rsplit('/', 1)[0]}")
+    if not ca_bundle and found.get(CA_BUNDLE) is not None:  # no front speaks TLS any more
+        configured.append(f"rm -f {CA_BUNDLE}")
     yield from configured
     unit = util.template(
         "spark-router.service.j2",
@@ -348,5 +366,8 @@ def questions() -> list[Question]:
     """What ``serving`` reads of this box (operations/asked.py)."""
     return [
         question(RouterState),
-        question(util.RootFiles, paths=(REQUIREMENTS, INSTALLED, ENVIRONMENT, CONFIG, UNIT_PATH)),
+        question(
+            util.RootFiles,
+            paths=(REQUIREMENTS, INSTALLED, ENVIRONMENT, CONFIG, UNIT_PATH, CA_BUNDLE),
+        ),
     ]

@@ -18,6 +18,7 @@ from spark.lane import listeners
 from spark.memory import box_budget
 from spark.options import option
 from spark.ports import metrics_exporter_port, port_owners
+from spark.trust import front_problems
 
 if TYPE_CHECKING:
     from collections.abc import Iterable
@@ -173,7 +174,7 @@ def problems(hosts: tuple[HostConfig, ...], cluster: Lane | None) -> list[str]:
     """Every problem of the fleet endpoint, each "<boxes>: <key>: <what>; <do>": the router's
     keys that differ between boxes, a router box not in the inventory, its port taken on its
     box, its memory share that does not fit there (``cluster``: the cluster lane, whose rank a
-    worker holds), a served name whose replicas differ."""
+    worker holds), a served name whose replicas differ, a TLS front the router cannot verify."""
     found = key_problems(hosts)
     names = [host.name for host in hosts]
     endpoint = router(hosts)
@@ -197,7 +198,19 @@ def problems(hosts: tuple[HostConfig, ...], cluster: Lane | None) -> list[str]:
         if host.name in endpoint.boxes:
             found += port_problems(host, endpoint)
             found += memory_problems(host, cluster, endpoint.memory_gib)
-    return found + replica_problems(hosts)
+    return found + replica_problems(hosts) + tls_problems(hosts)
+
+
+def tls_problems(hosts: tuple[HostConfig, ...]) -> list[str]:
+    """Each TLS front serving lanes as the router reaches it: its certificate verified against
+    what the router's bundle holds of it (front_tls_ca_file, else the certificate file itself),
+    its subjectAltName covering the box's address (spark/trust.py)."""
+    return [
+        problem
+        for host in hosts
+        if host.front_tls and host.lanes
+        for problem in front_problems(host.name, host.address, host.front_tls[0], host.front_tls_ca)
+    ]
 
 
 def key_problems(hosts: tuple[HostConfig, ...]) -> list[str]:

@@ -213,7 +213,7 @@ class RouterFront(Record):
     backend_port: int
     allow_networks: tuple[str, ...]  # empty: any
     key_from: str | None  # the fleet key made on this box (None), or copied from this router box
-    timeout_s: int  # nginx's wait for the router: its longest route's timeout, no shorter
+    timeout_s: int  # nginx's wait for the router: all its tries of its longest route
 
 
 class Front(Record):
@@ -423,6 +423,11 @@ class FleetEndpoint(Record):
     unit_command: tuple[str, ...]
     config: dict
     fleet_key_variable: str
+    # The router's trust of the TLS fronts: each TLS front's authority (front_tls_ca_file), else
+    # its certificate file, on this machine, once each in the inventory's order; and the bundle
+    # of them on each router box (its litellm_settings.ssl_verify). None: no front speaks TLS.
+    ca_files: tuple[str, ...]
+    ca_bundle: str | None
 
 
 class BoxPlan(Record):
@@ -773,7 +778,7 @@ def front(me: HostConfig, router: fleet.Router, router_timeout_s: int) -> Front:
     """Clients reach every lane of the box, the cluster lane's too, through nginx, which asks
     the lane's key on every path; the servers listen on loopback only. On a router box the
     router's port too, admitting the clients' networks and the scrapers' (its /metrics/),
-    waiting ``router_timeout_s`` for the router (the fleet's longest route timeout)."""
+    waiting ``router_timeout_s`` for the router (router.front_timeout_s of its longest route)."""
     allow = me.front_allow_networks
     if allow and me.metrics_allow_networks:
         allow = tuple(dict.fromkeys((*allow, *me.metrics_allow_networks)))
@@ -1025,6 +1030,14 @@ def fleet_endpoint(spark: SparkConfig) -> FleetEndpoint:
         )
         for name, lanes in fleet.served(spark.hosts).items()
     )
+    ca_files = tuple(
+        dict.fromkeys(
+            box.front_tls_ca or box.front_tls[0]
+            for box in spark.hosts
+            if box.front_tls and box.lanes
+        )
+    )
+    ca_bundle = litellm.CA_BUNDLE if ca_files else None
     deployments = [
         litellm.Deployment(
             route.served_name,
@@ -1048,15 +1061,17 @@ def fleet_endpoint(spark: SparkConfig) -> FleetEndpoint:
         requirements=litellm.requirements(),
         pip_command=litellm.pip_command(router.pip_index),
         unit_command=litellm.server_command(router.loopback_port),
-        config=litellm.litellm_config(deployments, router.health_interval_s),
+        config=litellm.litellm_config(deployments, router.health_interval_s, ca_bundle),
         fleet_key_variable=litellm.FLEET_KEY_VARIABLE,
+        ca_files=ca_files,
+        ca_bundle=ca_bundle,
     )
 
 
 def box_plan(
     me: HostConfig, spark: SparkConfig, router: fleet.Router, router_timeout_s: int
 ) -> BoxPlan:
-    """``router_timeout_s``: the fleet's longest route timeout, the router's front waits as long."""
+    """``router_timeout_s``: the router's front's wait for the router (plan)."""
     shares = memory(me, spark, router.memory_gib_on(me.name))
     lanes = own_lanes(me, spark, shares.conflicts)
     units = spark.units(me.name)
@@ -1103,10 +1118,13 @@ def plan(spark: SparkConfig) -> Plan:
     endpoint over them all."""
     router = fleet.router(spark.hosts)
     endpoint = fleet_endpoint(spark)
-    # Over every box's lanes, an independent box's router too.
-    longest = max(
-        (backend.timeout_s for route in endpoint.routes for backend in route.backends),
-        default=ANSWER_WAIT_S,
+    # Over every box's lanes, an independent box's router too: the router's front waits for
+    # every try LiteLLM may make of the longest route.
+    router_timeout_s = litellm.front_timeout_s(
+        max(
+            (backend.timeout_s for route in endpoint.routes for backend in route.backends),
+            default=ANSWER_WAIT_S,
+        )
     )
     return Plan(
         boxes=tuple(
@@ -1114,7 +1132,7 @@ def plan(spark: SparkConfig) -> Plan:
                 me,
                 spark.alone(me.name) if spark.independent else spark,
                 router,
-                longest,
+                router_timeout_s,
             )
             for me in spark.hosts
         ),

@@ -31,6 +31,8 @@ VENV = f"{ROUTER_DIR}/venv"
 REQUIREMENTS = f"{ROUTER_DIR}/requirements.txt"
 INSTALLED = f"{VENV}/spark-installed.txt"
 CONFIG = "/etc/spark/router/litellm.yaml"  # no secret in it: os.environ/<name> for each key
+# The authorities of the TLS fronts the router reaches (certificates are public: root 0644).
+CA_BUNDLE = "/etc/spark/router/fronts-ca.pem"
 # The router's keys (the fleet key, each lane's), root 0600: systemd reads an EnvironmentFile as
 # root before it starts the service as another user (systemd.exec: EnvironmentFile=).
 ENVIRONMENT = f"{SECRETS_DIR}/_router.env"
@@ -44,6 +46,23 @@ OFFLINE = {"LITELLM_LOCAL_MODEL_COST_MAP": "True"}
 # A failed request goes to another lane of its group; a lane failing once is left out for a while
 # (LiteLLM's docs: routing, "Retries" and "Cooldowns": router_settings).
 ROUTER_SETTINGS = {"num_retries": 2, "allowed_fails": 1, "cooldown_time": 30}
+# The longest LiteLLM sleeps before a retry: a lane's Retry-After of up to 60 s is obeyed, else
+# an exponential backoff capped at MAX_RETRY_DELAY (8 s), plus up to JITTER (0.75 s)
+# (litellm/utils.py calculate_retry_after; litellm/constants.py; LiteLLM 1.106.12), rounded up.
+RETRY_SLEEP_MAX_S = 61
+# LiteLLM's own work around the attempts (choosing a lane, its callbacks), and nginx's reads.
+FRONT_MARGIN_S = 60
+
+
+def front_timeout_s(route_timeout_s: int) -> int:
+    """How long the router's front waits for the router between two reads, so that it never
+    cuts a request LiteLLM still works on: nothing comes back before LiteLLM has an answer, and
+    LiteLLM may try a request 1 + num_retries times (litellm/router.py
+    async_function_with_retries; no retry inside an attempt: the router sets max_retries 0 in
+    default_litellm_params), each attempt waiting up to ``route_timeout_s`` (its deployment's
+    timeout), with a sleep of up to RETRY_SLEEP_MAX_S before each retry."""
+    retries = ROUTER_SETTINGS["num_retries"]
+    return (1 + retries) * route_timeout_s + retries * RETRY_SLEEP_MAX_S + FRONT_MARGIN_S
 
 
 def requirements(path: Path = REQUIREMENTS_FILE) -> tuple[str, ...]:
@@ -89,7 +108,9 @@ class Deployment(NamedTuple):
     timeout_s: int  # the wait for the lane between two reads of an answer
 
 
-def litellm_config(deployments: Iterable[Deployment], health_interval_s: int) -> dict:
+def litellm_config(
+    deployments: Iterable[Deployment], health_interval_s: int, ca_bundle: str | None = None
+) -> dict:
     """LiteLLM's proxy configuration (its YAML, here as the JSON subset of it).
 
     Each lane is a deployment of its served name (hosted_vllm/: LiteLLM's vLLM provider, an
@@ -108,6 +129,15 @@ def litellm_config(deployments: Iterable[Deployment], health_interval_s: int) ->
     timeout), given to httpx as a float, which makes it the wait for each read, not for the
     whole answer (litellm/llms/custom_httpx/http_handler.py AsyncHTTPHandler.post; httpx's
     Timeout). Without it LiteLLM waits 6000 s (litellm/constants.py).
+
+    ``ca_bundle`` (where a lane's front speaks HTTPS): the authorities LiteLLM verifies the
+    fronts with, in place of certifi's. litellm_settings.ssl_verify sets litellm.ssl_verify
+    (litellm/proxy/proxy_server.py: each litellm_settings key is set on litellm); the
+    hosted_vllm provider's requests go through BaseLLMHTTPHandler (litellm/main.py
+    _complete_hosted_vllm), whose httpx client (get_async_httpx_client) takes
+    get_ssl_configuration: with no ssl_verify of the deployment's, litellm.ssl_verify, and a
+    path that exists is the cafile of ssl.create_default_context
+    (litellm/llms/custom_httpx/http_handler.py get_ssl_verify, _create_ssl_context).
     """
     model_list = []
     for deployment in deployments:
@@ -133,5 +163,6 @@ def litellm_config(deployments: Iterable[Deployment], health_interval_s: int) ->
         },
         "router_settings": ROUTER_SETTINGS,
         # Prometheus' metrics at /metrics/ (LiteLLM's docs: proxy/prometheus); no usage report.
-        "litellm_settings": {"callbacks": ["prometheus"], "telemetry": False},
+        "litellm_settings": {"callbacks": ["prometheus"], "telemetry": False}
+        | ({"ssl_verify": ca_bundle} if ca_bundle else {}),
     }

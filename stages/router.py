@@ -38,4 +38,6 @@ def fleet_router(box: BoxPlan, fleet: FleetEndpoint) -> None:
             for backend in route.backends
             if backend.key_variable
         ],
+        ca_files=list(fleet.ca_files),
+        ca_bundle=fleet.ca_bundle,
     )

@@ -167,7 +167,12 @@ def fleet_text(endpoint: FleetEndpoint) -> str:
             f"{' '.join(LITELLM)}: {len(endpoint.requirements)} pinned packages from"
             f" {endpoint.pip_index or 'the default index of pip'}",
             f"unit {ROUTER_UNIT}: {' '.join(endpoint.unit_command)}",
-        ],
+        ]
+        + (
+            [f"TLS fronts verified with {endpoint.ca_bundle}: {', '.join(endpoint.ca_files)}"]
+            if endpoint.ca_bundle
+            else []
+        ),
     )
     out += rows("routes", [route_line(route) for route in endpoint.routes])
     return "\n".join(out)

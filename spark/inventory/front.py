@@ -56,8 +56,15 @@ class FrontKeys(BaseModel):
         "None, or the certificate's PEM private key file on this machine",
         why="The certificate's key, unencrypted, copied root-only to each box (/etc/spark/front/).",
     )
+    front_tls_ca_file: str | None = option(
+        "None (the router trusts the box's certificate file as it is: right for a self-signed"
+        " one), or a PEM file on this machine holding the authority that signed it",
+        why="The fleet's router reaches each lane over HTTPS through its front and verifies the"
+        " certificate against the bundle it is given (LiteLLM's litellm_settings.ssl_verify:"
+        ' docs, guides/security_settings, "Custom CA Bundle"), not the system\'s authorities.',
+    )
 
-    @field_validator("front_tls_certificate_file", "front_tls_key_file")
+    @field_validator("front_tls_certificate_file", "front_tls_key_file", "front_tls_ca_file")
     @classmethod
     def _pem_file(cls, path: str | None, info: ValidationInfo) -> str | None:
         if path is None:
@@ -67,7 +74,7 @@ class FrontKeys(BaseModel):
             # Not shown: a key pasted in place of its path would be printed.
             raise ValueError("the value is no file on this machine (not shown); give a path")
         text = file.read_text(errors="replace")
-        if info.field_name == "front_tls_certificate_file":
+        if info.field_name in ("front_tls_certificate_file", "front_tls_ca_file"):
             if "-----BEGIN CERTIFICATE-----" not in text:
                 raise ValueError("the file holds no PEM certificate (-----BEGIN CERTIFICATE-----)")
         elif "-----BEGIN ENCRYPTED PRIVATE KEY-----" in text:

@@ -111,6 +111,7 @@ class HostConfig(Frozen):
     prune_unused: bool
     front_allow_networks: tuple[str, ...]
     front_tls: tuple[str, str] | None  # certificate and key files on this machine
+    front_tls_ca: str | None  # the authority that signed the certificate, on this machine
     metrics: bool
     metrics_port: int
     metrics_interval_s: int
@@ -192,6 +193,7 @@ class HostConfig(Frozen):
                 if data.front_tls_certificate_file and data.front_tls_key_file
                 else None
             ),
+            front_tls_ca=data.front_tls_ca_file and str(Path(data.front_tls_ca_file).expanduser()),
             metrics=data.metrics,
             metrics_port=data.metrics_port,
             metrics_interval_s=data.metrics_interval_s,

@@ -1,7 +1,13 @@
-"""The front's TLS option (front_tls_certificate_file, front_tls_key_file) with real clients:
-curl and the OpenAI Python client talk to a lane over HTTPS with a certificate of a lab
-authority they are given, a streamed chat included, and refuse it where they trust only the
-system's authorities."""
+"""The front's TLS options (front_tls_certificate_file, front_tls_key_file, front_tls_ca_file)
+with real clients: curl and the OpenAI Python client talk to a lane over HTTPS with a
+certificate of a lab authority they are given, a streamed chat included, and refuse it where
+they trust only the system's authorities; the fleet's router (LiteLLM, on for this deploy:
+tests/e2e/router_inventory.py) reaches the TLS lanes trusting that authority, and answers a
+client over HTTPS at its own port.
+
+The router's virtualenv is what the router's module (test_router, before this one on the
+shared deployed lab) left on the head; the module after this one deploys the lab's own
+inventory again, which takes the router off (its virtualenv kept)."""
 
 from __future__ import annotations
 
@@ -12,9 +18,12 @@ from pathlib import Path
 
 import pytest
 
+from spark.router import CA_BUNDLE
 from tests.conftest import Deployed, pyinfra, run_on
-from tests.e2e.runs import INVENTORY
 from tests.e2e.test_lanes import A, key_of
+from tests.e2e.test_router import API_BASE, fleet_key_of
+from tests.e2e.test_router import INVENTORY as ROUTED
+from tests.e2e.test_router import endpoint as fleet_endpoint
 from tests.simlab.waits import patiently
 
 pytestmark = pytest.mark.lab
@@ -62,8 +71,9 @@ def test_clients_talk_to_a_lane_over_tls_and_refuse_an_untrusted_certificate(
 
     hosts = deployed_lab.lab.hosts
     ca, certificate, key = lab_authority(tmp_path, [host.mgmt_ip for host in hosts])
-    pyinfra(INVENTORY, "deploy.py", "--data", f"front_tls_certificate_file={certificate}",
-            "--data", f"front_tls_key_file={key}")  # fmt: skip
+    pyinfra(ROUTED, "deploy.py", "--data", f"front_tls_certificate_file={certificate}",
+            "--data", f"front_tls_key_file={key}", "--data", f"front_tls_ca_file={ca}",
+            timeout=1500)  # fmt: skip
     host = hosts[1]
     lane_key = key_of(host, A)
     base = f"https://{host.mgmt_ip}:{A['port']}/v1"
@@ -106,3 +116,21 @@ def test_clients_talk_to_a_lane_over_tls_and_refuse_an_untrusted_certificate(
     while cause is not None and not isinstance(cause, ssl.SSLCertVerificationError):
         cause = cause.__cause__ or cause.__context__
     assert isinstance(cause, ssl.SSLCertVerificationError), repr(refusal.value)
+
+    # The fleet's router, at its own port of the head's front (TLS too), with the fleet key: a
+    # chat answered by a lane it reached over HTTPS, trusting the lab's authority (its bundle).
+    fleet = fleet_endpoint()
+    router = deployed_lab.lab.host(fleet.boxes[0].name)
+    assert run_on(router, f"sudo stat -c '%U %a' {CA_BUNDLE}").strip() == "root 644"
+    body = json.dumps({"model": A["served_name"], "messages": CHAT})
+    routed = curl(f"https://{router.mgmt_ip}:{fleet.port}/v1/chat/completions",
+                  fleet_key_of(router), "--cacert", str(ca), "-D", "-",
+                  "-H", "Content-Type: application/json", "-d", body)  # fmt: skip
+    assert routed.returncode == 0, routed.stderr
+    head, _, answer = routed.stdout.partition("\n\n")  # curl's CRLFs read as text
+    assert head.startswith("HTTP/1.1 200"), routed.stdout
+    fields = (line.partition(":") for line in head.splitlines()[1:])
+    headers = {name.strip().lower(): value.strip() for name, _, value in fields}
+    lanes = {f"https://{host.mgmt_ip}:{A['port']}/v1" for host in hosts}
+    assert headers[API_BASE] in lanes, headers
+    assert json.loads(answer)["choices"][0]["message"]["content"].endswith(SAID), answer

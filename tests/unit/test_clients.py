@@ -20,6 +20,7 @@ from spark.inventory import load_from_dicts
 from spark.plan import plan
 from stages import clients, prometheus_config, status
 
+from .certificates import made
 from .test_config import REPO, TWO_SPARKS, merged
 from .test_preconnect import closed_port
 
@@ -494,9 +495,8 @@ def test_served_models_are_each_name_once_in_the_inventorys_order() -> None:
 def test_the_routers_urls_go_through_its_boxs_front_https_with_its_certificate(
     tmp_path: Path,
 ) -> None:
-    certificate, key = tmp_path / "cert.pem", tmp_path / "key.pem"
-    certificate.write_text("-----BEGIN CERTIFICATE-----\nMIIB\n")
-    key.write_text("-----BEGIN PRIVATE KEY-----\nMIIE\n")
+    front = made(tmp_path / "front", "spark-1", ("spark-1",))  # self-signed, for spark-1
+    certificate, key = front.path, front.key_path
     router = {"router_box": "spark-2", "router_failover_box": "spark-1", "router_port": 10200}
     hosts = {
         "spark-1": TWO_SPARKS["spark-1"]

@@ -22,6 +22,7 @@ import pytest
 import endpoints
 from operations import front
 from spark.inventory import ConfigError, load_from_dicts
+from tests.unit.certificates import made
 from tests.unit.harness import FakeHost, captured, file_facts, process, run_op
 from tests.unit.test_config import TWO_SPARKS, merged
 
@@ -238,9 +239,8 @@ def test_a_key_pasted_for_its_path_is_never_shown() -> None:
 
 
 def test_the_settings_reach_the_host_config(tmp_path: Path) -> None:
-    certificate, key = tmp_path / "cert.pem", tmp_path / "key.pem"
-    certificate.write_text("-----BEGIN CERTIFICATE-----\nMIIB\n")
-    key.write_text("-----BEGIN EC PRIVATE KEY-----\nMHcC\n")
+    front = made(tmp_path / "front", "spark-1", ("spark-1",))
+    certificate, key = front.path, front.key_path
     data = {
         "front_allow_networks": ["192.168.1.7/24"],
         "front_tls_certificate_file": str(certificate),
@@ -254,9 +254,8 @@ def test_the_settings_reach_the_host_config(tmp_path: Path) -> None:
 
 
 def test_clients_are_given_https_urls_when_the_front_has_a_certificate(tmp_path: Path) -> None:
-    certificate, key = tmp_path / "cert.pem", tmp_path / "key.pem"
-    certificate.write_text("-----BEGIN CERTIFICATE-----\nMIIB\n")
-    key.write_text("-----BEGIN PRIVATE KEY-----\nMIIE\n")
+    front = made(tmp_path / "front", "spark-1", ("spark-1",))
+    certificate, key = front.path, front.key_path
     data = {"front_tls_certificate_file": str(certificate), "front_tls_key_file": str(key)}
     spark = load_from_dicts(merged({**TWO_SPARKS, "spark-1": TWO_SPARKS["spark-1"] | data}))
     urls = [e.url for e in endpoints.endpoints_of(spark.host("spark-1"), "spark-1.local")]

@@ -20,6 +20,7 @@ from spark.inventory import load_from_dicts
 from spark.plan import Plan, plan
 from stages import prometheus_config
 from tests.simlab.rootfs import prometheus_binaries
+from tests.unit.certificates import made
 from tests.unit.harness import captured
 from tests.unit.test_config import TWO_SPARKS, merged
 
@@ -347,9 +348,8 @@ def test_make_prometheus_config_writes_both_files_for_the_owners_inventory(
 def test_a_router_job_per_router_box_https_where_its_front_has_tls(tmp_path: Path) -> None:
     """The router on spark-2 (router_box), its failover on spark-1, whose front has a
     certificate: https there; spark-2's metrics at 15 s, the failover box's at 30 s."""
-    certificate, key = tmp_path / "cert.pem", tmp_path / "key.pem"
-    certificate.write_text("-----BEGIN CERTIFICATE-----\nMIIB\n")
-    key.write_text("-----BEGIN PRIVATE KEY-----\nMIIE\n")
+    front = made(tmp_path / "front", "spark-1", ("spark-1",))  # self-signed, for spark-1
+    certificate, key = front.path, front.key_path
     router = {"router_box": "spark-2", "router_failover_box": "spark-1"}
     hosts = {
         "spark-1": TWO_SPARKS["spark-1"]

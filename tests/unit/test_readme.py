@@ -69,6 +69,8 @@ RUN_BY = (
     RunBy(r"sudo spark-lane-bench \w+ \d+", "tests/unit/test_lane_bench.py", "spark-lane-bench"),
     # Re-provisioning after a reimage: the section's block, run line by line on the lab.
     RunBy(r"ssh-keygen -R \S+", "tests/e2e/test_reprovision.py", "readme_commands()"),
+    # docs/router.md's self-signed front certificate, made and checked as the router checks it.
+    RunBy(r"openssl req -x509 .*", "tests/unit/test_router.py", "router_doc_commands()"),
     RunBy(
         r"ssh-keyscan -t ed25519 \S+"
         r" (\| tee /dev/stderr \| ssh-keygen -lf -|>> ~/\.ssh/known_hosts)",

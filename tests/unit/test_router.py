@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -33,12 +34,15 @@ from operations import front, router
 from operations.lanes import key_made
 from spark import router as litellm
 from spark.box_paths import FLEET_KEY
-from spark.inventory import load_from_dicts
+from spark.inventory import ConfigError, load_from_dicts
 from spark.plan import plan
+from stages.show_plan import fleet_text
+from tests.unit.certificates import made
 from tests.unit.harness import (
     FakeHost,
     captured,
     file_facts,
+    needs_tools,
     process,
     refusal,
     run_of,
@@ -46,6 +50,7 @@ from tests.unit.harness import (
 )
 from tests.unit.test_config import TWO_SPARKS, merged
 from tests.unit.test_fleet import independent, small
+from tests.unit.test_readme import commands, fences
 
 VENV = "/var/lib/spark/router/venv"
 REQUIREMENTS = "/var/lib/spark/router/requirements.txt"
@@ -53,6 +58,7 @@ INSTALLED = f"{VENV}/spark-installed.txt"
 ENVIRONMENT = "/etc/spark/secrets/_router.env"
 CONFIG = "/etc/spark/router/litellm.yaml"
 UNIT_PATH = "/etc/systemd/system/spark-router.service"
+CA_BUNDLE = "/etc/spark/router/fronts-ca.pem"
 SERVES = (
     "timeout 300 sh -c 'until curl -fsS -o /dev/null --max-time 5"
     " http://127.0.0.1:11100/health/liveliness; do sleep 1; done' || { echo 'spark-test:"
@@ -131,6 +137,29 @@ def test_litellm_config_names_each_key_and_leaves_on_demand_lanes_out_of_health_
     }  # fmt: skip
 
 
+def test_the_routers_front_waits_for_every_try_litellm_makes_of_a_route() -> None:
+    """LiteLLM 1.106.12 tries a request once, then num_retries (2) more times
+    (litellm/router.py async_function_with_retries), each try waiting up to the route's
+    timeout, and sleeps before each retry at most 60 s (a Retry-After it obeys) + 0.75 s of
+    jitter (litellm/utils.py calculate_retry_after), rounded up to 61; 60 s of margin. A resident
+    lane's route, one hour: 3 x 3,600 + 2 x 61 + 60 = 10,982 s."""
+    assert litellm.front_timeout_s(3600) == 10982
+    assert litellm.front_timeout_s(60) == 362  # 3 x 60 + 2 x 61 + 60
+
+
+def test_litellm_verifies_the_fronts_with_the_bundle_where_one_speaks_tls() -> None:
+    lane = litellm.Deployment("coder", "https://a:10101/v1", None, False, 3600)
+    settings = litellm.litellm_config([lane], 10, "/etc/spark/router/fronts-ca.pem")[
+        "litellm_settings"
+    ]
+    assert settings == {
+        "callbacks": ["prometheus"],
+        "telemetry": False,
+        "ssl_verify": "/etc/spark/router/fronts-ca.pem",
+    }
+    assert "ssl_verify" not in litellm.litellm_config([lane], 10)["litellm_settings"]
+
+
 # What the plan holds of it.
 
 
@@ -165,7 +194,7 @@ def test_the_plan_holds_the_routers_commands_its_config_and_each_lanes_key_varia
     # The router's port on the fronts of its boxes only; the failover takes the first's key.
     assert whole.box("a").front.router.model_dump() == {
         "port": 10100, "backend_port": 11100, "allow_networks": (), "key_from": None,
-        "timeout_s": 4800,  # b's on-demand lane's route: below
+        "timeout_s": 14582,  # every try of b's on-demand lane's route: below
     }  # fmt: skip
     assert whole.box("b").front.router.key_from == "a"
     assert fleet_plan().box("b").front.router is None
@@ -175,20 +204,21 @@ def test_an_on_demand_lanes_route_and_front_wait_for_its_load_then_its_answer() 
     """b's lane coder-b is on demand: its first request waits for its load, bounded by b's
     lane_start_timeout_min (group_data: 20, so 1,200 s), then for its answer as any lane's
     (ANSWER_WAIT_S, 3,600 s); a's resident lane only for its answer. The router's front waits
-    as long as its longest route; each lane's front as long as the router waits for the lane."""
+    for every try LiteLLM makes of its longest route (below); each lane's front as long as the
+    router waits for the lane."""
     whole = fleet_plan()
     assert [backend.timeout_s for backend in whole.fleet.routes[0].backends] == [3600, 4800]
     assert [entry["litellm_params"]["timeout"] for entry in whole.fleet.config["model_list"]] == [
         3600,
         4800,
     ]
-    assert whole.box("a").front.router.timeout_s == 4800
+    assert whole.box("a").front.router.timeout_s == 14582  # 3 x 4,800 + 2 x 61 + 60
     assert [lane.timeout_s for lane in whole.box("a").front.lanes] == [3600]
     assert [lane.timeout_s for lane in whole.box("b").front.lanes] == [4800]
     # A longer start timeout on b: its lane's route and front, and the router's front, wait longer.
     longer = fleet_plan(lane_start_timeout_min=240)  # 14,400 s
     assert [backend.timeout_s for backend in longer.fleet.routes[0].backends] == [3600, 18000]
-    assert longer.box("a").front.router.timeout_s == 18000
+    assert longer.box("a").front.router.timeout_s == 54182  # 3 x 18,000 + 2 x 61 + 60
     assert [lane.timeout_s for lane in longer.box("b").front.lanes] == [18000]
 
 
@@ -488,4 +518,147 @@ def test_a_failed_router_whose_unit_is_gone_is_stopped_and_forgotten() -> None:
     assert run_op(router.removed, host=failed, keep_virtualenv=True) == [
         "systemctl stop spark-router.service",
         "systemctl reset-failed spark-router.service || true",
+    ]
+
+
+# The router's trust of the TLS fronts (front_tls_ca_file; spark/trust.py).
+
+
+def tls(front: made, authority: made | None = None) -> dict[str, str]:
+    data = {
+        "front_tls_certificate_file": str(front.path),
+        "front_tls_key_file": str(front.key_path),
+    }
+    return data | ({"front_tls_ca_file": str(authority.path)} if authority else {})
+
+
+def two_fronts(a: dict[str, str], b: dict[str, str]):
+    """Boxes a and b (the fleet_plan's), each with these keys."""
+    lanes_a = [small("coder", 10101, 0.4, served_name="coder")]
+    lanes_b = [small("coder-b", 10105, 0.3, served_name="coder")]
+    boxes = independent(a={"lanes": lanes_a} | a, b={"lanes": lanes_b} | b)
+    return load_from_dicts(merged(boxes))
+
+
+def test_the_bundle_holds_each_tls_fronts_authority_once_in_inventory_order(
+    tmp_path: Path,
+) -> None:
+    """a's front self-signed (its own file trusted), b's signed by an authority given."""
+    authority = made(tmp_path / "ca", "fleet authority")
+    front_a = made(tmp_path / "a", "a", ("a",))
+    front_b = made(tmp_path / "b", "b", ("b",), issuer=authority)
+    fleet = plan(two_fronts(tls(front_a), tls(front_b, authority))).fleet
+    assert fleet.ca_files == (str(front_a.path), str(authority.path))
+    assert fleet.ca_bundle == "/etc/spark/router/fronts-ca.pem"
+    assert fleet.config["litellm_settings"]["ssl_verify"] == "/etc/spark/router/fronts-ca.pem"
+    assert [entry["litellm_params"]["api_base"] for entry in fleet.config["model_list"]] == [
+        "https://a:10101/v1",
+        "https://b:10105/v1",
+    ]
+    # One authority for both: once. No TLS front: no bundle, certifi's trust (LiteLLM's own).
+    front_a2 = made(tmp_path / "a2", "a", ("a",), issuer=authority)
+    both = plan(two_fronts(tls(front_a2, authority), tls(front_b, authority))).fleet
+    assert both.ca_files == (str(authority.path),)
+    assert (
+        f"TLS fronts verified with /etc/spark/router/fronts-ca.pem: {authority.path}\n"
+        in fleet_text(both)
+    )
+    plain = plan(two_fronts({}, {})).fleet
+    assert (plain.ca_files, plain.ca_bundle) == ((), None)
+    assert "ssl_verify" not in plain.config["litellm_settings"]
+
+
+def test_a_front_the_router_cannot_verify_is_refused_naming_the_box_the_key_and_the_fix(
+    tmp_path: Path,
+) -> None:
+    authority = made(tmp_path / "ca", "fleet authority")
+    other = made(tmp_path / "other", "another authority")
+    signed = made(tmp_path / "a", "a", ("a",), issuer=authority)
+    elsewhere = made(tmp_path / "b", "b", ("10.0.0.9", "b.lan"))
+    with pytest.raises(ConfigError) as caught:
+        two_fronts(tls(signed), tls(elsewhere))
+    assert caught.value.problems == [
+        "a: front_tls_certificate_file: the fleet's router trusts the certificate file's own"
+        " certificates, and the front's certificate does not chain to one: 'a' is signed by"
+        " 'CN=fleet authority', which is not among them; give the authority that signed it"
+        " (its self-signed root) in front_tls_ca_file",
+        "b: front_tls_certificate_file: its subjectAltName (IP:10.0.0.9, DNS:b.lan) does not"
+        " cover b, where the router reaches the box (its ssh_hostname, else its name); make the"
+        " certificate with subjectAltName DNS:b",
+    ]
+    with pytest.raises(ConfigError) as caught:
+        two_fronts(tls(signed, other), {"ssh_hostname": "10.0.0.8"} | tls(elsewhere))
+    assert caught.value.problems == [
+        "a: front_tls_ca_file: the fleet's router trusts front_tls_ca_file's certificates, and"
+        " the front's certificate does not chain to one: 'a' is signed by 'CN=fleet"
+        " authority', which is not among them; give the authority that signed it (its"
+        " self-signed root) in front_tls_ca_file",
+        "b: front_tls_certificate_file: its subjectAltName (IP:10.0.0.9, DNS:b.lan) does not"
+        " cover 10.0.0.8, where the router reaches the box (its ssh_hostname, else its name);"
+        " make the certificate with subjectAltName IP:10.0.0.8",
+    ]
+    # An address the certificate names, and a wildcard of its domain: both pass.
+    wild = made(tmp_path / "w", "b", ("*.lan",))
+    two_fronts(tls(signed, authority), {"ssh_hostname": "b.lan"} | tls(wild))
+    two_fronts(tls(signed, authority), {"ssh_hostname": "10.0.0.9"} | tls(elsewhere))
+
+
+def test_the_authority_file_must_hold_a_pem_certificate(tmp_path: Path) -> None:
+    front = made(tmp_path / "a", "a", ("a",))
+    with pytest.raises(ConfigError) as caught:
+        two_fronts(tls(front) | {"front_tls_ca_file": str(front.key_path)}, {})
+    assert caught.value.problems == [
+        "a: front_tls_ca_file: the file holds no PEM certificate (-----BEGIN CERTIFICATE-----)"
+    ]
+
+
+def test_the_router_writes_its_bundle_and_removes_one_no_front_needs(
+    keys: dict, tmp_path: Path
+) -> None:
+    authority = made(tmp_path / "ca", "fleet authority")
+    front = made(tmp_path / "a", "a", ("a",))
+    bundle = front.path.read_text() + authority.path.read_text()
+    box = router_box("deployed", deployed_files() | {CA_BUNDLE: None})
+    ca = {"ca_files": [str(front.path), str(authority.path)], "ca_bundle": CA_BUNDLE}
+    with _run(box, FakeHost({}, name="a"), FakeHost({}, name="b")):
+        commands = run_op(router.serving, host=box, **SERVING, **ca)
+    assert box.uploads == {CA_BUNDLE: bundle}
+    assert commands[-1] == f"systemctl restart spark-router.service && {SERVES}"
+    # Written: nothing to do. TLS gone from every front: the bundle removed, the router restarted.
+    written = router_box("deployed", deployed_files() | {CA_BUNDLE: ("644", bundle)})
+    with _run(written, FakeHost({}, name="a"), FakeHost({}, name="b")):
+        assert run_op(router.serving, host=written, **SERVING, **ca) == []
+    with _run(written, FakeHost({}, name="a"), FakeHost({}, name="b")):
+        commands = run_op(router.serving, host=written, **SERVING)
+    assert commands == [
+        f"rm -f {CA_BUNDLE}",
+        f"systemctl restart spark-router.service && {SERVES}",
+    ]
+
+
+def router_doc_commands() -> list[str]:
+    """The sh commands of docs/router.md, as a reader copies them (continuations joined)."""
+    text = (Path(__file__).parents[2] / "docs" / "router.md").read_text()
+    return [command for tag, block in fences(text) if tag == "sh" for command in commands(block)]
+
+
+def test_the_docs_self_signed_certificate_is_one_the_router_trusts(tmp_path: Path) -> None:
+    """docs/router.md's openssl command, run as written: the certificate it makes passes the
+    router's checks as a box's front (spark-1.local, or 192.168.1.21), self-signed, with
+    front_tls_ca_file None; at an address it does not name, refused."""
+    needs_tools("openssl")
+    (made_here,) = [command for command in router_doc_commands() if command.startswith("openssl")]
+    done = subprocess.run(made_here, shell=True, cwd=tmp_path, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    files = {"front_tls_certificate_file": str(tmp_path / "spark-1.pem")}
+    files["front_tls_key_file"] = str(tmp_path / "spark-1.key")
+    for address in ("spark-1.local", "192.168.1.21"):
+        fleet = plan(two_fronts({"ssh_hostname": address} | files, {})).fleet
+        assert fleet.ca_files == (str(tmp_path / "spark-1.pem"),)
+    with pytest.raises(ConfigError) as caught:
+        two_fronts({"ssh_hostname": "spark-2.local"} | files, {})
+    assert caught.value.problems == [
+        "a: front_tls_certificate_file: its subjectAltName (IP:192.168.1.21, DNS:spark-1.local)"
+        " does not cover spark-2.local, where the router reaches the box (its ssh_hostname,"
+        " else its name); make the certificate with subjectAltName DNS:spark-2.local"
     ]
