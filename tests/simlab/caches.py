@@ -80,8 +80,11 @@ def build_all(phases: Sequence[Sequence[Chain]] = PHASES) -> dict[str, float]:
     started = monotonic()
     for chains in phases:
         with ThreadPoolExecutor(len(chains)) as pool:
-            for chain_seconds in pool.map(build_chain, chains):
-                seconds |= chain_seconds
+            # Every chain submitted, and waited for as the pool closes (map would cancel those
+            # not started once one failed); then the first failure, in PHASES' order, raised.
+            runs = [pool.submit(build_chain, chain) for chain in chains]
+        for run in runs:
+            seconds |= run.result()
     wall = monotonic() - started
     log(f"cache: all in {wall:.0f} s (the builds one after another: {sum(seconds.values()):.0f} s)")
     return seconds
