@@ -35,13 +35,14 @@ if Path.cwd().resolve() != COLLECTION:
     )
 
 from operations import asked
-from stages import detected, run_summary, runmode, settings
+from stages import deploy_file, detected, run_summary, runmode, settings
 from stages.cluster import cluster
 from stages.fabric import fabric
 from stages.host_layer import host_layer
 from stages.lanes_front import lanes_and_front
 from stages.router import fleet_router
 
+deploy_file.known_to_inspect(__file__)  # pyinfra's stack walk per operation finds it at once
 run_summary.register(state)  # after the run, one line per box: converged, or where it stopped
 fleet = settings.plan(inventory)  # every box's plan, computed once per run
 box = fleet.box(host.name)
