@@ -217,11 +217,14 @@ def following(run: State) -> Asked | None:
 
 
 def ahead(questions: Iterable[Question]) -> None:
-    """Say which facts this box's next stage will read: the first of them read asks them all."""
+    """Say which facts this box's next stage will read: the first of them read asks them all.
+    A group said again (deploy.py says every stage's before the first runs) is kept once."""
     asked = following(state)
     group = tuple(dict.fromkeys(questions))
     if asked is not None and group:
-        asked.ahead.setdefault(host.name, []).append(group)
+        groups = asked.ahead.setdefault(host.name, [])
+        if group not in groups:
+            groups.append(group)
 
 
 def answer(
