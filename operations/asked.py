@@ -6,7 +6,8 @@ pyinfra 3.10 keeps no fact cache: every ``host.get_fact`` runs its command
 asks a box a dozen commands even when it has nothing to change. Here:
 
 - a stage says, when pyinfra prepares it, which facts its operations will read on its box
-  (``ahead``; each operations module lists its own operations' questions);
+  (``ahead``; each operations module lists its own operations' questions; deploy.py says every
+  stage's before the first stage runs);
 - the first of them an operation reads (``answer``, in place of ``host.get_fact``) asks all of
   them not known yet in one command (``Answers``: each fact's own command, parsed by the fact's own
   ``process``);
