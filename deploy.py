@@ -35,25 +35,43 @@ if Path.cwd().resolve() != COLLECTION:
     )
 
 from operations import asked
-from stages import detected, run_summary, runmode, settings
-from stages.cluster import cluster
-from stages.fabric import fabric
-from stages.host_layer import host_layer
-from stages.lanes_front import lanes_and_front
-from stages.router import fleet_router
+from stages import (
+    cluster,
+    deploy_file,
+    detected,
+    fabric,
+    host_layer,
+    lanes_front,
+    router,
+    run_summary,
+    runmode,
+    settings,
+)
 
+deploy_file.known_to_inspect(__file__)  # pyinfra's stack walk per operation finds it at once
 run_summary.register(state)  # after the run, one line per box: converged, or where it stopped
 fleet = settings.plan(inventory)  # every box's plan, computed once per run
 box = fleet.box(host.name)
 runmode.check(state)  # --serial, --no-wait, a small --parallel: refused for several boxes
 asked.register(state)  # without -y: what change detection found unchanged is not asked again
 
+# Every stage's questions said before the first stage runs (pyinfra's change detection runs each
+# operation as its stage is prepared): a box with nothing to change is asked them in one command.
+for questions in (
+    host_layer.questions(box),
+    fabric.questions(box),
+    lanes_front.questions(box),
+    cluster.questions(box),
+    router.questions(box, fleet.fleet),
+):
+    asked.ahead(questions)
+
 once = [detected.still_to_run]
-host_layer(box, _if=once)
-fabric(box, _if=once)
-lanes_and_front(box, _if=once)
-cluster(box, _if=once)
-fleet_router(box, fleet.fleet, _if=once)
+host_layer.host_layer(box, _if=once)
+fabric.fabric(box, _if=once)
+lanes_front.lanes_and_front(box, _if=once)
+cluster.cluster(box, _if=once)
+router.fleet_router(box, fleet.fleet, _if=once)
 
 # Clients reach a box at the address the inventory connects to.
 run_summary.report_endpoints(state, settings.load(inventory).host(host.name), address=box.address)

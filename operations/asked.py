@@ -6,7 +6,8 @@ pyinfra 3.10 keeps no fact cache: every ``host.get_fact`` runs its command
 asks a box a dozen commands even when it has nothing to change. Here:
 
 - a stage says, when pyinfra prepares it, which facts its operations will read on its box
-  (``ahead``; each operations module lists its own operations' questions);
+  (``ahead``; each operations module lists its own operations' questions; deploy.py says every
+  stage's before the first stage runs);
 - the first of them an operation reads (``answer``, in place of ``host.get_fact``) asks all of
   them not known yet in one command (``Answers``: each fact's own command, parsed by the fact's own
   ``process``);
@@ -15,7 +16,9 @@ asks a box a dozen commands even when it has nothing to change. Here:
   never twice to one operation in one pass (it may have changed what it reads since);
 - otherwise, and for a question not said ahead, it is pyinfra's own ``host.get_fact``.
 
-A stage's group is asked in one command once per pass (change detection, execution) and box;
+The first group a box is asked in a pass (change detection, execution) brings its later
+stages' questions with it: a box with nothing to change is asked one command a pass. A stage
+whose answers are stale by then (something changed since) asks its group again in one command;
 once something changed, its operations ask what they read themselves, as pyinfra does. The rule
 operations keep: they read before they yield (pyinfra runs a command as it is yielded), or what
 they yielded cannot change what they read after it, or they ask it ``fresh``.
@@ -176,13 +179,21 @@ class Asked(BaseStateCallback):
         reader = (bool(run.is_executing), host.name, host.current_op_hash)
         known = self.answers.setdefault(box.name, {})
         kept = known.get(asked)
+        groups = self.ahead.get(box.name, ())
+        group = next((group for group in groups if asked in group), None)
         if kept is not None and kept.generation == now and reader not in kept.served:
             known[asked] = Answer(kept.value, now, kept.served | {reader})
             return kept.value
-        group = next((group for group in self.ahead.get(box.name, ()) if asked in group), None)
         if group is not None and (box.name, group, reader[0]) not in self.grouped:
+            first = not any((box.name, other, reader[0]) in self.grouped for other in groups)
             self.grouped.add((box.name, group, reader[0]))
-            unknown = tuple(q for q in group if getattr(known.get(q), "generation", -1) != now)
+            # A box's first ask of a pass brings its later stages' questions along: while
+            # nothing changes they find their answers here; a stage that finds them stale
+            # (something changed since) asks its own group again.
+            wanted = [*group, *(q for other in groups if first for q in other)]
+            unknown = tuple(
+                q for q in dict.fromkeys(wanted) if getattr(known.get(q), "generation", -1) != now
+            )
             for other, value in box.get_fact(Answers, questions=unknown).items():
                 known[other] = Answer(value, now, frozenset())
             if asked in known and known[asked].generation == now:
@@ -207,11 +218,14 @@ def following(run: State) -> Asked | None:
 
 
 def ahead(questions: Iterable[Question]) -> None:
-    """Say which facts this box's next stage will read: the first of them read asks them all."""
+    """Say which facts this box's next stage will read: the first of them read asks them all.
+    A group said again (deploy.py says every stage's before the first runs) is kept once."""
     asked = following(state)
     group = tuple(dict.fromkeys(questions))
     if asked is not None and group:
-        asked.ahead.setdefault(host.name, []).append(group)
+        groups = asked.ahead.setdefault(host.name, [])
+        if group not in groups:
+            groups.append(group)
 
 
 def answer(

@@ -8,7 +8,7 @@ from pyinfra.api import deploy
 from operations import asked, firewall, images, lanes, nccl, preflight, ray, weights
 from operations.asked import Question
 from spark.box_paths import MODELS_DIR
-from spark.plan import BoxPlan, Cluster, NcclRun
+from spark.plan import BoxPlan, NcclRun
 from stages.lanes_front import fetch, model_on_box, serve, weights_questions
 
 
@@ -38,8 +38,11 @@ def nccl_test(run: NcclRun | None) -> None:
     )
 
 
-def questions(plan: Cluster) -> list[Question]:
+def questions(box: BoxPlan) -> list[Question]:
     """Everything the stage reads of the box (operations/asked.py)."""
+    plan = box.cluster
+    if plan is None:
+        return [*ray.questions(None), *firewall.removed_questions()]
     lane = plan.lane
     run = plan.nccl_test
     return [
@@ -64,14 +67,13 @@ STAGE = "Cluster"
 @deploy(STAGE)
 def cluster(box: BoxPlan) -> None:
     plan = box.cluster
+    asked.ahead(questions(box))
     if plan is None:
         # A box that serves alone: what a cluster it has left would have left behind goes
         # (docs/reference.md: "A box leaves the cluster").
-        asked.ahead([*ray.questions(None), *firewall.removed_questions()])
         ray.node_removed(name=f"No {ray.UNIT}: this box serves alone")
         firewall.removed(name=f"No {firewall.UNIT}: this box serves alone")
         return
-    asked.ahead(questions(plan))
     if plan.firewall is None:
         # No address reaches every box (a ring): Ray needs one, so no Ray and no ports for
         # the firewall to close; the NCCL test runs over the management network.

@@ -5,7 +5,8 @@ then the cluster environment file."""
 from pyinfra.api import deploy
 
 from operations import asked, environment, kernel, nmcli, preflight, roce
-from spark.plan import BoxPlan
+from operations.asked import Question
+from spark.plan import BoxPlan, Fabric
 
 
 def profile_name(ifname: str) -> str:
@@ -13,28 +14,38 @@ def profile_name(ifname: str) -> str:
     return f"fabric-{ifname}"
 
 
-@deploy("Fabric")
-def fabric(box: BoxPlan) -> None:
+def peers_of(plan: Fabric) -> list[tuple[str, str, str]]:
+    """The other boxes' twins a twin pings: (its ifname, the box, the address)."""
+    return [(peer.ifname, peer.box, peer.address) for peer in plan.peers]
+
+
+def questions(box: BoxPlan) -> list[Question]:
+    """Everything the stage reads of the box (operations/asked.py)."""
     plan = box.fabric
-    questions = environment.questions(box.environment.path)
+    said = environment.questions(box.environment.path)
     if box.kernel.kho_fix is not None:
-        questions += kernel.handover_questions(box.kernel.grub_dropin)
+        said += kernel.handover_questions(box.kernel.grub_dropin)
     if plan is not None:
-        peers = [(peer.ifname, peer.box, peer.address) for peer in plan.peers]
         ifnames = [link.ifname for link in plan.links]
-        questions += [
+        said += [
             *preflight.fabric_questions(
                 twins=[ifname for ifname, _port in plan.ports],
                 ifnames=ifnames,
-                peers=peers,
+                peers=peers_of(plan),
                 mtu=plan.mtu,
                 management=plan.management and plan.management[0],
             ),
             *nmcli.questions(ifnames),
             *roce.questions(),
         ]
+    return said
+
+
+@deploy("Fabric")
+def fabric(box: BoxPlan) -> None:
+    plan = box.fabric
     # Everything this stage reads of the box, asked in one command (operations/asked.py).
-    asked.ahead(questions)
+    asked.ahead(questions(box))
     if box.kernel.kho_fix is not None:
         kernel.handover_off(
             name=f"Kernel: kexec handover off ({box.kernel.boot_option}), RDMA registers memory",
@@ -44,6 +55,7 @@ def fabric(box: BoxPlan) -> None:
             grub_dropin=box.kernel.grub_dropin,
         )
     if plan is not None:
+        ifnames = [link.ifname for link in plan.links]
         preflight.fabric_ports_cabled(
             name=f"Fabric ports of {plan.shape} cabled: every twin there",
             twins=list(plan.ports),
@@ -80,7 +92,7 @@ def fabric(box: BoxPlan) -> None:
             )
         preflight.fabric_peers(
             name=f"Fabric twins reach the other boxes' twins ({plan.mtu}-byte frames)",
-            peers=peers,
+            peers=peers_of(plan),
             mtu=plan.mtu,
         )
         if plan.management is not None:  # a ring's rendezvous and sockets go over it

@@ -5,22 +5,26 @@ Nothing here needs the fabric or another box."""
 from pyinfra.api import deploy
 
 from operations import asked, debpkg, driver, gpuclock, hygiene, kernel, toolkit
+from operations.asked import Question
 from spark.plan import BoxPlan
+
+
+def questions(box: BoxPlan) -> list[Question]:
+    """Everything the stage reads of the box (operations/asked.py)."""
+    return [
+        *debpkg.questions(),
+        *driver.questions(),
+        *gpuclock.questions(),
+        *kernel.held_questions(box.kernel.hold),
+        *toolkit.questions(),
+        *hygiene.questions(),
+    ]
 
 
 @deploy("Host layer")
 def host_layer(box: BoxPlan) -> None:
     # Everything this stage reads of the box, asked in one command (operations/asked.py).
-    asked.ahead(
-        [
-            *debpkg.questions(),
-            *driver.questions(),
-            *gpuclock.questions(),
-            *kernel.held_questions(box.kernel.hold),
-            *toolkit.questions(),
-            *hygiene.questions(),
-        ]
-    )
+    asked.ahead(questions(box))
     # What an interrupted run left dpkg in the middle of is finished first: apt installs
     # nothing until it is. Then the driver, so that a box on another branch stops before
     # anything else changes.

@@ -68,44 +68,54 @@ def metrics_lanes(watch: Metrics) -> list[dict]:
     return [lane.model_dump() for lane in watch.lanes]
 
 
-@deploy("Lanes and front")
-def lanes_and_front(box: BoxPlan) -> None:
-    any_fetch = any(lane.weights.fetch for lane in box.lanes)
-    fronted = [
+def fronted_lanes(box: BoxPlan) -> list[front.FrontLane]:
+    """The box's lanes as the front's operation takes them."""
+    return [
         front.FrontLane(lane.name, lane.port, lane.backend_port, lane.key, lane.timeout_s)
         for lane in box.front.lanes
     ]
+
+
+def router_port_of(box: BoxPlan) -> front.RouterPort | None:
+    """The fleet router's port on the front, on the router's box (and the failover's)."""
     fleet = box.front.router
-    router_port = (
-        front.RouterPort(fleet.port, fleet.backend_port, fleet.allow_networks, fleet.timeout_s)
-        if fleet
-        else None
-    )
+    if fleet is None:
+        return None
+    return front.RouterPort(fleet.port, fleet.backend_port, fleet.allow_networks, fleet.timeout_s)
+
+
+def questions(box: BoxPlan) -> list[Question]:
+    """Everything the stage reads of the box (operations/asked.py)."""
+    any_fetch = any(lane.weights.fetch for lane in box.lanes)
+    return [
+        *memguard.questions(),
+        *lanes.questions(list(box.images), hf_token=bool(box.hf_token_file)),
+        *demand.questions(),
+        *(
+            question
+            for lane in box.lanes
+            for question in [
+                *weights_questions(lane.weights),
+                *lanes.serving_questions(lane.served),
+            ]
+        ),
+        *(weights.serve_questions() if box.weights_share else []),
+        *(weights.room_questions(MODELS_DIR) if any_fetch or box.prune_unused else []),
+        *front.questions(fronted_lanes(box), router_port_of(box)),
+        *(router.key_questions() if box.front.router else []),
+        *(
+            metrics.questions(watch.port, watch.exporter_port, metrics_lanes(watch))
+            if (watch := box.metrics)
+            else []
+        ),
+    ]
+
+
+@deploy("Lanes and front")
+def lanes_and_front(box: BoxPlan) -> None:
+    fleet = box.front.router
     # Everything this stage reads of the box, asked in one command (operations/asked.py).
-    asked.ahead(
-        [
-            *memguard.questions(),
-            *lanes.questions(list(box.images), hf_token=bool(box.hf_token_file)),
-            *demand.questions(),
-            *(
-                question
-                for lane in box.lanes
-                for question in [
-                    *weights_questions(lane.weights),
-                    *lanes.serving_questions(lane.served),
-                ]
-            ),
-            *(weights.serve_questions() if box.weights_share else []),
-            *(weights.room_questions(MODELS_DIR) if any_fetch or box.prune_unused else []),
-            *front.questions(fronted, router_port),
-            *(router.key_questions() if fleet else []),
-            *(
-                metrics.questions(watch.port, watch.exporter_port, metrics_lanes(watch))
-                if (watch := box.metrics)
-                else []
-            ),
-        ]
-    )
+    asked.ahead(questions(box))
     guard = box.memory_guard
     memguard.memory_guard(
         name=f"Memory guard: a lane stopped below {guard.floor_gib:g} GiB available",
@@ -152,10 +162,10 @@ def lanes_and_front(box: BoxPlan) -> None:
     front.lanes_front(
         name=f"Front: nginx asks the key on every path of {len(box.front.lanes)} lane(s)"
         + (f" and of the router on port {fleet.port}" if fleet else ""),
-        lanes=fronted,
+        lanes=fronted_lanes(box),
         allow_networks=list(box.front.allow_networks),
         tls=box.front.tls,
-        router=router_port,
+        router=router_port_of(box),
     )
     if box.metrics:
         watch = box.metrics

@@ -7,13 +7,24 @@ left from an earlier deploy (fleet_router turned off, router_box moved) is remov
 from pyinfra.api import deploy
 
 from operations import asked, router
+from operations.asked import Question
 from spark.plan import BoxPlan, FleetEndpoint
+
+
+def serves_router(box: BoxPlan, fleet: FleetEndpoint) -> bool:
+    """Whether the box is the router's (or the failover's)."""
+    return box.name in (router_box.name for router_box in fleet.boxes)
+
+
+def questions(box: BoxPlan, fleet: FleetEndpoint) -> list[Question]:
+    """Everything the stage reads of the box (operations/asked.py)."""
+    return router.questions() if serves_router(box, fleet) else router.removed_questions()
 
 
 @deploy("Router")
 def fleet_router(box: BoxPlan, fleet: FleetEndpoint) -> None:
-    if box.name not in (router_box.name for router_box in fleet.boxes):
-        asked.ahead(router.removed_questions())
+    asked.ahead(questions(box, fleet))
+    if not serves_router(box, fleet):
         # The virtualenv (the pinned LiteLLM, a four-minute install from the package index) is
         # a cache as the images and models are: kept for the router's return, removed where the
         # box prunes what it does not use (prune_unused).
@@ -23,7 +34,6 @@ def fleet_router(box: BoxPlan, fleet: FleetEndpoint) -> None:
             keep_virtualenv=not box.prune_unused,
         )
         return
-    asked.ahead(router.questions())
     router.serving(
         name=f"Router: LiteLLM's proxy on 127.0.0.1:{fleet.loopback_port},"
         f" {len(fleet.routes)} served name(s)",

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import sys
 import weakref
 from pathlib import Path
@@ -44,11 +45,12 @@ def read_inventory(path: str, state: State | None = None) -> Inventory:
         raise InventoryRefused(f"{error.filename}: {error.get_exception().strip()}") from None
 
 
-def pyinfra_keys() -> list[str]:
+@functools.cache  # pyinfra lists its connectors from every package's entry points: once a run
+def pyinfra_keys() -> tuple[str, ...]:
     """Keys pyinfra documents (global arguments, connector data): a misspelt
     `sudo_password` gets "did you mean _sudo_password?"."""
     connectors = get_all_connectors().values()
-    return [*all_argument_meta, *(key for connector in connectors for key in connector.data_meta)]
+    return (*all_argument_meta, *(key for connector in connectors for key in connector.data_meta))
 
 
 def refusal(hosts: dict[str, dict[str, Any]], defaults: dict[str, Any]) -> str | None:

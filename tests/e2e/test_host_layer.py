@@ -227,13 +227,12 @@ def test_second_deploy_changes_nothing(bare: simlab.Lab) -> None:
     assert detected(result) == [], result.stderr  # nothing planned,
     assert changes(result) == 0, result.stdout  # nothing done
     assert [host_snapshot(host) for host in bare.hosts] == before
-    # Each of the five stages asks a box what it reads in one command (operations/asked.py;
-    # the router stage's on a box that is no router box: is a router left, RouterLeft),
-    # in change detection; with nothing changed, the execution asks nothing again. pyinfra
-    # detects box after box: the first box's NCCL check reads the other's verdict before the
-    # other's stages are prepared, in a command of its own.
+    # A box is asked what its five stages read in one command (operations/asked.py; deploy.py
+    # says every stage's questions first), in change detection; with nothing changed, the
+    # execution asks nothing again. pyinfra detects box after box: the first box's NCCL check
+    # reads the other's verdict before the other's stages are prepared, in a command of its own.
     asked = re.findall(r"Running command on (\S+):", result.stdout + result.stderr)
-    assert sorted(asked.count(host.name) for host in bare.hosts) == [5, 6]
+    assert sorted(asked.count(host.name) for host in bare.hosts) == [1, 2]
 
 
 @pytest.mark.parametrize("mode", ["--serial", "--no-wait"])

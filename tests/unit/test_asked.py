@@ -85,15 +85,65 @@ def test_a_change_found_in_detection_is_read_again_at_execution(tmp_path: Path) 
     assert Path(run.path("b")).read_text() == "new"
 
 
+def test_a_boxs_first_ask_brings_its_later_stages_questions(tmp_path: Path) -> None:
+    # Two stages, nothing to change: one command for both.
+    run = Run(tmp_path, yes=True)
+    ahead(run, "a")
+    ahead(run, "b", "c")
+    run.add(text, path=run.path("a", "x"), content="x")
+    run.add(copy, src=run.path("b", "y"), dest=run.path("c", "y"))
+    run.execute()
+    assert run.commands() == [["a", "b", "c"]]
+
+
+def test_every_stage_said_before_detection_is_asked_in_one_command(tmp_path: Path) -> None:
+    # deploy.py says every stage's questions before the first stage runs, and each stage says
+    # its own again: change detection, which runs each operation as it is added, asks once.
+    run = Run(tmp_path)
+    ahead(run, "a")
+    ahead(run, "b", "c")
+    ahead(run, "a")  # the first stage, saying its own
+    run.add(text, path=run.path("a", "x"), content="x")
+    ahead(run, "b", "c")  # the second stage
+    run.add(copy, src=run.path("b", "y"), dest=run.path("c", "y"))
+    assert run.commands() == [["a", "b", "c"]]
+    assert asked.following(run.state).ahead == {
+        "@local": [
+            (asked.question(Read, path=run.path("a"), log=run.log),),
+            (
+                asked.question(Read, path=run.path("b"), log=run.log),
+                asked.question(Read, path=run.path("c"), log=run.log),
+            ),
+        ]
+    }
+    run.execute()
+    assert run.commands() == []
+
+
+def test_a_later_stage_after_a_change_asks_its_own_group_again(tmp_path: Path) -> None:
+    # The first stage writes a: what the first command read of b and c is stale, so the second
+    # stage asks its group again, in one command, and copies what b holds then.
+    run = Run(tmp_path, yes=True)
+    ahead(run, "a")
+    ahead(run, "b", "c")
+    run.add(text, path=run.path("a", "old"), content="new")
+    copied = run.add(copy, src=run.path("b", "y"), dest=run.path("c", "old"))
+    run.execute()
+    assert run.commands() == [["a", "b", "c"], ["b", "c"]]
+    assert copied.did_change() and Path(run.path("c")).read_text() == "y"
+
+
 def test_a_group_asks_only_what_is_not_known_yet(tmp_path: Path) -> None:
-    # A first stage reads a; the next one says a and b: a is known, b alone is asked.
+    # A first stage writes a, then the next one (which said a and b) reads a again alone (its
+    # first stage's group was asked), then its group asks b alone: a is known since the change.
     run = Run(tmp_path, yes=True)
     ahead(run, "a")
     ahead(run, "a", "b")
-    run.add(text, path=run.path("a", "x"), content="x")
-    run.add(copy, src=run.path("a"), dest=run.path("b", "x"))
+    run.add(text, path=run.path("a", "old"), content="new")
+    run.add(copy, src=run.path("a"), dest=run.path("b", "old"))
     run.execute()
-    assert run.commands() == [["a"], ["b"]]
+    assert run.commands() == [["a", "b"], ["a"], ["b"]]
+    assert Path(run.path("b")).read_text() == "new"
 
 
 def test_an_operation_reading_twice_gets_a_second_read(tmp_path: Path) -> None:

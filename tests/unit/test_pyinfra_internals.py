@@ -18,7 +18,7 @@ import pytest
 from pyinfra import host
 from pyinfra.api import operation
 from pyinfra.api.exceptions import PyinfraError
-from pyinfra.api.state import BaseStateCallback, StateStage
+from pyinfra.api.state import BaseStateCallback, State, StateStage
 from pyinfra.context import ctx_host, ctx_state
 
 from tests.unit.local_run import Run
@@ -177,3 +177,28 @@ def test_the_profiles_phases_are_pyinfras_functions_run_calls() -> None:
     calls = ["make_inventory(", "connect_all(", "_handle_commands(", "run_ops("]
     assert sorted(calls, key=main.find) == calls and -1 not in map(main.find, calls)
     assert "load_deploy_file(state, filename)" in inspect.getsource(cli._prepare_deploy_operations)
+
+
+def test_each_operation_call_walks_its_stack_through_inspect() -> None:
+    # stages/deploy_file.py: pyinfra reads every frame's source line for each operation, which
+    # asks inspect.getmodule for the frame's module (the walk deploy.py is registered for).
+    from pyinfra.api import util
+    from pyinfra.api.operation import solve_operation_consistency
+
+    called = inspect.getsource(solve_operation_consistency)  # for each operation a box is given
+    assert "op_order = get_operation_order_from_stack(state)" in called
+    walk = inspect.getsource(util.get_operation_order_from_stack)
+    assert "stack()" in walk and "getframeinfo(" in walk
+
+
+def test_the_deploy_file_runs_under_the_name_pyinfra_is_given(tmp_path: Path) -> None:
+    # pyinfra_cli/util.py exec_file: its frames' file is the name given, which is its __file__
+    # (what deploy.py registers).
+    from pyinfra_cli.util import exec_file
+
+    deploy = tmp_path / "a_deploy.py"
+    deploy.write_text("import sys\nframe_file = sys._getframe().f_code.co_filename\n")
+    with ctx_state.use(State()):
+        ran = exec_file(str(deploy), return_locals=True)
+    assert ran["__file__"] == str(deploy)
+    assert ran["frame_file"] == str(deploy)
