@@ -106,7 +106,7 @@ def active(host: simlab.Host, lane: dict[str, Any]) -> str:
     return states(host, unit(lane))[unit(lane)]["ActiveState"]
 
 
-def first_token(host: simlab.Host, lane: dict[str, Any]) -> None:
+def streamed_chat(host: simlab.Host, lane: dict[str, Any]) -> None:
     """A streamed chat to the lane through the front, with its key, answered: its first line an
     event, its last [DONE]."""
     body = {"model": lane["served_name"], "max_tokens": 8, "stream": True,
@@ -152,7 +152,7 @@ def test_the_deploy_leaves_the_on_demand_lanes_stopped_their_sockets_listening(
 
 def test_a_request_starts_its_lane_which_stops_after_its_idle_time(box: simlab.Host) -> None:
     # How long that first token takes against the lane's own start: bench/on_demand.py.
-    first_token(box, FAST)
+    streamed_chat(box, FAST)
     assert active(box, FAST) == "active"
     stopped(box, FAST)
     shown = states(box, "spark-ondemand-fast.service", SOCKET.format("fast"))
@@ -165,7 +165,7 @@ def test_a_request_starts_its_lane_which_stops_after_its_idle_time(box: simlab.H
 
 
 def test_two_lanes_that_do_not_fit_together_are_swapped_never_both_up(box: simlab.Host) -> None:
-    first_token(box, FAST)
+    streamed_chat(box, FAST)
     assert active(box, FAST) == "active"
     seen: list[tuple[str, str]] = []
     done = threading.Event()
@@ -178,7 +178,7 @@ def test_two_lanes_that_do_not_fit_together_are_swapped_never_both_up(box: simla
     watcher = threading.Thread(target=watch)
     watcher.start()
     try:
-        first_token(box, SPARE)
+        streamed_chat(box, SPARE)
     finally:
         done.set()
         watcher.join()
@@ -209,7 +209,7 @@ def test_after_a_reboot_the_socket_listens_and_its_lane_waits_for_a_request(
     # the compliance run below gives a worker rejoining a minute.
     run_on(box, f"sudo {ray.NODES_COMMAND} 2 120")
     assert (active(box, FAST), active(box, SPARE)) == ("inactive", "inactive")
-    first_token(box, FAST)
+    streamed_chat(box, FAST)
     stopped(box, FAST)
 
 
