@@ -56,13 +56,20 @@ def chain_problem(chain: list[x509.Certificate], trusted: list[x509.Certificate]
     return "its chain does not end"
 
 
+def alt_names(certificate: x509.Certificate) -> x509.SubjectAlternativeName | None:
+    """The certificate's subjectAltName extension; None where it has none."""
+    try:
+        return certificate.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+    except x509.ExtensionNotFound:
+        return None
+
+
 def covers(certificate: x509.Certificate, address: str) -> bool:
     """Whether the certificate's subjectAltName names ``address``: an IP address against its IP
     entries, a name against its DNS entries (a wildcard for the leftmost label), as Python's
     ssl matches a host name since 3.7 (OpenSSL's X509_check_host, X509_check_ip)."""
-    try:
-        names = certificate.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
-    except x509.ExtensionNotFound:
+    names = alt_names(certificate)
+    if names is None:
         return False
     if is_ip(address):
         return ip_address(address) in names.get_values_for_type(x509.IPAddress)
@@ -79,9 +86,8 @@ def covers(certificate: x509.Certificate, address: str) -> bool:
 
 def san_entries(certificate: x509.Certificate) -> str:
     """The certificate's subjectAltName as openssl writes it (IP:..., DNS:...); none: (none)."""
-    try:
-        names = certificate.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
-    except x509.ExtensionNotFound:
+    names = alt_names(certificate)
+    if names is None:
         return "(none)"
     entries = [f"IP:{ip}" for ip in names.get_values_for_type(x509.IPAddress)]
     entries += [f"DNS:{name}" for name in names.get_values_for_type(x509.DNSName)]
