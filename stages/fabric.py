@@ -4,7 +4,7 @@ then the cluster environment file."""
 
 from pyinfra.api import deploy
 
-from operations import asked, environment, kernel, nmcli, preflight, roce
+from operations import environment, kernel, nmcli, preflight, roce
 from operations.asked import Question
 from spark.plan import BoxPlan, Fabric
 
@@ -20,7 +20,7 @@ def peers_of(plan: Fabric) -> list[tuple[str, str, str]]:
 
 
 def questions(box: BoxPlan) -> list[Question]:
-    """Everything the stage reads of the box (operations/asked.py)."""
+    """Everything the stage reads of the box, which deploy.py says ahead (operations/asked.py)."""
     plan = box.fabric
     said = environment.questions(box.environment.path)
     if box.kernel.kho_fix is not None:
@@ -44,8 +44,6 @@ def questions(box: BoxPlan) -> list[Question]:
 @deploy("Fabric")
 def fabric(box: BoxPlan) -> None:
     plan = box.fabric
-    # Everything this stage reads of the box, asked in one command (operations/asked.py).
-    asked.ahead(questions(box))
     if box.kernel.kho_fix is not None:
         kernel.handover_off(
             name=f"Kernel: kexec handover off ({box.kernel.boot_option}), RDMA registers memory",
