@@ -1031,11 +1031,7 @@ def fleet_endpoint(spark: SparkConfig) -> FleetEndpoint:
         for name, lanes in fleet.served(spark.hosts).items()
     )
     ca_files = tuple(
-        dict.fromkeys(
-            box.front_tls_ca or box.front_tls[0]
-            for box in spark.hosts
-            if box.front_tls and box.lanes
-        )
+        dict.fromkeys(box.front_tls_ca or box.front_tls[0] for box in fleet.tls_fronts(spark.hosts))
     )
     ca_bundle = litellm.CA_BUNDLE if ca_files else None
     deployments = [

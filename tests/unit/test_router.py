@@ -34,6 +34,7 @@ from operations import front, router
 from operations.lanes import key_made
 from spark import router as litellm
 from spark.box_paths import FLEET_KEY
+from spark.fleet import tls_fronts
 from spark.inventory import ConfigError, load_from_dicts
 from spark.plan import plan
 from stages.show_plan import fleet_text
@@ -610,6 +611,21 @@ def test_the_authority_file_must_hold_a_pem_certificate(tmp_path: Path) -> None:
     assert caught.value.problems == [
         "a: front_tls_ca_file: the file holds no PEM certificate (-----BEGIN CERTIFICATE-----)"
     ]
+
+
+def test_the_router_reaches_over_tls_the_fronts_with_a_certificate_and_lanes(
+    tmp_path: Path,
+) -> None:
+    """In the inventory's order: b's front has no lanes behind it, c's no certificate."""
+    fronts = {name: tls(made(tmp_path / name, name, (name,))) for name in ("a", "b", "d")}
+    boxes = independent(
+        a={"lanes": [small("la", 10101, 0.3)]} | fronts["a"],
+        b={"lanes": []} | fronts["b"],
+        c={"lanes": [small("lc", 10101, 0.3)]},
+        d={"lanes": [small("ld", 10101, 0.3)]} | fronts["d"],
+    )
+    hosts = load_from_dicts(merged(boxes)).hosts
+    assert [host.name for host in tls_fronts(hosts)] == ["a", "d"]
 
 
 def unreadable(path: Path) -> str:
