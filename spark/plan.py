@@ -93,6 +93,11 @@ class Fabric(Record):
     # A ring's rendezvous and sockets go over the management network: its address checked.
     management: tuple[str, str] | None
 
+    @property
+    def ifnames(self) -> list[str]:
+        """The twins' interface names, in the links' order."""
+        return [link.ifname for link in self.links]
+
 
 class Environment(Record):
     """The cluster environment file: its variables and the source of each fabric setting."""

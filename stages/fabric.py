@@ -26,16 +26,15 @@ def questions(box: BoxPlan) -> list[Question]:
     if box.kernel.kho_fix is not None:
         said += kernel.handover_questions(box.kernel.grub_dropin)
     if plan is not None:
-        ifnames = [link.ifname for link in plan.links]
         said += [
             *preflight.fabric_questions(
                 twins=[ifname for ifname, _port in plan.ports],
-                ifnames=ifnames,
+                ifnames=plan.ifnames,
                 peers=peers_of(plan),
                 mtu=plan.mtu,
                 management=plan.management and plan.management[0],
             ),
-            *nmcli.questions(ifnames),
+            *nmcli.questions(plan.ifnames),
             *roce.questions(),
         ]
     return said
@@ -53,7 +52,6 @@ def fabric(box: BoxPlan) -> None:
             grub_dropin=box.kernel.grub_dropin,
         )
     if plan is not None:
-        ifnames = [link.ifname for link in plan.links]
         preflight.fabric_ports_cabled(
             name=f"Fabric ports of {plan.shape} cabled: every twin there",
             twins=list(plan.ports),
@@ -62,7 +60,7 @@ def fabric(box: BoxPlan) -> None:
         nmcli.netplan_left_out(
             name="Fabric twins left to NetworkManager: netplan files naming them "
             + ("moved aside (fabric_take_over_netplan)" if plan.take_over_netplan else "refused"),
-            ifnames=ifnames,
+            ifnames=plan.ifnames,
             take_over=plan.take_over_netplan,
         )
         for link in plan.links:
@@ -76,7 +74,7 @@ def fabric(box: BoxPlan) -> None:
         # After the profiles: a twin NetworkManager just brought up may report its rate only now.
         preflight.link_speeds(
             name=f"Fabric twins link at {plan.link_speed_mbps} Mb/s",
-            ifnames=ifnames,
+            ifnames=plan.ifnames,
             expected_mbps=plan.link_speed_mbps,
             low=plan.link_speed_low,
         )
