@@ -5,9 +5,9 @@ pyinfra 3.10 keeps no fact cache: every ``host.get_fact`` runs its command
 (pyinfra/api/facts.py ``_get_fact``), so a stage of ten operations, each reading its own facts,
 asks a box a dozen commands even when it has nothing to change. Here:
 
-- a stage says, when pyinfra prepares it, which facts its operations will read on its box
-  (``ahead``; each operations module lists its own operations' questions; deploy.py says every
-  stage's before the first stage runs);
+- each stage lists which facts its operations will read on its box (its ``questions``; each
+  operations module lists its own operations'), and deploy.py says every stage's, in stage
+  order, before the first stage runs (``ahead``);
 - the first of them an operation reads (``answer``, in place of ``host.get_fact``) asks all of
   them not known yet in one command (``Answers``: each fact's own command, parsed by the fact's own
   ``process``);
@@ -218,14 +218,12 @@ def following(run: State) -> Asked | None:
 
 
 def ahead(questions: Iterable[Question]) -> None:
-    """Say which facts this box's next stage will read: the first of them read asks them all.
-    A group said again (deploy.py says every stage's before the first runs) is kept once."""
+    """Say which facts one of this box's stages will read (deploy.py says each stage's, in stage
+    order, before the first runs): the first of them read asks them all."""
     asked = following(state)
     group = tuple(dict.fromkeys(questions))
     if asked is not None and group:
-        groups = asked.ahead.setdefault(host.name, [])
-        if group not in groups:
-            groups.append(group)
+        asked.ahead.setdefault(host.name, []).append(group)
 
 
 def answer(

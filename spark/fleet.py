@@ -201,14 +201,19 @@ def problems(hosts: tuple[HostConfig, ...], cluster: Lane | None) -> list[str]:
     return found + replica_problems(hosts) + tls_problems(hosts)
 
 
+def tls_fronts(hosts: Iterable[HostConfig]) -> list[HostConfig]:
+    """The boxes whose front the router reaches over TLS: a certificate, and lanes behind it
+    (the head's holding the cluster lane), in the inventory's order."""
+    return [host for host in hosts if host.front_tls and host.lanes]
+
+
 def tls_problems(hosts: tuple[HostConfig, ...]) -> list[str]:
     """Each TLS front serving lanes as the router reaches it: its certificate verified against
     what the router's bundle holds of it (front_tls_ca_file, else the certificate file itself),
     its subjectAltName covering the box's address (spark/trust.py)."""
     return [
         problem
-        for host in hosts
-        if host.front_tls and host.lanes
+        for host in tls_fronts(hosts)
         for problem in front_problems(host.name, host.address, host.front_tls[0], host.front_tls_ca)
     ]
 

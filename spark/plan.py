@@ -93,6 +93,11 @@ class Fabric(Record):
     # A ring's rendezvous and sockets go over the management network: its address checked.
     management: tuple[str, str] | None
 
+    @property
+    def ifnames(self) -> list[str]:
+        """The twins' interface names, in the links' order."""
+        return [link.ifname for link in self.links]
+
 
 class Environment(Record):
     """The cluster environment file: its variables and the source of each fabric setting."""
@@ -1031,11 +1036,7 @@ def fleet_endpoint(spark: SparkConfig) -> FleetEndpoint:
         for name, lanes in fleet.served(spark.hosts).items()
     )
     ca_files = tuple(
-        dict.fromkeys(
-            box.front_tls_ca or box.front_tls[0]
-            for box in spark.hosts
-            if box.front_tls and box.lanes
-        )
+        dict.fromkeys(box.front_tls_ca or box.front_tls[0] for box in fleet.tls_fronts(spark.hosts))
     )
     ca_bundle = litellm.CA_BUNDLE if ca_files else None
     deployments = [

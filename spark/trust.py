@@ -97,12 +97,26 @@ def san_entries(certificate: x509.Certificate) -> str:
 def front_problems(box: str, address: str, certificate_file: str, ca_file: str | None) -> list[str]:
     """Why the router cannot reach ``box``'s TLS front at ``address``, each
     "<box>: <key>: <what>; <do>"; none where it can."""
+    read: dict[str, list[x509.Certificate]] = {}
+    unread = []
+    # Each file read alone: the problem names the key whose file cryptography cannot read.
+    for name, path in (
+        ("front_tls_certificate_file", certificate_file),
+        ("front_tls_ca_file", ca_file),
+    ):
+        if not path:
+            continue
+        try:
+            read[name] = certificates(path)
+        except ValueError as error:
+            unread.append(
+                f"{box}: {name}: cryptography reads no certificate there ({error}); give PEM ones"
+            )
+    if unread:
+        return unread
+    chain = read["front_tls_certificate_file"]
+    trusted = read.get("front_tls_ca_file", chain)
     key = "front_tls_ca_file" if ca_file else "front_tls_certificate_file"
-    try:
-        chain = certificates(certificate_file)
-        trusted = certificates(ca_file) if ca_file else chain
-    except ValueError as error:
-        return [f"{box}: {key}: cryptography reads no certificate there ({error}); give PEM ones"]
     found = []
     problem = chain_problem(chain, trusted)
     if problem:

@@ -5,7 +5,7 @@ after each box has done what it can alone."""
 from pyinfra import logger
 from pyinfra.api import deploy
 
-from operations import asked, firewall, images, lanes, nccl, preflight, ray, weights
+from operations import firewall, images, lanes, nccl, preflight, ray, weights
 from operations.asked import Question
 from spark.box_paths import MODELS_DIR
 from spark.plan import BoxPlan, NcclRun
@@ -39,7 +39,7 @@ def nccl_test(run: NcclRun | None) -> None:
 
 
 def questions(box: BoxPlan) -> list[Question]:
-    """Everything the stage reads of the box (operations/asked.py)."""
+    """Everything the stage reads of the box, which deploy.py says ahead (operations/asked.py)."""
     plan = box.cluster
     if plan is None:
         return [*ray.questions(None), *firewall.removed_questions()]
@@ -67,7 +67,6 @@ STAGE = "Cluster"
 @deploy(STAGE)
 def cluster(box: BoxPlan) -> None:
     plan = box.cluster
-    asked.ahead(questions(box))
     if plan is None:
         # A box that serves alone: what a cluster it has left would have left behind goes
         # (docs/reference.md: "A box leaves the cluster").

@@ -4,7 +4,7 @@ then the cluster environment file."""
 
 from pyinfra.api import deploy
 
-from operations import asked, environment, kernel, nmcli, preflight, roce
+from operations import environment, kernel, nmcli, preflight, roce
 from operations.asked import Question
 from spark.plan import BoxPlan, Fabric
 
@@ -20,22 +20,21 @@ def peers_of(plan: Fabric) -> list[tuple[str, str, str]]:
 
 
 def questions(box: BoxPlan) -> list[Question]:
-    """Everything the stage reads of the box (operations/asked.py)."""
+    """Everything the stage reads of the box, which deploy.py says ahead (operations/asked.py)."""
     plan = box.fabric
     said = environment.questions(box.environment.path)
     if box.kernel.kho_fix is not None:
         said += kernel.handover_questions(box.kernel.grub_dropin)
     if plan is not None:
-        ifnames = [link.ifname for link in plan.links]
         said += [
             *preflight.fabric_questions(
                 twins=[ifname for ifname, _port in plan.ports],
-                ifnames=ifnames,
+                ifnames=plan.ifnames,
                 peers=peers_of(plan),
                 mtu=plan.mtu,
                 management=plan.management and plan.management[0],
             ),
-            *nmcli.questions(ifnames),
+            *nmcli.questions(plan.ifnames),
             *roce.questions(),
         ]
     return said
@@ -44,8 +43,6 @@ def questions(box: BoxPlan) -> list[Question]:
 @deploy("Fabric")
 def fabric(box: BoxPlan) -> None:
     plan = box.fabric
-    # Everything this stage reads of the box, asked in one command (operations/asked.py).
-    asked.ahead(questions(box))
     if box.kernel.kho_fix is not None:
         kernel.handover_off(
             name=f"Kernel: kexec handover off ({box.kernel.boot_option}), RDMA registers memory",
@@ -55,7 +52,6 @@ def fabric(box: BoxPlan) -> None:
             grub_dropin=box.kernel.grub_dropin,
         )
     if plan is not None:
-        ifnames = [link.ifname for link in plan.links]
         preflight.fabric_ports_cabled(
             name=f"Fabric ports of {plan.shape} cabled: every twin there",
             twins=list(plan.ports),
@@ -64,7 +60,7 @@ def fabric(box: BoxPlan) -> None:
         nmcli.netplan_left_out(
             name="Fabric twins left to NetworkManager: netplan files naming them "
             + ("moved aside (fabric_take_over_netplan)" if plan.take_over_netplan else "refused"),
-            ifnames=ifnames,
+            ifnames=plan.ifnames,
             take_over=plan.take_over_netplan,
         )
         for link in plan.links:
@@ -78,7 +74,7 @@ def fabric(box: BoxPlan) -> None:
         # After the profiles: a twin NetworkManager just brought up may report its rate only now.
         preflight.link_speeds(
             name=f"Fabric twins link at {plan.link_speed_mbps} Mb/s",
-            ifnames=ifnames,
+            ifnames=plan.ifnames,
             expected_mbps=plan.link_speed_mbps,
             low=plan.link_speed_low,
         )

@@ -4,13 +4,13 @@ Nothing here needs the fabric or another box."""
 
 from pyinfra.api import deploy
 
-from operations import asked, debpkg, driver, gpuclock, hygiene, kernel, toolkit
+from operations import debpkg, driver, gpuclock, hygiene, kernel, toolkit
 from operations.asked import Question
 from spark.plan import BoxPlan
 
 
 def questions(box: BoxPlan) -> list[Question]:
-    """Everything the stage reads of the box (operations/asked.py)."""
+    """Everything the stage reads of the box, which deploy.py says ahead (operations/asked.py)."""
     return [
         *debpkg.questions(),
         *driver.questions(),
@@ -23,8 +23,6 @@ def questions(box: BoxPlan) -> list[Question]:
 
 @deploy("Host layer")
 def host_layer(box: BoxPlan) -> None:
-    # Everything this stage reads of the box, asked in one command (operations/asked.py).
-    asked.ahead(questions(box))
     # What an interrupted run left dpkg in the middle of is finished first: apt installs
     # nothing until it is. Then the driver, so that a box on another branch stops before
     # anything else changes.

@@ -5,7 +5,7 @@ it needs another box."""
 
 from pyinfra.api import deploy
 
-from operations import asked, front, images, lanes, memguard, metrics, preflight, router, weights
+from operations import front, images, lanes, memguard, metrics, preflight, router, weights
 from operations import on_demand as demand
 from operations.asked import Question
 from spark.box_paths import MODELS_DIR, WEIGHTS_PORT
@@ -85,7 +85,7 @@ def router_port_of(box: BoxPlan) -> front.RouterPort | None:
 
 
 def questions(box: BoxPlan) -> list[Question]:
-    """Everything the stage reads of the box (operations/asked.py)."""
+    """Everything the stage reads of the box, which deploy.py says ahead (operations/asked.py)."""
     any_fetch = any(lane.weights.fetch for lane in box.lanes)
     return [
         *memguard.questions(),
@@ -114,8 +114,6 @@ def questions(box: BoxPlan) -> list[Question]:
 @deploy("Lanes and front")
 def lanes_and_front(box: BoxPlan) -> None:
     fleet = box.front.router
-    # Everything this stage reads of the box, asked in one command (operations/asked.py).
-    asked.ahead(questions(box))
     guard = box.memory_guard
     memguard.memory_guard(
         name=f"Memory guard: a lane stopped below {guard.floor_gib:g} GiB available",

@@ -6,7 +6,7 @@ left from an earlier deploy (fleet_router turned off, router_box moved) is remov
 
 from pyinfra.api import deploy
 
-from operations import asked, router
+from operations import router
 from operations.asked import Question
 from spark.plan import BoxPlan, FleetEndpoint
 
@@ -17,13 +17,12 @@ def serves_router(box: BoxPlan, fleet: FleetEndpoint) -> bool:
 
 
 def questions(box: BoxPlan, fleet: FleetEndpoint) -> list[Question]:
-    """Everything the stage reads of the box (operations/asked.py)."""
+    """Everything the stage reads of the box, which deploy.py says ahead (operations/asked.py)."""
     return router.questions() if serves_router(box, fleet) else router.removed_questions()
 
 
 @deploy("Router")
 def fleet_router(box: BoxPlan, fleet: FleetEndpoint) -> None:
-    asked.ahead(questions(box, fleet))
     if not serves_router(box, fleet):
         # The virtualenv (the pinned LiteLLM, a four-minute install from the package index) is
         # a cache as the images and models are: kept for the router's return, removed where the

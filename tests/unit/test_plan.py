@@ -50,6 +50,7 @@ def test_a_pair_worker_reaches_the_head_on_each_twin_and_joins_its_ray() -> None
         ("enP2p1s0f1np1", "spark-1", "192.168.101.10"),
     ]
     assert worker.fabric.ports == (("enp1s0f1np1", 1), ("enP2p1s0f1np1", 1))  # a pair: port 1
+    assert worker.fabric.ifnames == ["enp1s0f1np1", "enP2p1s0f1np1"]
     assert worker.fabric.management is None  # only a ring's rendezvous goes over it
     # torch's rendezvous at the head's first twin, vLLM's own address the box's (vLLM docs).
     assert worker.environment.variables["MASTER_ADDR"] == "192.168.100.10"
@@ -150,6 +151,12 @@ def test_a_pair_on_two_cables_uses_all_four_twins() -> None:
         ("enp1s0f0np0", 0),
         ("enP2p1s0f0np0", 0),
     )
+    assert second.fabric.ifnames == [
+        "enp1s0f1np1",
+        "enP2p1s0f1np1",
+        "enp1s0f0np0",
+        "enP2p1s0f0np0",
+    ]
     assert second.environment.variables["NCCL_IB_HCA"] == (
         "rocep1s0f1,roceP2p1s0f1,rocep1s0f0,roceP2p1s0f0"
     )

@@ -34,6 +34,7 @@ from operations import front, router
 from operations.lanes import key_made
 from spark import router as litellm
 from spark.box_paths import FLEET_KEY
+from spark.fleet import tls_fronts
 from spark.inventory import ConfigError, load_from_dicts
 from spark.plan import plan
 from stages.show_plan import fleet_text
@@ -610,6 +611,60 @@ def test_the_authority_file_must_hold_a_pem_certificate(tmp_path: Path) -> None:
     assert caught.value.problems == [
         "a: front_tls_ca_file: the file holds no PEM certificate (-----BEGIN CERTIFICATE-----)"
     ]
+
+
+def test_the_router_reaches_over_tls_the_fronts_with_a_certificate_and_lanes(
+    tmp_path: Path,
+) -> None:
+    """In the inventory's order: b's front has no lanes behind it, c's no certificate."""
+    fronts = {name: tls(made(tmp_path / name, name, (name,))) for name in ("a", "b", "d")}
+    boxes = independent(
+        a={"lanes": [small("la", 10101, 0.3)]} | fronts["a"],
+        b={"lanes": []} | fronts["b"],
+        c={"lanes": [small("lc", 10101, 0.3)]},
+        d={"lanes": [small("ld", 10101, 0.3)]} | fronts["d"],
+    )
+    hosts = load_from_dicts(merged(boxes)).hosts
+    assert [host.name for host in tls_fronts(hosts)] == ["a", "d"]
+
+
+def unreadable(path: Path) -> str:
+    """A file with PEM's certificate markers around what is no certificate: past the inventory's
+    marker check (spark/inventory/front.py), refused where cryptography reads it."""
+    path.write_text(
+        "-----BEGIN CERTIFICATE-----\nbm90IGEgY2VydGlmaWNhdGU=\n-----END CERTIFICATE-----\n"
+    )
+    return str(path)
+
+
+def refused(a: dict[str, str]) -> list[str]:
+    with pytest.raises(ConfigError) as caught:
+        two_fronts(a, {})
+    return caught.value.problems
+
+
+def test_a_certificate_file_cryptography_cannot_read_is_named_by_its_own_key(
+    tmp_path: Path,
+) -> None:
+    authority = made(tmp_path / "ca", "fleet authority")
+    front = made(tmp_path / "a", "a", ("a",), issuer=authority)
+    bad = unreadable(tmp_path / "bad.pem")
+    cert = "a: front_tls_certificate_file: cryptography reads no certificate there"
+    ca = "a: front_tls_ca_file: cryptography reads no certificate there"
+    for data, said in [
+        # The front's own certificate unreadable, with and without a CA file beside it.
+        (tls(front, authority) | {"front_tls_certificate_file": bad}, [cert]),
+        (tls(front) | {"front_tls_certificate_file": bad}, [cert]),
+        # The CA file unreadable; then both, each named.
+        (tls(front) | {"front_tls_ca_file": bad}, [ca]),
+        (tls(front) | {"front_tls_certificate_file": bad, "front_tls_ca_file": bad}, [cert, ca]),
+    ]:
+        problems = refused(data)
+        # cryptography's own words come between the parentheses (they vary by its release).
+        assert [problem.partition(" (")[0] for problem in problems] == said
+        assert [problem.rpartition(")")[2] for problem in problems] == ["; give PEM ones"] * len(
+            said
+        )
 
 
 def test_the_router_writes_its_bundle_and_removes_one_no_front_needs(

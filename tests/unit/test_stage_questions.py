@@ -1,7 +1,8 @@
-"""Each stage's questions said ahead (operations/asked.py ``ahead``) against what its operations
-read through the ask-once layer (``answer``), each stage run on the fake host as pyinfra would run
-it on a bare box (every fact's command printing nothing), for the plans of a pair's head and
-worker, a cluster lane on vLLM's own ranks fetching its model, and a ring.
+"""Each stage's questions (its ``questions``, which deploy.py says ahead: operations/asked.py)
+against what its operations read through the ask-once layer (``answer``), each stage run on the
+fake host as pyinfra would run it on a bare box (every fact's command printing nothing), for the
+plans of a pair's head and worker, a cluster lane on vLLM's own ranks fetching its model, and a
+ring; and deploy.py saying every stage's, once each, in stage order, before the first stage runs.
 
 A question read but not said ahead is asked in a command of its own on every run (a no-change
 run among them); one said ahead but never read is asked for nothing. Some are read only on a box
@@ -15,23 +16,21 @@ import importlib
 import pkgutil
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from types import SimpleNamespace
+from types import ModuleType, SimpleNamespace
 from typing import Any
 
 import pytest
-from pyinfra.api import FactBase
-from pyinfra.context import ctx_host, ctx_state
+from pyinfra.api import Config, FactBase, Inventory, State
+from pyinfra.context import ctx_host, ctx_inventory, ctx_state
+from pyinfra_cli.util import exec_file
 
 import operations
 from operations import asked, firewall
 from operations.asked import Question
 from spark.plan import BoxPlan
-from stages.cluster import cluster
-from stages.fabric import fabric
-from stages.host_layer import host_layer
-from stages.lanes_front import lanes_and_front
+from stages import cluster, deploy_file, fabric, host_layer, lanes_front, router
 from tests.unit.harness import FAKE_STATE, FakeHost, captured, run_op
-from tests.unit.test_config import TWO_SPARKS, merged
+from tests.unit.test_config import REPO, TWO_SPARKS, merged
 from tests.unit.test_plan import fetching_cluster_pair, planned
 from tests.unit.test_topology import ring
 
@@ -99,9 +98,9 @@ def operations_on(box: FakeHost) -> Iterator[None]:
         yield
 
 
-def stage_run(stage: Callable, plan: BoxPlan, boxes: list[str]) -> tuple[set, set]:
-    """The questions ``stage`` says ahead for ``plan``'s box and those its operations read of
-    that box, on a bare box in a run of ``boxes`` (all connected, none failed)."""
+def stage_run(stage: Callable, plan: BoxPlan, boxes: list[str]) -> set[Question]:
+    """The questions ``stage``'s operations read of ``plan``'s box, on a bare box in a run of
+    ``boxes`` (all connected, none failed)."""
     box = BareBox(BARE, name=plan.name)
     others = [box, *(BareBox(BARE, name=name) for name in boxes if name != plan.name)]
     recorded = Recorded()
@@ -117,8 +116,7 @@ def stage_run(stage: Callable, plan: BoxPlan, boxes: list[str]) -> tuple[set, se
     )
     with ctx_state.use(run), ctx_host.use(box), operations_on(box):
         stage._inner(plan)
-    declared = {question for group in recorded.ahead.get(plan.name, []) for question in group}
-    return declared, set(recorded.read.get(plan.name, []))
+    return set(recorded.read.get(plan.name, []))
 
 
 def names(questions: set[Question]) -> set[str]:
@@ -138,6 +136,13 @@ PLANS = {
     "cluster lane on mp, fetched, head": (CLUSTER_LANE_MP, "spark-1"),
     "cluster lane on mp, fetched, worker": (CLUSTER_LANE_MP, "spark-2"),
     "ring box": (RING, "spark-2"),
+}
+# Each stage module and its deploy.
+STAGES: dict[ModuleType, Callable] = {
+    host_layer: host_layer.host_layer,
+    fabric: fabric.fabric,
+    lanes_front: lanes_front.lanes_and_front,
+    cluster: cluster.cluster,
 }
 
 # Said ahead but read only where something is already there, as on a no-change run (each
@@ -171,11 +176,14 @@ KHO = "RootFiles(paths=('/etc/default/grub.d/99-spark-kho-off.cfg',))"
 QUEUED = "QueuedStart(unit='spark-lane-big.service')"
 
 
-def check(stage: Callable, label: str, unread: set[str], unasked: set[str]) -> None:
-    """The stage's questions on ``label``'s box: those said ahead and not read on a bare box
-    are ``unread``, those read and not said ahead ``unasked``, each of a fact explained above."""
+def check(stage: ModuleType, label: str, unread: set[str], unasked: set[str]) -> None:
+    """The stage module's questions on ``label``'s box: those said ahead and not read on a bare
+    box are ``unread``, those read and not said ahead ``unasked``, each of a fact explained
+    above."""
     plan, name = PLANS[label]
-    declared, read = stage_run(stage, plan.box(name), [box.name for box in plan.boxes])
+    box = plan.box(name)
+    declared = set(stage.questions(box))
+    read = stage_run(STAGES[stage], box, [other.name for other in plan.boxes])
     assert (names(declared - read), names(read - declared)) == (unread, unasked)
     assert {said.partition("(")[0] for said in unread} <= set(READ_WHERE_THERE)
     assert {said.partition("(")[0] for said in unasked} <= set(READ_BEFORE_A_CHANGE)
@@ -223,7 +231,7 @@ def test_the_fabric_stage_says_ahead_what_it_reads(label: str, unread: set[str])
 def test_the_lanes_and_front_stage_says_ahead_what_it_reads(
     label: str, unread: set[str], unasked: set[str]
 ) -> None:
-    check(lanes_and_front, label, unread, unasked)
+    check(lanes_front, label, unread, unasked)
 
 
 @pytest.mark.parametrize(
@@ -245,3 +253,56 @@ def test_the_cluster_stage_says_ahead_what_it_reads(
     label: str, unread: set[str], unasked: set[str]
 ) -> None:
     check(cluster, label, unread, unasked)
+
+
+class Marker(FactBase):
+    """A question standing for one stage's whole list, named after the stage."""
+
+    def command(self, stage: str) -> str:
+        return f"echo {stage}"
+
+
+def test_deploy_says_every_stages_questions_once_in_stage_order_before_the_first_runs(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # deploy.py as pyinfra's command line runs it (pyinfra_cli/util.py exec_file) for spark-1 of
+    # a pair, each stage's questions a marker and each stage recording, when called, the groups
+    # said ahead by then.
+    said: list[tuple[str, list[tuple[Question, ...]]]] = []
+    for module, stage, name in [
+        (host_layer, "host_layer", "host layer"),
+        (fabric, "fabric", "fabric"),
+        (lanes_front, "lanes_and_front", "lanes and front"),
+        (cluster, "cluster", "cluster"),
+        (router, "fleet_router", "router"),
+    ]:
+        monkeypatch.setattr(
+            module, "questions", lambda *plans, name=name: [asked.question(Marker, stage=name)]
+        )
+        monkeypatch.setattr(
+            module,
+            stage,
+            lambda box, *rest, name=name, **arguments: said.append(
+                (f"{name} of {box.name}", list(asked.following(run).ahead[box.name]))
+            ),
+        )
+    monkeypatch.setattr(deploy_file, "known_to_inspect", lambda path: None)  # no module left
+    monkeypatch.chdir(REPO)  # deploy.py refuses to run elsewhere
+    pair = Inventory((list(merged(TWO_SPARKS).items()), {}))
+    run = State()
+    run.init(pair, Config())
+    spark_1 = pair.get_host("spark-1")
+    with ctx_state.use(run), ctx_inventory.use(pair), ctx_host.use(spark_1):
+        exec_file(str(REPO / "deploy.py"))
+
+    groups = [
+        (asked.question(Marker, stage=name),)
+        for name in ["host layer", "fabric", "lanes and front", "cluster", "router"]
+    ]
+    assert said == [
+        ("host layer of spark-1", groups),
+        ("fabric of spark-1", groups),
+        ("lanes and front of spark-1", groups),
+        ("cluster of spark-1", groups),
+        ("router of spark-1", groups),
+    ]
