@@ -36,6 +36,7 @@ if Path.cwd().resolve() != COLLECTION:
 
 from operations import asked
 from stages import (
+    ahead,
     cluster,
     deploy_file,
     detected,
@@ -57,13 +58,7 @@ asked.register(state)  # without -y: what change detection found unchanged is no
 
 # Every stage's questions said before the first stage runs (pyinfra's change detection runs each
 # operation as its stage is prepared): a box with nothing to change is asked them in one command.
-for questions in (
-    host_layer.questions(box),
-    fabric.questions(box),
-    lanes_front.questions(box),
-    cluster.questions(box),
-    router.questions(box, fleet.fleet),
-):
+for questions in ahead.every_stage(box, fleet.fleet):
     asked.ahead(questions)
 
 once = [detected.still_to_run]

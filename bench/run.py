@@ -11,6 +11,9 @@ machines are noisy), prints a table and writes it as JSON (bench-results.json):
 - the no-change re-run on 2 hosts, with -y and without it (pyinfra's change-detection pass,
   then Enter: what a person types), pyinfra as it ships;
 - pyinfra with an empty deploy (start, validate, connect, disconnect): the floor of any run;
+- pyinfra asking only the questions (bench/questions_deploy.py: the empty deploy, the plan, and
+  each host asked the no-change run's questions in its one command): the floor of a no-change
+  run through pyinfra, which the no-change -y run is measured against as well as the limit;
 - the limit: the distinct fact commands of the no-change run, asked of each host in one SSH
   session as one script under one sudo, hosts in parallel;
 - `make status` (stages/status.py: every box's metrics endpoint, no SSH; issue 28 asks under 2 s
@@ -50,6 +53,7 @@ PYINFRA = str(REPO / ".venv/bin/pyinfra")
 INVENTORY = "inventories/sim.py"
 DEPLOY = "deploy.py"
 EMPTY_DEPLOY = str(Path(__file__).with_name("empty_deploy.py"))
+QUESTIONS_DEPLOY = str(Path(__file__).with_name("questions_deploy.py"))
 STARTED = re.compile(r"Starting session: (command|subsystem)")
 CLOSED = re.compile(r"session closed for user")  # pam_unix, as the client's connection ends
 STEADY = 10  # seconds
@@ -240,12 +244,13 @@ def converged_lab(lab: simlab.Lab, reps: int) -> dict[str, dict]:
     keys = Path(tempfile.mkdtemp(prefix="bench-metrics-keys-"))
     for host in lab.hosts:  # each box's metrics key, one file per box (README)
         (keys / f"{host.name}.key").write_text(simlab.ssh(host, f"sudo cat {KEY_PATH}"))
-    names = [*VARIANTS, "empty_deploy", "limit", "status"]
+    names = [*VARIANTS, "empty_deploy", "questions_only", "limit", "status"]
     runs: dict[str, list[dict]] = {name: [] for name in names}
     for _ in range(reps):
         for name, yes in VARIANTS.items():
             runs[name].append(no_change(lab, yes))
         runs["empty_deploy"].append(pyinfra(lab, EMPTY_DEPLOY))
+        runs["questions_only"].append(pyinfra(lab, QUESTIONS_DEPLOY))
         runs["limit"].append(limit(lab, asked))
         runs["status"].append(status(lab, keys))
     results = {name: summarize(entries) for name, entries in runs.items()}
@@ -270,6 +275,7 @@ LABELS = {
     "no_change": "no-change re-run, -y",
     "no_change_confirm": "no-change re-run, without -y (change detection, Enter)",
     "empty_deploy": "pyinfra with an empty deploy (start + connect)",
+    "questions_only": "pyinfra asking only the questions, one command",
     "limit": "limit: one SSH session, one script per host",
     "status": "make status (metrics endpoints, no SSH)",
 }
@@ -300,6 +306,13 @@ def ratios(labs: dict[str, dict]) -> dict[str, float]:
         for name in VARIANTS:
             out[f"{name} / limit, {hosts} hosts (medians)"] = (
                 section[name]["median"] / section["limit"]["median"]
+            )
+        if "questions_only" in section:  # what pyinfra's start and one command take already
+            out[f"questions_only / limit, {hosts} hosts (medians)"] = (
+                section["questions_only"]["median"] / section["limit"]["median"]
+            )
+            out[f"no_change / questions_only, {hosts} hosts (medians)"] = (
+                section["no_change"]["median"] / section["questions_only"]["median"]
             )
         # issue 27: the run without -y within 1.5x its own -y run
         out[f"no_change_confirm / no_change, {hosts} hosts (medians)"] = (

@@ -82,6 +82,12 @@ def test_summaries_and_ratios() -> None:
     assert ratios["no_change_confirm / no_change, 8 hosts (medians)"] == round(5 / 4.5, 2)
     text = run.table({"labs": {"2": lab(1)}, "ratios": ratios})
     assert "no-change re-run, -y " in text and "limit: one SSH session" in text
+    # With the questions-only floor: 3 / 1.5 over the limit, the -y run's 3 / 2.5 over it.
+    floor = lab(1) | {"questions_only": run.summarize(runs(2.5, 2.0, 3.0, commands=1))}
+    ratios = run.ratios({"2": floor})
+    assert ratios["questions_only / limit, 2 hosts (medians)"] == round(2.5 / 1.5, 2)
+    assert ratios["no_change / questions_only, 2 hosts (medians)"] == round(3 / 2.5, 2)
+    assert "pyinfra asking only the questions" in run.table({"labs": {"2": floor}, "ratios": {}})
 
 
 def test_a_command_of_several_lines_is_read_whole() -> None:
