@@ -4,20 +4,10 @@ each box asked every stage's questions in the one command a no-change deploy.py 
 through pyinfra: what deploy.py takes beyond it is its own operations' work."""
 
 from pyinfra import host, inventory, state
-from pyinfra.api import operation
 
+from bench.ask_only import answered
 from operations import asked
-from operations.asked import Question
 from stages import ahead, settings
-
-
-@operation()
-def answered(question: Question):
-    """Reads one question through the ask-once layer: the box's first read asks them all."""
-    fact, arguments = question
-    asked.answer(fact, **dict(arguments))
-    yield from ()
-
 
 fleet = settings.plan(inventory)
 box = fleet.box(host.name)

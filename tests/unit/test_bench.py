@@ -98,3 +98,23 @@ def test_a_command_of_several_lines_is_read_whole() -> None:
     assert run.fact_commands(output) == {"spark-1": ['python3 -c "import sys\n print(1)"']}
     with pytest.raises(RuntimeError, match="a command left open"):
         run.fact_commands(f"{head}sudo -H -n sh -c 'python3")
+
+
+def test_asking_only_asks_the_box_every_group_said_ahead_in_one_command(tmp_path: Path) -> None:
+    # bench/questions_deploy.py's one operation, on this machine through pyinfra's local
+    # connector: it reads a, and the box is asked a and b (both said ahead) in one command.
+    from pyinfra.context import ctx_host, ctx_state
+
+    from bench.ask_only import answered
+    from operations import asked
+    from tests.unit.local_run import Read, Run
+
+    box = Run(tmp_path, yes=True)
+    first, second = box.path("a", "x"), box.path("b", "y")
+    with ctx_state.use(box.state), ctx_host.use(box.host):
+        asked.ahead([asked.question(Read, path=first, log=box.log)])
+        asked.ahead([asked.question(Read, path=second, log=box.log)])
+    meta = box.add_plain(answered, question=asked.question(Read, path=first, log=box.log))
+    box.execute()
+    assert box.commands() == [["a", "b"]]
+    assert meta.did_succeed() and not meta.did_change()
