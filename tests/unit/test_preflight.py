@@ -53,6 +53,44 @@ def test_fact_reads_each_twin_and_address() -> None:
     assert command.endswith("2>/dev/null || true")
 
 
+PEER_STUBS = {
+    # `ip -4 -o address show dev IF`: a line for each twin in $ADDRESSED (iproute2's -o form).
+    "ip": 'case " $ADDRESSED " in *" $6 "*) echo "3: $6    inet 192.168.100.10/24 scope global";;'
+    " esac\n",
+    # Each ping marks its twin, then waits for every twin in $ADDRESSED to be marked: pings
+    # asked one after the other would never meet (the first gives up, unanswered).
+    "ping": 'for a; do [ "$p" = -I ] && i=$a; p=$a; done; touch "$MARKS/$i"; n=0;'
+    ' for t in $ADDRESSED; do until [ -e "$MARKS/$t" ]; do n=$((n + 1));'
+    " [ $n -ge 300 ] && exit 1; sleep 0.1; done; done; exit 0\n",
+}
+
+
+@pytest.mark.parametrize(
+    ("addressed", "answers", "pinged"),
+    [
+        ("", "no enp1s0f1np1 192.168.100.11\nno enP2p1s0f1np1 192.168.101.11\n", []),
+        (B, "no enp1s0f1np1 192.168.100.11\nyes enP2p1s0f1np1 192.168.101.11\n", [B]),
+        (f"{A} {B}", "yes enp1s0f1np1 192.168.100.11\nyes enP2p1s0f1np1 192.168.101.11\n", [A, B]),
+    ],
+)
+def test_fact_pings_only_from_a_twin_with_an_address_and_pings_side_by_side(
+    tmp_path: Path, addressed: str, answers: str, pinged: list[str]
+) -> None:
+    stubs, marks = tmp_path / "bin", tmp_path / "marks"
+    stubs.mkdir()
+    marks.mkdir()
+    for name, body in PEER_STUBS.items():
+        (stubs / name).write_text("#!/bin/sh\n" + body)
+        (stubs / name).chmod(0o755)
+    env = dict(
+        os.environ, PATH=f"{stubs}:{os.environ['PATH']}", ADDRESSED=addressed, MARKS=str(marks)
+    )
+    command = preflight.FabricPeers().command(pairs=PAIRS, size=8972)
+    result = subprocess.run(["sh", "-c", command], env=env, capture_output=True, text=True)
+    assert sorted(result.stdout.splitlines()) == sorted(answers.splitlines())  # in any order
+    assert sorted(mark.name for mark in marks.iterdir()) == sorted(pinged)
+
+
 def test_every_peer_answering_yields_nothing() -> None:
     commands, host = check(captured("lab-fabric-peers-answer.txt"))
     assert commands == []
