@@ -179,11 +179,11 @@ class Asked(BaseStateCallback):
         reader = (bool(run.is_executing), host.name, host.current_op_hash)
         known = self.answers.setdefault(box.name, {})
         kept = known.get(asked)
-        groups = self.ahead.get(box.name, ())
-        group = next((group for group in groups if asked in group), None)
         if kept is not None and kept.generation == now and reader not in kept.served:
             known[asked] = Answer(kept.value, now, kept.served | {reader})
             return kept.value
+        groups = self.ahead.get(box.name, ())
+        group = next((group for group in groups if asked in group), None)
         if group is not None and (box.name, group, reader[0]) not in self.grouped:
             first = not any((box.name, other, reader[0]) in self.grouped for other in groups)
             self.grouped.add((box.name, group, reader[0]))
