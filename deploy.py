@@ -58,8 +58,7 @@ asked.register(state)  # without -y: what change detection found unchanged is no
 
 # Every stage's questions said before the first stage runs (pyinfra's change detection runs each
 # operation as its stage is prepared): a box with nothing to change is asked them in one command.
-for questions in ahead.every_stage(box, fleet.fleet):
-    asked.ahead(questions)
+ahead.say_every_stage(box, fleet.fleet)
 
 once = [detected.still_to_run]
 host_layer.host_layer(box, _if=once)
